@@ -1,0 +1,11 @@
+"""slurm_fiber: warm templates and millisecond fibers inside a batch allocation.
+
+A grant (a signed token) says who may run what, on which devices, until when.
+fiberd verifies grants, keeps a warm template process per grant and forks
+fibers from it on request, each confined to a cgroup and the grant's devices
+and stopped at min(lease, fence). The invariant core lives in
+``slurm_fiber.core``; the environments that hold grants (standalone host,
+Slurm allocation, Kubernetes Pod) live in ``slurm_fiber.homes``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,23 @@
+"""The ``slurm-fiber`` command: admin tools that need no Python.
+
+Each command group lives in its own module and is added here. Exit codes,
+shared by every group: 0 success, 1 refused or failed (the one-line reason is
+printed), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="slurm-fiber",
+    help="slurm_fiber admin tools: issuer keys, grant tokens, leases, audit, conformance.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

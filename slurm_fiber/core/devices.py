@@ -1,0 +1,77 @@
+"""Device channels: the devices a grant's engine may drive, and the env that shows them.
+
+A DeviceChannel is computed by the home (static config, Slurm GRES, a DRA
+claim) and narrowed to the device kinds the grant names. ``env()`` is the
+complete set of visibility variables a template and its fibers get: it names
+exactly the channel's devices and, for kinds the channel holds none of, sets
+the variable empty, so a fiber never inherits a wider view from fiberd's own
+environment. A grant that may drive no device kind gets an empty channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Vendor variables per device kind. "gpu" is exposed through every vendor's
+# variable, since which runtime the engine uses is not known here.
+VISIBILITY_VARS: dict[str, tuple[str, ...]] = {
+    "gpu": (
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+    ),
+}
+ALL_VISIBILITY_VARS: tuple[str, ...] = tuple(v for vs in VISIBILITY_VARS.values() for v in vs)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device: kind ("gpu"), index as the scheduler numbers it, node path, uuid if known."""
+
+    kind: str
+    index: int
+    path: str | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceChannel:
+    """An ordered, duplicate-free set of devices."""
+
+    devices: tuple[Device, ...] = ()
+
+    @classmethod
+    def of(cls, devices: Iterable[Device]) -> DeviceChannel:
+        seen: dict[tuple[str, int], Device] = {}
+        for d in devices:
+            seen.setdefault((d.kind, d.index), d)
+        return cls(tuple(sorted(seen.values(), key=lambda d: (d.kind, d.index))))
+
+    def narrowed(self, kinds: Iterable[str]) -> DeviceChannel:
+        """Only the devices of the given kinds (a grant's ``devices`` claim)."""
+        allowed = set(kinds)
+        return DeviceChannel(tuple(d for d in self.devices if d.kind in allowed))
+
+    def env(self) -> dict[str, str]:
+        """Every visibility variable, naming exactly this channel's devices ("" for none)."""
+        out: dict[str, str] = {}
+        for kind, names in VISIBILITY_VARS.items():
+            mine = [d for d in self.devices if d.kind == kind]
+            indices = ",".join(str(d.index) for d in mine)
+            for name in names:
+                if name == "NVIDIA_VISIBLE_DEVICES":
+                    # The container toolkit reads uuids when present; "void" means none.
+                    ids = [d.uuid or str(d.index) for d in mine]
+                    out[name] = ",".join(ids) if ids else "void"
+                else:
+                    out[name] = indices
+        return out
+
+    def to_json(self) -> list[dict[str, object]]:
+        return [
+            {"kind": d.kind, "index": d.index, "path": d.path, "uuid": d.uuid}
+            for d in self.devices
+        ]
