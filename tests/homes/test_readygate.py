@@ -45,6 +45,13 @@ async def tick() -> None:
         await asyncio.sleep(0)
 
 
+async def in_flight(gate: ReadyGate) -> asyncio.Task[None]:
+    """Start publish_ready("a", True) and let it reach the control plane, where it stays."""
+    task = asyncio.create_task(gate.publish_ready("a", True))
+    await tick()
+    return task
+
+
 class Instant:
     """A control plane that answers at once, failing with queued errors."""
 
@@ -95,8 +102,7 @@ def test_a_call_during_a_publish_records_and_returns_and_the_publisher_sends_new
     gate = ReadyGate(plane.publish)
 
     async def main() -> None:
-        first = asyncio.create_task(gate.publish_ready("a", True))
-        await tick()
+        first = await in_flight(gate)
         assert plane.calls == [["a"]]
         # no lock held across the publish: these return while it is in flight
         await asyncio.wait_for(gate.publish_ready("a", False), 5)
@@ -118,8 +124,7 @@ def test_newest_state_wins_and_equal_newest_is_not_resent() -> None:
     gate = ReadyGate(plane.publish)
 
     async def main() -> None:
-        first = asyncio.create_task(gate.publish_ready("a", True))
-        await tick()
+        first = await in_flight(gate)
         await gate.publish_ready("a", False)
         await gate.publish_ready("b", True)  # back to "warm", what is in flight
         await plane.settle()
@@ -229,8 +234,7 @@ def test_republish_while_a_publish_is_in_flight_leaves_it_to_the_publisher() -> 
     gate = ReadyGate(plane.publish)
 
     async def main() -> None:
-        first = asyncio.create_task(gate.publish_ready("a", True))
-        await tick()
+        first = await in_flight(gate)
         assert await gate.republish() == (False, None)
         await plane.settle(ConnectionError("down"))
         with pytest.raises(ConnectionError):
@@ -248,8 +252,7 @@ def test_a_failure_while_newer_state_waits_still_sends_the_newest() -> None:
     gate = ReadyGate(plane.publish)
 
     async def main() -> None:
-        first = asyncio.create_task(gate.publish_ready("a", True))
-        await tick()
+        first = await in_flight(gate)
         await gate.publish_ready("a", False)
         await plane.settle(ConnectionError("down"))
         await plane.settle()
