@@ -1,0 +1,295 @@
+"""grantdir: grants delivered to every file-fed home from a polled directory.
+
+A ``GrantDir`` polls a directory for ``*.jwt`` files (polling is the
+contract). A new file, or a file whose content changed (compared by content
+hash, so a same-size rewrite counts), delivers GRANT_ADDED with its raw
+token; a UID no longer held by any file delivers GRANT_REMOVED. The UID a
+file holds is its token's ``sub``, read without verifying, only to track
+which UIDs the files hold: verification is the core's job.
+
+Hostile input never crashes it. Junk, partial, unreadable, oversized (over
+64 KiB) files, symlinks, subdirectories and files owned by a stranger are
+reported once each, until they change, and skipped. A file that turns bad
+keeps holding the UID of its last good token (a rewrite caught half-way
+revokes nothing); deleting the file is how a grant is withdrawn. Names
+starting with "." are never read, so a writer can write ``.name.tmp`` and
+rename it into place. A directory writable by group or others, or owned by
+someone other than the expected owner or root, is refused.
+
+With ``follow_symlinks`` it reads a Kubernetes Secret volume (``name.jwt ->
+..data/name.jwt``, ``..data -> ..2024_xx`` swapped atomically): symlinks are
+followed when they resolve inside the directory, so one rotated token yields
+exactly one GRANT_ADDED.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import jwt
+
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.grant import valid_uid
+from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+from slurm_fiber.homes.seam import GrantEvent
+
+MAX_TOKEN_BYTES = 64 * 1024
+GRANT_SUFFIX = ".jwt"
+_DIR_SUBJECT = "."  # the subject of problems with the directory itself
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class GrantDirRefused(Exception):
+    """The grantdir cannot be trusted or read: ``code`` to key on, ``reason`` for people."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A file's last good reading: its content hash and the UID its token names."""
+
+    digest: bytes
+    uid: str
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """A file skipped this poll; ``version`` tells a changed bad file from the same one."""
+
+    code: str
+    reason: str
+    version: object
+
+
+class _Gone(Exception):
+    """The file vanished between listing and reading."""
+
+
+def unverified_uid(token: bytes) -> str | None:
+    """The ``sub`` a JWT-shaped token names, unverified; None when it names no valid UID."""
+    try:
+        claims = jwt.decode(token.strip(), options={"verify_signature": False})
+    except (jwt.PyJWTError, ValueError, TypeError):
+        return None
+    uid = claims.get("sub") if isinstance(claims, dict) else None
+    return uid if valid_uid(uid) else None
+
+
+def _stat_version(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
+
+
+class GrantDir:
+    """One polled grant directory. Not thread-safe; poll it from one task.
+
+    ``owner`` is the uid expected to own the directory and its files
+    (default: this process's effective uid; root is always accepted).
+    ``on_problem`` receives each skipped file or directory problem once
+    until it changes; it must not raise.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        clock: Clock,
+        interval: float = 1.0,
+        *,
+        on_problem: ProblemSink = log_problem,
+        follow_symlinks: bool = False,
+        owner: int | None = None,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("grantdir interval must be a positive number of seconds")
+        self.path = os.fspath(path)
+        self.clock = clock
+        self.interval = interval
+        self.follow_symlinks = follow_symlinks
+        self.owner = os.geteuid() if owner is None else owner
+        self._on_problem = on_problem
+        self._files: dict[str, _Held] = {}
+        self._reported: dict[str, tuple[str, object]] = {}
+
+    def check(self) -> None:
+        """Raise GrantDirRefused unless the directory exists and only its owner can write it."""
+        try:
+            st = os.stat(self.path)
+        except OSError as err:
+            raise GrantDirRefused(
+                "grantdir_missing", f"grantdir {self.path}: {err.strerror}"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise GrantDirRefused("grantdir_not_dir", f"grantdir {self.path} is not a directory")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise GrantDirRefused(
+                "grantdir_writable",
+                f"grantdir {self.path} is writable by group or others "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod go-w {self.path}",
+            )
+        if st.st_uid not in (self.owner, 0):
+            raise GrantDirRefused(
+                "grantdir_owner",
+                f"grantdir {self.path} is owned by uid {st.st_uid}, not {self.owner} or root; "
+                f"run: chown {self.owner} {self.path}",
+            )
+
+    def uids(self) -> set[str]:
+        """The UIDs the files held at the last poll."""
+        return {held.uid for held in self._files.values()}
+
+    def poll(self) -> list[GrantEvent]:
+        """Look at the directory once and return what changed since the last poll.
+
+        Blocks on file I/O (small reads). Never raises: a directory that
+        fails ``check`` or cannot be listed is reported, and the poll
+        delivers nothing and forgets nothing.
+        """
+        try:
+            self.check()
+            names = sorted(n for n in os.listdir(self.path) if self._is_grant_name(n))
+        except GrantDirRefused as err:
+            self._report(_DIR_SUBJECT, _Bad(err.code, err.reason, err.reason))
+            return []
+        except OSError as err:
+            self._report(_DIR_SUBJECT, _Bad("grantdir_unreadable", err.strerror or "", err.errno))
+            return []
+        self._reported.pop(_DIR_SUBJECT, None)
+        before = self.uids()
+        added: list[GrantEvent] = []
+        present: set[str] = set()
+        for name in names:
+            try:
+                reading = self._read(name)
+            except _Gone:
+                continue
+            present.add(name)
+            if isinstance(reading, _Bad):
+                self._report(name, reading)
+                continue
+            event = self._take(name, reading)
+            if event is not None:
+                added.append(event)
+        for name in set(self._files) - present:
+            del self._files[name]
+        for name in set(self._reported) - present - {_DIR_SUBJECT}:
+            del self._reported[name]
+        return added + [GrantEvent.removed(uid) for uid in sorted(before - self.uids())]
+
+    async def events(self) -> AsyncIterator[GrantEvent]:
+        """Deliver events forever: a poll at once, then one every ``interval`` of the clock.
+
+        Raises GrantDirRefused before the first poll when ``check`` fails;
+        later failures are reported and skipped. Ends only when cancelled.
+        """
+        self.check()
+        while True:
+            for event in self.poll():
+                yield event
+            await self.clock.sleep(self.interval)
+
+    @staticmethod
+    def _is_grant_name(name: str) -> bool:
+        return name.endswith(GRANT_SUFFIX) and not name.startswith(".")
+
+    def _take(self, name: str, content: bytes) -> GrantEvent | None:
+        """Record a readable file's content; the GRANT_ADDED it delivers, if new."""
+        digest = hashlib.sha256(content).digest()
+        held = self._files.get(name)
+        if held is not None and held.digest == digest:
+            self._reported.pop(name, None)
+            return None
+        uid = unverified_uid(content)
+        if uid is None:
+            self._report(name, _Bad("junk", "is not a JWT naming a valid grant UID in sub", digest))
+            return None
+        self._files[name] = _Held(digest, uid)
+        self._reported.pop(name, None)
+        return GrantEvent.added(content)
+
+    def _report(self, subject: str, bad: _Bad) -> None:
+        key = (bad.code, bad.version)
+        if self._reported.get(subject) == key:
+            return
+        self._reported[subject] = key
+        where = self.path if subject == _DIR_SUBJECT else os.path.join(self.path, subject)
+        self._on_problem(Problem(bad.code, where, bad.reason))
+
+    def _read(self, name: str) -> bytes | _Bad:
+        """The content of one grant file, or why it was skipped; raises _Gone if it vanished."""
+        full = os.path.join(self.path, name)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            raise _Gone from None
+        except OSError as err:
+            return _Bad("unreadable", err.strerror or "cannot stat", err.errno)
+        if not stat.S_ISLNK(st.st_mode):
+            return self._read_file(full, st)
+        if not self.follow_symlinks:
+            reason = "is a symlink; grant files are regular files (follow_symlinks reads a Secret)"
+            return _Bad("symlink", reason, _stat_version(st))
+        return self._read_link(full)
+
+    def _read_link(self, full: str) -> bytes | _Bad:
+        """Follow a symlink that stays inside the directory; one retry across a swap."""
+        root = os.path.realpath(self.path)
+        for _ in range(2):
+            target = os.path.realpath(full)
+            if os.path.commonpath([root, target]) != root or target == root:
+                return _Bad("symlink_escapes", f"points outside the grantdir, to {target}", target)
+            try:
+                return self._read_file(target, os.lstat(target))
+            except (_Gone, FileNotFoundError):
+                continue
+            except OSError as err:
+                return _Bad("unreadable", f"cannot be followed: {err.strerror}", err.errno)
+        if not os.path.lexists(full):
+            raise _Gone
+        return _Bad("dangling", "is a symlink to nothing", target)
+
+    def _read_file(self, path: str, st: os.stat_result) -> bytes | _Bad:
+        if stat.S_ISDIR(st.st_mode):
+            return _Bad("not_a_file", "is a directory, not a token file", _stat_version(st))
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            raise _Gone from None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return _Bad("symlink", "became a symlink while being read", _stat_version(st))
+            return _Bad("unreadable", f"cannot be opened: {err.strerror}", _stat_version(st))
+        try:
+            return self._read_open(fd)
+        except OSError as err:
+            return _Bad("unreadable", f"cannot be read: {err.strerror}", _stat_version(st))
+        finally:
+            os.close(fd)
+
+    def _read_open(self, fd: int) -> bytes | _Bad:
+        st = os.fstat(fd)
+        version = _stat_version(st)
+        if not stat.S_ISREG(st.st_mode):
+            return _Bad("not_a_file", "is not a regular file", version)
+        if st.st_uid not in (self.owner, 0):
+            owner = f"is owned by uid {st.st_uid}, not {self.owner} or root"
+            return _Bad("stranger", owner, version)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_TOKEN_BYTES:
+            chunk = os.read(fd, MAX_TOKEN_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_TOKEN_BYTES:
+            return _Bad("oversized", f"is over {MAX_TOKEN_BYTES} bytes, larger than any token",
+                        version)
+        return b"".join(chunks)
