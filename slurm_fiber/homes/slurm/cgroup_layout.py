@@ -120,7 +120,7 @@ def job_cgroup_of_pid(pid: int | str, mount: Path, proc: Path = Path("/proc")) -
     Raises as cgroup_of_pid does.
     """
     where = parse_cgroup_path(cgroup_of_pid(pid, proc))
-    return mount / where.job_path.relative_to("/") if where else None
+    return mount / where.job_path if where else None
 
 
 def find_job_cgroup(mount: Path, job_dir: str) -> Path | None:

@@ -136,6 +136,8 @@ class ShowJob:
 
 def _pairs(line: str) -> list[tuple[str, str]]:
     matches = list(KEY.finditer(line))
+    if not matches:
+        return []
     return [
         (m.group(1), line[m.end(): nxt.start() if nxt else len(line)].strip())
         for m, nxt in zip(matches, [*matches[1:], None], strict=True)
