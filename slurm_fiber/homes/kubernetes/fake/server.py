@@ -40,7 +40,7 @@ from slurm_fiber.homes.kubernetes.fake.tls import mint_serving_cert
 
 ROUTE = re.compile(
     r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)/namespaces/(?P<namespace>[^/]+)"
-    r"/(?P<plural>[^/]+)/(?P<name>[^/]+)(?P<status>/status)?$"
+    r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<status>/status)?)?$"
 )
 KIND_BY_ROUTE: dict[tuple[str, str], Kind] = {(k.prefix, k.plural): k for k in KINDS}
 
@@ -124,7 +124,10 @@ class FakeApiServer:
             self._http = _Http((self.host, self.port), self)
             self.port = self._http.server_address[1]
             self._thread = threading.Thread(
-                target=self._http.serve_forever, name="fake-kube-api", daemon=True
+                target=self._http.serve_forever,
+                kwargs={"poll_interval": 0.02},
+                name="fake-kube-api",
+                daemon=True,
             )
             self._thread.start()
             return self
@@ -222,24 +225,28 @@ class FakeApiServer:
         """The status code and JSON body for one request, or None when the server went dead."""
         route = ROUTE.match(urlsplit(path).path)
         kind = KIND_BY_ROUTE.get((route["prefix"], route["plural"])) if route else None
-        delay, fault = self._take_fault(method, kind.plural if kind else None)
+        delay, fault_code = self._take_fault(method, kind.plural if kind else None)
         if delay and self._wake.wait(delay):
             return None
         try:
             if headers.get("authorization", "") not in {f"Bearer {t}" for t in self.tokens}:
                 raise ApiStatus(401, "Unauthorized")
-            if fault is not None:
-                raise ApiStatus(fault.code, f"injected fault {fault.code}")
+            if fault_code is not None:
+                raise ApiStatus(fault_code, f"injected fault {fault_code}")
             if route is None or kind is None:
                 raise ApiStatus(404, "the server could not find the requested resource")
             return 200, self._serve(kind, route, method, headers, body)
         except ApiStatus as refusal:
             return refusal.code, refusal.body()
+        except Exception as bug:  # a fake's bug answers 500, as the real server's would
+            return 500, ApiStatus(500, f"fake API server error: {bug!r}").body()
 
     def _serve(
         self, kind: Kind, route: re.Match[str], method: str, headers: dict[str, str], body: bytes
     ) -> dict[str, Any]:
         namespace, name, status_only = route["namespace"], route["name"], bool(route["status"])
+        if name is None:
+            raise ApiStatus(405, f"the fake serves single {kind.plural}, not collections")
         if method == "GET":
             return self.store.get(kind, namespace, name)
         if method == "PATCH":

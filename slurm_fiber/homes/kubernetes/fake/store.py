@@ -16,7 +16,6 @@ thread use it at once. Reads return copies, so nothing outside changes it.
 from __future__ import annotations
 
 import copy
-import datetime
 import itertools
 import json
 import threading
@@ -32,6 +31,7 @@ from slurm_fiber.homes.kubernetes.fake.patch import (
     merge_patch,
     strategic_merge_patch,
 )
+from slurm_fiber.homes.kubernetes.views import rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -99,12 +99,6 @@ class ApiStatus(Exception):
         if self.name or self.kind:
             out["details"] = {"name": self.name, "kind": self.kind}
         return out
-
-
-def rfc3339(unix_seconds: float) -> str:
-    """A Unix time as the API writes timestamps (RFC 3339, UTC, whole seconds)."""
-    moment = datetime.datetime.fromtimestamp(int(unix_seconds), tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Store:
