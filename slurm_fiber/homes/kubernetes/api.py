@@ -140,11 +140,13 @@ class KubeApi:
         except httpx2.HTTPStatusError as err:
             code = err.response.status_code
             raise ApiFailure(code, f"{action}: {code} with an unreadable body") from None
-        except (httpx2.HTTPError, ConfigError, ValueError) as err:
+        except (httpx2.HTTPError, ConfigError) as err:
             detail = str(err) or "no detail"
             raise ApiFailure(
                 None, f"{action}: cannot reach {self._server}: {type(err).__name__}: {detail}"
             ) from None
+        except ValueError as err:
+            raise ApiFailure(None, f"{action}: the answer is not an API object: {err}") from None
 
     @staticmethod
     def _view(action: str, obj: Any, parse: Callable[[Any], T]) -> T:

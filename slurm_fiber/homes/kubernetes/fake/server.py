@@ -302,10 +302,15 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the fake keeps its own record in ``FakeApiServer.seen``."""
 
     def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
-        answer = self.server.fake._answer(self.command, self.path, headers, body)
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            answer: tuple[int, dict[str, Any]] | None = (
+                400, ApiStatus(400, f"bad Content-Length {length!r}").body())
+            self.close_connection = True
+        else:
+            body = self.rfile.read(int(length)) if int(length) else b""
+            answer = self.server.fake._answer(self.command, self.path, headers, body)
         if answer is None:
             self.close_connection = True
             return
