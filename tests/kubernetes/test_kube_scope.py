@@ -8,7 +8,7 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.homes.kubernetes.api import KubeApi
+from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.fake import (
     PODS,
     RESOURCE_CLAIMS,
@@ -18,15 +18,9 @@ from slurm_fiber.homes.kubernetes.fake import (
     resource_claim,
 )
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, PodIdentity
+from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
 from slurm_fiber.homes.kubernetes.scope import LossKind, ScopeLoss, ScopeTracker, scope_claims
 from slurm_fiber.homes.kubernetes.views import pod_view
-
-
-async def round_of(api: KubeApi, tracker: ScopeTracker) -> list[ScopeLoss]:
-    """One poll round as the home runs it: read the Pod, then every claim, then judge."""
-    pod = await api.read_pod()
-    claims = {name: await api.read_claim(name) for name in tracker.claims_to_read(pod)}
-    return tracker.observe(pod, claims)
 
 
 class Rounds:
@@ -37,8 +31,11 @@ class Rounds:
         self.api = KubeApi(config, clock=clock)
         self.tracker = ScopeTracker(config.pod)
 
+    def read(self) -> Reading:
+        return self.loop.run_until_complete(read_scope(self.api, self.tracker))
+
     def next(self) -> list[ScopeLoss]:
-        return self.loop.run_until_complete(round_of(self.api, self.tracker))
+        return self.read().losses
 
     def close(self) -> None:
         self.loop.run_until_complete(self.api.aclose())
@@ -134,3 +131,25 @@ def test_pod_gone_before_first_sight_still_judges_nothing_else() -> None:
     tracker = ScopeTracker(PodIdentity("p", "ns", "u"))
     assert tracker.claims_to_read(None) == ()
     assert [loss.kind for loss in tracker.observe(None, {})] == [LossKind.POD_GONE]
+
+
+def test_a_reading_carries_scope_and_devices(rounds: Rounds, fake: FakeApiServer,
+                                             claim_name: str) -> None:
+    reading = rounds.read()
+    assert ScopeClaim("kubernetes.resource_claim", claim_name) in reading.scope
+    assert [(d.kind, d.index, d.uuid) for d in reading.devices.devices] == [
+        ("gpu", 0, "GPU-aaaa"), ("gpu", 1, "GPU-bbbb")]
+    fake.store.remove(RESOURCE_CLAIMS, "grants", claim_name)
+    fake.store.remove(PODS, "grants", "grant-pod-1")
+    gone = rounds.read()
+    assert gone.scope == [] and gone.devices.devices == ()
+
+
+def test_a_failed_round_judges_nothing(rounds: Rounds, fake: FakeApiServer,
+                                       claim_name: str) -> None:
+    rounds.next()
+    fake.store.delete(PODS, "grants", "grant-pod-1")
+    fake.inject(500, resource="resourceclaims")
+    with pytest.raises(ApiFailure):
+        rounds.read()
+    assert [loss.kind for loss in rounds.next()] == [LossKind.POD_DELETING]
