@@ -113,6 +113,7 @@ class FakeApiServer:
 
     @property
     def running(self) -> bool:
+        """Whether it is listening (False before ``start`` and after ``stop``)."""
         return self._http is not None
 
     def start(self) -> FakeApiServer:
