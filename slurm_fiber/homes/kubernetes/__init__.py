@@ -1,0 +1,11 @@
+"""fiberd's home in a Kubernetes grant Pod, where fiberd is the Pod's one container.
+
+This package holds the home's API-facing parts: ``incluster`` (service
+account, CA, namespace and the Pod's identity from the downward API),
+``api`` (the few calls the home makes: read its own Pod, patch one Pod
+status condition, read a ResourceClaim), ``views`` (the API's JSON reduced
+to what the home decides on), ``scope`` (scope claims and scope-loss
+detection), ``claimdevices`` (a DRA allocation as core Devices),
+``reading`` (one poll round: Pod and claims read and judged), and
+``fake``, an in-memory API server for tests.
+"""

@@ -1,0 +1,329 @@
+"""The fake Kubernetes API server: the home's slice of the API over real HTTP(S) on 127.0.0.1.
+
+``FakeApiServer`` serves, from a ``Store`` in memory, what the Kubernetes home
+calls: Pods (get, patch, delete, and the ``status`` subresource: get and
+patch) and ``resource.k8s.io/v1`` ResourceClaims (get, patch, delete, and
+their ``status``). Requests need ``Authorization: Bearer <token>`` with a
+token the server accepts (401 otherwise); errors are ``Status`` objects like
+the real server's. By default it speaks TLS with a CA it mints, so a client
+configured the in-cluster way (service account token, ``ca.crt``,
+``KUBERNETES_SERVICE_HOST``/``_PORT``) talks to it unchanged.
+
+Fault modes for tests: ``inject`` answers the next requests with 404, 409,
+410, 500 (or any code); ``set_delay`` holds every answer (slow);
+``stop`` makes it dead (connection refused, open connections dropped) and
+``start`` brings it back on the same port. The server runs on its own
+threads, so it serves asyncio and blocking clients alike; ``close`` stops
+it and removes its files. Not for production: it checks only what the home
+relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import socket
+import ssl
+import tempfile
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from slurm_fiber.core.clock import Clock, SystemClock
+from slurm_fiber.homes.kubernetes.fake.store import KINDS, ApiStatus, Kind, Store
+from slurm_fiber.homes.kubernetes.fake.tls import mint_serving_cert
+
+ROUTE = re.compile(
+    r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)/namespaces/(?P<namespace>[^/]+)"
+    r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<status>/status)?)?$"
+)
+KIND_BY_ROUTE: dict[tuple[str, str], Kind] = {(k.prefix, k.plural): k for k in KINDS}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the server answered: method, path, patch content type, status code."""
+
+    method: str
+    path: str
+    content_type: str
+    code: int
+
+
+@dataclass
+class Fault:
+    """An injected answer: ``code`` for the next ``times`` matching requests (None: always)."""
+
+    code: int
+    times: int | None
+    method: str | None
+    plural: str | None
+
+    def matches(self, method: str, plural: str | None) -> bool:
+        return (self.method is None or self.method == method) and (
+            self.plural is None or self.plural == plural
+        )
+
+
+class FakeApiServer:
+    """An in-memory API server on 127.0.0.1; start/stop/close from any thread, never blocks long.
+
+    ``token`` is the bearer token it accepts (more can be added to
+    ``tokens``); ``clock`` stamps deletion and creation times (a FakeClock in
+    tests); ``tls=False`` serves plain HTTP.
+    """
+
+    def __init__(
+        self, *, token: str = "fake-sa-token", clock: Clock | None = None, tls: bool = True
+    ) -> None:
+        self.store = Store(clock or SystemClock())
+        self.tokens: set[str] = {token}
+        self.token = token
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._dir = Path(tempfile.mkdtemp(prefix="slurm-fiber-fake-api-"))
+        self._tls: ssl.SSLContext | None = None
+        self.ca_pem = b""
+        if tls:
+            cert = mint_serving_cert(self.host)
+            self.ca_pem = cert.ca_pem
+            (self._dir / "tls.crt").write_bytes(cert.cert_pem)
+            (self._dir / "tls.key").write_bytes(cert.key_pem)
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(self._dir / "tls.crt", self._dir / "tls.key")
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._delay = 0.0
+        self._wake = threading.Event()
+        self._seen: list[Seen] = []
+        self._http: _Http | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle ------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Where clients reach it, e.g. ``https://127.0.0.1:41234``."""
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether it is listening (False before ``start`` and after ``stop``)."""
+        return self._http is not None
+
+    def start(self) -> FakeApiServer:
+        """Listen (again, on the same port after ``stop``) and serve on a thread. Idempotent."""
+        with self._lock:
+            if self._http is not None:
+                return self
+            self._wake.clear()
+            self._http = _Http((self.host, self.port), self)
+            self.port = self._http.server_address[1]
+            self._thread = threading.Thread(
+                target=self._http.serve_forever,
+                kwargs={"poll_interval": 0.02},
+                name="fake-kube-api",
+                daemon=True,
+            )
+            self._thread.start()
+            return self
+
+    def stop(self) -> None:
+        """Go dead: stop listening, drop open connections; returns once the listener is shut."""
+        with self._lock:
+            http, thread = self._http, self._thread
+            self._http = self._thread = None
+        if http is None:
+            return
+        self._wake.set()
+        http.shutdown()
+        http.drop_connections()
+        http.server_close()
+        if thread is not None:
+            thread.join()
+
+    def close(self) -> None:
+        """Stop for good and remove the server's files. Idempotent."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- fault modes -----------------------------------------------------------
+
+    def inject(
+        self,
+        code: int,
+        *,
+        times: int | None = 1,
+        method: str | None = None,
+        resource: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` requests (``method`` on ``resource``, "pods") with ``code``."""
+        with self._lock:
+            self._faults.append(Fault(code, times, method, resource))
+
+    def set_delay(self, seconds: float) -> None:
+        """Hold every answer ``seconds`` before sending it (0: at once); ``stop`` cuts it short."""
+        with self._lock:
+            self._delay = max(0.0, seconds)
+
+    def clear_faults(self) -> None:
+        """Drop injected answers and the delay."""
+        with self._lock:
+            self._faults.clear()
+            self._delay = 0.0
+
+    @property
+    def seen(self) -> list[Seen]:
+        """The requests answered so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._seen)
+
+    # -- how a Pod finds it ----------------------------------------------------
+
+    def in_cluster_env(self) -> dict[str, str]:
+        """The service-discovery variables the kubelet gives every container, pointing here."""
+        return {"KUBERNETES_SERVICE_HOST": self.host, "KUBERNETES_SERVICE_PORT": str(self.port)}
+
+    def write_service_account(self, directory: Path, namespace: str) -> Path:
+        """Lay out a projected service account volume (token, ca.crt, namespace) for this server."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "token").write_text(self.token)
+        (directory / "ca.crt").write_bytes(self.ca_pem)
+        (directory / "namespace").write_text(namespace)
+        return directory
+
+    # -- used by the request threads ---------------------------------------------
+
+    def _take_fault(self, method: str, plural: str | None) -> tuple[float, int | None]:
+        with self._lock:
+            for fault in self._faults:
+                if fault.matches(method, plural):
+                    if fault.times is not None:
+                        fault.times -= 1
+                        if fault.times <= 0:
+                            self._faults.remove(fault)
+                    return self._delay, fault.code
+            return self._delay, None
+
+    def _record(self, seen: Seen) -> None:
+        with self._lock:
+            self._seen.append(seen)
+
+    def _answer(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The status code and JSON body for one request, or None when the server went dead."""
+        route = ROUTE.match(urlsplit(path).path)
+        kind = KIND_BY_ROUTE.get((route["prefix"], route["plural"])) if route else None
+        delay, fault_code = self._take_fault(method, kind.plural if kind else None)
+        if delay and self._wake.wait(delay):
+            return None
+        try:
+            if headers.get("authorization", "") not in {f"Bearer {t}" for t in self.tokens}:
+                raise ApiStatus(401, "Unauthorized")
+            if fault_code is not None:
+                raise ApiStatus(fault_code, f"injected fault {fault_code}")
+            if route is None or kind is None:
+                raise ApiStatus(404, "the server could not find the requested resource")
+            return 200, self._serve(kind, route, method, headers, body)
+        except ApiStatus as refusal:
+            return refusal.code, refusal.body()
+        except Exception as bug:  # a fake's bug answers 500, as the real server's would
+            return 500, ApiStatus(500, f"fake API server error: {bug!r}").body()
+
+    def _serve(
+        self, kind: Kind, route: re.Match[str], method: str, headers: dict[str, str], body: bytes
+    ) -> dict[str, Any]:
+        namespace, name, status_only = route["namespace"], route["name"], bool(route["status"])
+        if name is None:
+            raise ApiStatus(405, f"the fake serves single {kind.plural}, not collections")
+        if method == "GET":
+            return self.store.get(kind, namespace, name)
+        if method == "PATCH":
+            content_type = headers.get("content-type", "")
+            return self.store.patch(
+                kind, namespace, name, content_type, body, status_only=status_only
+            )
+        if method == "DELETE" and not status_only:
+            return self.store.delete(kind, namespace, name)
+        raise ApiStatus(405, f"{method} is not supported on this path")
+
+
+class _Http(ThreadingHTTPServer):
+    """The listener: a thread per connection (TLS handshake included), open connections tracked."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], fake: FakeApiServer) -> None:
+        self.fake = fake
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.fake._tls is not None:
+            try:
+                request = self.fake._tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError):
+                request.close()
+                return
+        with self._open_lock:
+            self._open.add(request)
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.discard(request)
+
+    def drop_connections(self) -> None:
+        with self._open_lock:
+            conns = list(self._open)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Http
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the fake keeps its own record in ``FakeApiServer.seen``."""
+
+    def _handle(self) -> None:
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            answer: tuple[int, dict[str, Any]] | None = (
+                400, ApiStatus(400, f"bad Content-Length {length!r}").body())
+            self.close_connection = True
+        else:
+            body = self.rfile.read(int(length)) if int(length) else b""
+            answer = self.server.fake._answer(self.command, self.path, headers, body)
+        if answer is None:
+            self.close_connection = True
+            return
+        code, document = answer
+        payload = json.dumps(document).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.server.fake._record(
+            Seen(self.command, self.path, headers.get("content-type", ""), code)
+        )
+
+    do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _handle

@@ -1,0 +1,144 @@
+"""The grant Pod's scope: what the home asserts about where it runs, and when that stops being true.
+
+``scope_claims`` turns a Pod reading into the core's scope claims
+(namespace, service account, Pod, Pod UID, node, one per DRA claim).
+``ScopeTracker.observe`` compares each reading of the Pod and its claims
+with what fiberd started under and returns the losses found: the Pod is
+being deleted (``deletionTimestamp``), is gone, or is another Pod of the
+same name (UID changed); a claim was deallocated, is being deleted, is gone
+or was recreated (UID changed). Each loss carries a stable one-line reason
+(the same loss yields the same text on every round, so a ScopeLossQueue
+delivers it once) and whether it removes the grants (the Pod is over: stop
+its fibers) or bumps the epoch (the devices went away under running
+fibers). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.homes.kubernetes.incluster import PodIdentity
+from slurm_fiber.homes.kubernetes.views import ClaimView, PodView
+
+PREFIX = "kubernetes."
+
+
+class LossKind(enum.StrEnum):
+    POD_DELETING = "pod_deleting"
+    POD_GONE = "pod_gone"
+    POD_REPLACED = "pod_replaced"
+    CLAIM_DEALLOCATED = "claim_deallocated"
+    CLAIM_DELETING = "claim_deleting"
+    CLAIM_GONE = "claim_gone"
+    CLAIM_REPLACED = "claim_replaced"
+
+
+POD_LOSSES = frozenset({LossKind.POD_DELETING, LossKind.POD_GONE, LossKind.POD_REPLACED})
+
+
+@dataclass(frozen=True)
+class ScopeLoss:
+    """One lost piece of scope and the reason to hand a ScopeLossQueue."""
+
+    kind: LossKind
+    reason: str
+
+    @property
+    def removes_grants(self) -> bool:
+        """True when the Pod itself is over (remove grants); False: bump the epoch."""
+        return self.kind in POD_LOSSES
+
+
+def scope_claims(pod: PodView) -> list[ScopeClaim]:
+    """The scope claims a Pod reading supports, in a fixed order (absent fields left out)."""
+    pairs = [
+        ("namespace", pod.namespace),
+        ("service_account", pod.service_account),
+        ("pod", pod.name),
+        ("pod_uid", pod.uid),
+        ("node", pod.node),
+        *(("resource_claim", claim) for claim in pod.claims),
+    ]
+    return [ScopeClaim(PREFIX + key, value) for key, value in pairs if value]
+
+
+class ScopeTracker:
+    """Remembers the Pod's claims and their UIDs at first sight; finds losses in later readings.
+
+    Not thread-safe; the home calls ``observe`` from its poll round.
+    """
+
+    def __init__(self, identity: PodIdentity) -> None:
+        self.identity = identity
+        self._claim_uids: dict[str, str] = {}
+        self._claims: tuple[str, ...] = ()
+
+    def claims_to_read(self, pod: PodView | None) -> tuple[str, ...]:
+        """The ResourceClaim names a round reads after reading ``pod``: every claim ever seen.
+
+        Claims of a Pod with another UID are not ours and are left out.
+        """
+        if pod is None or pod.uid != self.identity.uid:
+            return self._claims
+        return tuple(dict.fromkeys((*self._claims, *pod.claims)))
+
+    def observe(
+        self, pod: PodView | None, claims: Mapping[str, ClaimView | None]
+    ) -> list[ScopeLoss]:
+        """The losses in one round's reading; ``pod`` or a claim is None when the API said 404.
+
+        ``claims`` maps the names ``claims_to_read(pod)`` gave to their readings;
+        names missing from the map are not judged this round.
+        """
+        losses = self._pod_losses(pod)
+        self._claims = self.claims_to_read(pod)
+        for name, claim in claims.items():
+            losses.extend(self._claim_losses(name, claim))
+        return losses
+
+    def _pod_losses(self, pod: PodView | None) -> list[ScopeLoss]:
+        me = f"pod {self.identity.namespace}/{self.identity.name}"
+        if pod is None:
+            return [ScopeLoss(LossKind.POD_GONE, f"{me} no longer exists")]
+        if pod.uid != self.identity.uid:
+            return [
+                ScopeLoss(
+                    LossKind.POD_REPLACED,
+                    f"{me} is another Pod now (UID {self.identity.uid} became {pod.uid})",
+                )
+            ]
+        if pod.deletion_timestamp is not None:
+            return [
+                ScopeLoss(
+                    LossKind.POD_DELETING,
+                    f"{me} is being deleted (deletionTimestamp {pod.deletion_timestamp})",
+                )
+            ]
+        return []
+
+    def _claim_losses(self, name: str, claim: ClaimView | None) -> list[ScopeLoss]:
+        me = f"resourceclaim {self.identity.namespace}/{name}"
+        if claim is None:
+            return [ScopeLoss(LossKind.CLAIM_GONE, f"{me} no longer exists")]
+        first_uid = self._claim_uids.setdefault(name, claim.uid)
+        if claim.uid != first_uid:
+            return [
+                ScopeLoss(
+                    LossKind.CLAIM_REPLACED,
+                    f"{me} was recreated (UID {first_uid} became {claim.uid})",
+                )
+            ]
+        losses = []
+        if claim.deletion_timestamp is not None:
+            losses.append(
+                ScopeLoss(
+                    LossKind.CLAIM_DELETING,
+                    f"{me} is being deleted (deletionTimestamp {claim.deletion_timestamp})",
+                )
+            )
+        if not claim.allocated:
+            losses.append(ScopeLoss(LossKind.CLAIM_DEALLOCATED, f"{me} was deallocated"))
+        return losses
