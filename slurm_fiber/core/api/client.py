@@ -111,11 +111,25 @@ class FiberdClient:
         error = message.get("error")
         raise Refused(error if isinstance(error, dict) else {"code": "?", "reason": str(message)})
 
+    def exchange(self, message: dict[str, object], fds: Sequence[int] = ()) -> dict[str, object]:
+        """Send one request and return its (first) successful reply.
+
+        fiberd may refuse a connection (forbidden, busy) before reading it;
+        the refusal it sent first is then what this raises, not the broken pipe.
+        """
+        try:
+            self.send(message, fds)
+        except Unreachable as lost:
+            try:
+                return self.reply()
+            except Unreachable:
+                raise lost from None
+        return self.reply()
+
     def request(self, op: str, **fields: object) -> dict[str, object]:
         """Send ``op`` with ``fields`` and return the reply's result."""
         self._next_id += 1
-        self.send({"op": op, "id": self._next_id, **fields})
-        result = self.reply()["result"]
+        result = self.exchange({"op": op, "id": self._next_id, **fields})["result"]
         return result if isinstance(result, dict) else {}
 
     def clone(self, *, stdio: Mapping[str, int] | None = None, wait: bool = False,
@@ -128,8 +142,7 @@ class FiberdClient:
         message: dict[str, object] = {"op": "clone", "wait": wait, **fields}
         if names:
             message["stdio"] = names
-        self.send(message, [stdio[n] for n in names])
-        fiber = self.reply()["result"]
+        fiber = self.exchange(message, [stdio[n] for n in names])["result"]
         return fiber["fiber"] if isinstance(fiber, dict) else {}  # type: ignore[return-value]
 
     def wait_exit(self) -> dict[str, object]:
