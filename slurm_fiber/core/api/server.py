@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import os
 import signal
 import socket
@@ -154,14 +155,18 @@ class _Connection:
         self.phase = Phase.IDLE
         self.since = server.clock.mono()
         self.phase_changed = asyncio.Event()
+        self.watching_until = math.inf  # the deadline the watchdog is waiting for
         self.pending_read: asyncio.Task[Frame | None] | None = None
         self.task: asyncio.Task[None] | None = None
 
     # --- deadlines ---------------------------------------------------------------------
 
     def set_phase(self, phase: Phase) -> None:
+        """Enter ``phase`` now; wake the watchdog only if its deadline came closer."""
         self.phase, self.since = phase, self.server.clock.mono()
-        self.phase_changed.set()
+        deadline = phase_deadline(phase, self.since, self.server.config)
+        if deadline is not None and deadline < self.watching_until:
+            self.phase_changed.set()
 
     async def watchdog(self) -> None:
         """Cancel the connection's task when its current phase outlives its deadline."""
@@ -169,13 +174,20 @@ class _Connection:
         while True:
             self.phase_changed.clear()
             deadline = phase_deadline(self.phase, self.since, config)
+            self.watching_until = math.inf if deadline is None else deadline
             if deadline is None:
                 await self.phase_changed.wait()
                 continue
             now = clock.mono()
             if now >= deadline:
                 break
-            await clock.sleep(deadline - now)
+            sleeping = asyncio.ensure_future(clock.sleep(deadline - now))
+            changed = asyncio.ensure_future(self.phase_changed.wait())
+            try:
+                await asyncio.wait({sleeping, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeping.cancel()
+                changed.cancel()
         reason = f"connection {self.phase.value} for over {deadline - self.since:g} s; closed"
         self.server.refusal(Refusal(ErrorCode.TIMEOUT.value, reason, self.peer))
         self.send_nowait(error_reply(None, ApiError(ErrorCode.TIMEOUT, reason)))
@@ -238,13 +250,18 @@ class _Connection:
     async def send(self, message: dict[str, object]) -> None:
         """Send one reply; raises PeerGone when the client is gone."""
         data = self._encode(message)
-        previous = self.phase
-        self.set_phase(Phase.WRITING)
         try:
-            await self.loop.sock_sendall(self.sock, data)
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):  # the client is not keeping up: now a deadline applies
+                previous = self.phase
+                self.set_phase(Phase.WRITING)
+                await self.loop.sock_sendall(self.sock, data[sent:])
+                self.set_phase(previous)
         except OSError as e:
             raise PeerGone(str(e)) from e
-        self.set_phase(previous)
 
     def send_nowait(self, message: dict[str, object]) -> None:
         """Best effort, never blocks: used on the way out of a connection."""
