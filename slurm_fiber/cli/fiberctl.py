@@ -14,10 +14,10 @@ function raised or the fiber died); 2 usage error; 65 fiberd refused the
 request (``code: reason`` printed); 69 fiberd unreachable or the
 connection broke; 75 a retryable miss (cold, capacity, source_stale,
 fenced, denied); 77 a final miss (invalid_token, unknown_grant, expired,
-warm_failed, closed). ``run`` exits with the fiber's status (its exit
-code, or 128+N when signal N killed it), so a command's own exit code can
-coincide with those above: the miss or refusal line on stderr tells them
-apart.
+warm_failed, closed); 130 gave up waiting after a third Ctrl-C. ``run``
+exits with the fiber's status (its exit code, or 128+N when signal N
+killed it), so a command's own exit code can coincide with those above:
+the miss or refusal line on stderr tells them apart.
 """
 
 from __future__ import annotations
