@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import serve
+from procservice import serve
 from tests_api_helpers import raw_exchange
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable

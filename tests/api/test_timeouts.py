@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from conftest import serve
+from procservice import serve
 from tests_api_helpers import read_replies
 
 from slurm_fiber.core.api.client import FiberdClient
