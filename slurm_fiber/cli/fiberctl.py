@@ -1,0 +1,304 @@
+"""``fiberctl``: talk to the fiberd of this job or host.
+
+``fiberctl run -- CMD...`` runs CMD as a fiber as if it ran here: this
+terminal's stdin/stdout/stderr are passed to the fiber (SCM_RIGHTS), output
+streams live, the exit status comes back as fiberctl's own, and signals
+reach the fiber: Ctrl-C is forwarded as SIGINT; a second Ctrl-C sends
+SIGKILL; a third stops waiting and exits 130 (the fiber has been sent
+SIGKILL already). SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are
+forwarded as they are. If fiberctl itself dies, fiberd sends the fiber
+SIGHUP, as a terminal hang-up would.
+
+Exit codes (every command): 0 success; 1 the fiber failed (``call``: the
+function raised or the fiber died); 2 usage error; 65 fiberd refused the
+request (``code: reason`` printed); 69 fiberd unreachable or the
+connection broke; 75 a retryable miss (cold, capacity, source_stale,
+fenced, denied); 77 a final miss (invalid_token, unknown_grant, expired,
+warm_failed, closed); 130 gave up waiting after a third Ctrl-C. ``run``
+exits with the fiber's status (its exit code, or 128+N when signal N
+killed it), so a command's own exit code can coincide with those above:
+the miss or refusal line on stderr tells them apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import typer
+
+from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.core.api.protocol import STDIO_NAMES
+
+EXIT_OK = 0
+EXIT_FIBER_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 65
+EXIT_UNREACHABLE = 69
+EXIT_RETRYABLE_MISS = 75
+EXIT_FINAL_MISS = 77
+EXIT_ABANDONED = 130
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+
+app = typer.Typer(
+    name="fiberctl",
+    help=__doc__,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else the Slurm job's socket "
+               "($SLURM_FIBER_STATE/$SLURM_JOB_ID/fiberd.sock) inside a job, else "
+               "$XDG_RUNTIME_DIR/slurm-fiber/fiberd.sock or /run/slurm-fiber/fiberd.sock.")
+SocketOption = typer.Option(None, "--socket", "-S", help=SOCKET_HELP, metavar="PATH")
+GrantOption = typer.Option(None, "--grant", "-g", help="Admitted grant UID to run under.")
+TokenOption = typer.Option(None, "--token", "-t", help="File holding a grant token (JWS).",
+                           metavar="FILE")
+EnvOption = typer.Option([], "--env", "-e", help="KEY=VALUE added to the fiber's env "
+                         "(repeatable; device visibility variables are the grant's).")
+JsonOption = typer.Option(False, "--json", help="Print JSON for machines.")
+
+
+def fail(code: int, line: str) -> typer.Exit:
+    """Print one line on stderr and return the Exit to raise."""
+    print(line, file=sys.stderr)
+    return typer.Exit(code)
+
+
+class Abandoned(Exception):
+    """The user pressed Ctrl-C a third time: stop waiting for the fiber."""
+
+
+@contextlib.contextmanager
+def answers() -> Iterator[None]:
+    """Turn client failures into one stderr line and the documented exit code."""
+    try:
+        yield
+    except Missed as e:
+        raise fail(EXIT_RETRYABLE_MISS if e.retryable else EXIT_FINAL_MISS,
+                   f"{e.code}: {e.reason}") from None
+    except Refused as e:
+        raise fail(EXIT_REFUSED, f"{e.code}: {e.reason}") from None
+    except Unreachable as e:
+        raise fail(EXIT_UNREACHABLE, f"fiberctl: {e}") from None
+    except Abandoned:
+        raise fail(EXIT_ABANDONED, "fiberctl: stopped waiting; the fiber was sent SIGKILL") \
+            from None
+
+
+def grant_fields(grant: str | None, token: Path | None, env: list[str]) -> dict[str, object]:
+    """The clone fields naming the grant and env additions; raises Exit(2) on bad input."""
+    fields: dict[str, object] = {}
+    if grant and token:
+        raise fail(EXIT_USAGE, "fiberctl: give --grant or --token, not both")
+    if grant:
+        fields["grant"] = grant
+    if token:
+        try:
+            fields["token"] = token.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {e}") from None
+    additions: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(EXIT_USAGE, f"fiberctl: --env wants KEY=VALUE, got {item!r}")
+        additions[key] = value
+    if additions:
+        fields["env"] = additions
+    return fields
+
+
+def open_stdio() -> dict[str, int]:
+    """This process's stdin/stdout/stderr descriptors that are open, by name."""
+    out: dict[str, int] = {}
+    for fd, name in enumerate(STDIO_NAMES):
+        with contextlib.suppress(OSError):
+            os.fstat(fd)
+            out[name] = fd
+    return out
+
+
+class SignalForwarder:
+    """Forwards this process's signals to one fiber, over separate connections.
+
+    Installed around a waited clone (main thread only). Signals that arrive
+    before the fiber has started are held and sent once it has. Ctrl-C
+    escalates: SIGINT, then SIGKILL, then Abandoned is raised in the main
+    thread. A forward that fails prints one line and is not retried.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fiber_id: str | None = None
+        self.held: list[int] = []
+        self.interrupts = 0
+        self.saved: dict[int, object] = {}
+
+    def __enter__(self) -> SignalForwarder:
+        for signum in FORWARDED_SIGNALS:
+            self.saved[signum] = signal.signal(signum, self.on_signal)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts >= 3:
+                raise Abandoned
+            if self.interrupts == 2:
+                signum = signal.SIGKILL
+        if self.fiber_id is None:
+            self.held.append(signum)
+        else:
+            self.forward(signum)
+
+    def attach(self, fiber_id: str) -> None:
+        """The fiber has started: forward what was held, then every later signal."""
+        self.fiber_id = fiber_id
+        held, self.held = self.held, []
+        for signum in held:
+            self.forward(signum)
+
+    def forward(self, signum: int) -> None:
+        try:
+            with FiberdClient(self.path, timeout=5.0) as client:
+                client.request("signal_fiber", fiber=self.fiber_id, signal=signum)
+        except (Unreachable, Refused) as e:
+            print(f"fiberctl: could not forward {signal.Signals(signum).name}: {e}",
+                  file=sys.stderr)
+
+
+def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
+    """Clone with this process's stdio and signals attached; the exit event when it ends."""
+    with SignalForwarder(path) as forwarder, FiberdClient(path) as client:
+        fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
+        forwarder.attach(str(fiber.get("id")))
+        return client.wait_exit()
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    cmd: list[str] = typer.Argument(..., metavar="-- CMD...", help="The command and its args."),
+    grant: str | None = GrantOption,
+    token: Path | None = TokenOption,
+    env: list[str] = EnvOption,
+    socket: str | None = SocketOption,
+) -> None:
+    """Run CMD as a fiber (exec mode), here: stdio passed, signals forwarded, its exit status
+    returned (128+N if signal N killed it). Runs in this directory."""
+    fields = grant_fields(grant, token, env)
+    fields["exec"] = {"argv": cmd, "cwd": os.getcwd()}
+    path = discover_socket(socket)
+    with answers():
+        end = clone_and_wait(path, fields)
+    raise typer.Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
+
+
+@app.command()
+def call(
+    target: str = typer.Argument(..., metavar="MODULE:FUNC"),
+    json_args: str | None = typer.Argument(
+        None, metavar="[JSON_ARGS]", help="A JSON array (positional) or object (keyword)."),
+    grant: str | None = GrantOption,
+    token: Path | None = TokenOption,
+    env: list[str] = EnvOption,
+    socket: str | None = SocketOption,
+) -> None:
+    """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result."""
+    call_spec: dict[str, object] = {"target": target}
+    try:
+        args = json.loads(json_args) if json_args is not None else []
+    except ValueError as e:
+        raise fail(EXIT_USAGE, f"fiberctl: JSON_ARGS is not JSON: {e}") from None
+    if isinstance(args, list):
+        call_spec["args"] = args
+    elif isinstance(args, dict):
+        call_spec["kwargs"] = args
+    else:
+        raise fail(EXIT_USAGE, "fiberctl: JSON_ARGS must be a JSON array or object")
+    fields = grant_fields(grant, token, env)
+    fields["call"] = call_spec
+    with answers():
+        end = clone_and_wait(discover_socket(socket), fields)
+    error = end.get("error")
+    if isinstance(error, dict):
+        raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
+    print(json.dumps(end.get("result")))
+
+
+def one_request(socket: str | None, op: str, **fields: object) -> dict[str, object]:
+    """Send one request to the discovered fiberd and return its result (exits on failure)."""
+    with answers(), FiberdClient(discover_socket(socket)) as client:
+        return client.request(op, **fields)
+
+
+FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
+
+
+def fiber_row(record: dict[str, object]) -> str:
+    return "  ".join(f"{record.get(c, '-')!s:<{w}}" for c, w in zip(
+        FIBER_COLUMNS, (24, 8, 24, 10, 6), strict=True)).rstrip()
+
+
+@app.command("ls")
+def list_fibers(socket: str | None = SocketOption, as_json: bool = JsonOption) -> None:
+    """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
+    fibers = one_request(socket, "list_fibers").get("fibers", [])
+    if as_json:
+        print(json.dumps(fibers))
+        return
+    print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
+    for record in fibers if isinstance(fibers, list) else []:
+        print(fiber_row(record))
+
+
+@app.command()
+def stop(
+    fiber_id: str = typer.Argument(..., metavar="ID"),
+    grace: float | None = typer.Option(None, help="Seconds between SIGTERM and SIGKILL."),
+    socket: str | None = SocketOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
+    fields: dict[str, object] = {"fiber": fiber_id}
+    if grace is not None:
+        fields["grace"] = grace
+    record = one_request(socket, "stop_fiber", **fields).get("fiber", {})
+    print(json.dumps(record) if as_json else f"stopped {fiber_id}")
+
+
+@app.command()
+def status(socket: str | None = SocketOption, as_json: bool = JsonOption) -> None:
+    """Show fiberd's status, health and readiness."""
+    report = {
+        "status": one_request(socket, "status"),
+        "health": one_request(socket, "health"),
+        "ready": one_request(socket, "ready").get("ready"),
+    }
+    if as_json:
+        print(json.dumps(report))
+        return
+    print(f"ready: {report['ready']}")
+    for section in ("status", "health"):
+        for key, value in report[section].items():  # type: ignore[union-attr]
+            print(f"{section}.{key}: {json.dumps(value)}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,152 @@
+"""A blocking client for fiberd's socket, for fiberctl, benchmarks and tests.
+
+``FiberdClient`` speaks the protocol of docs/socket-protocol.md over one
+connection: ``request`` for one-reply ops, ``clone`` (optionally passing
+stdio descriptors) followed by ``wait_exit`` for a waited clone. Every
+failure is one of three exceptions a caller can act on: ``Unreachable``
+(no fiberd, or the stream broke), ``Refused`` (an error reply: code,
+reason) and ``Missed`` (a clone miss: code, reason, retryable). Not
+thread-safe: one client per thread.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+from collections.abc import Mapping, Sequence
+
+from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
+from slurm_fiber.core.api.protocol import STDIO_NAMES
+
+MAX_REPLY = 16 << 20
+
+
+class Unreachable(Exception):
+    """fiberd could not be reached, or the connection broke mid-conversation."""
+
+
+class Refused(Exception):
+    """fiberd refused the request (an error reply)."""
+
+    def __init__(self, error: Mapping[str, object]) -> None:
+        self.code = str(error.get("code"))
+        self.reason = str(error.get("reason"))
+        super().__init__(f"{self.code}: {self.reason}")
+
+
+class Missed(Exception):
+    """A clone started nothing; ``miss`` is the miss record (code, reason, retryable, ...)."""
+
+    def __init__(self, miss: Mapping[str, object]) -> None:
+        self.miss = dict(miss)
+        self.code = str(miss.get("code"))
+        self.reason = str(miss.get("reason"))
+        self.retryable = bool(miss.get("retryable"))
+        super().__init__(f"{self.code}: {self.reason}")
+
+
+class FiberdClient:
+    """One connection to fiberd. Blocks; ``timeout`` bounds each send and receive
+    (None: wait forever), except ``wait_exit`` which waits as long as the fiber runs."""
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float | None = 30.0) -> None:
+        self.timeout = timeout
+        self._decoder = FrameDecoder(MAX_REPLY)
+        self._next_id = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(os.fspath(path))
+        except OSError as e:
+            self.sock.close()
+            raise Unreachable(f"cannot connect to fiberd at {path}: {e.strerror or e}") from e
+
+    def __enter__(self) -> FiberdClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, message: dict[str, object], fds: Sequence[int] = ()) -> None:
+        """Send one request frame, with ``fds`` attached to its first byte."""
+        data = encode_frame(message)
+        try:
+            sent = self.sock.sendmsg(
+                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            ) if fds else 0
+            self.sock.sendall(data[sent:])
+        except OSError as e:
+            raise Unreachable(f"sending to fiberd failed: {e.strerror or e}") from e
+
+    def receive(self, wait_forever: bool = False) -> dict[str, object]:
+        """The next reply frame as sent (no error raising). Raises Unreachable."""
+        self.sock.settimeout(None if wait_forever else self.timeout)
+        try:
+            while True:
+                frame = self._decoder.next_frame()
+                if frame is not None:
+                    if not isinstance(frame.body, dict):
+                        raise Unreachable(f"fiberd sent a malformed reply: {frame.error}")
+                    return frame.body
+                data = self.sock.recv(65536)
+                if not data:
+                    raise Unreachable("fiberd closed the connection")
+                self._decoder.feed(data)
+        except FramingError as e:
+            raise Unreachable(f"fiberd broke the protocol: {e.reason}") from e
+        except OSError as e:
+            raise Unreachable(f"reading from fiberd failed: {e.strerror or e}") from e
+
+    def reply(self, wait_forever: bool = False) -> dict[str, object]:
+        """The next reply if it is a success. Raises Refused, Missed, Unreachable."""
+        message = self.receive(wait_forever)
+        if message.get("ok"):
+            return message
+        if isinstance(message.get("miss"), dict):
+            raise Missed(message["miss"])  # type: ignore[arg-type]
+        error = message.get("error")
+        raise Refused(error if isinstance(error, dict) else {"code": "?", "reason": str(message)})
+
+    def exchange(self, message: dict[str, object], fds: Sequence[int] = ()) -> dict[str, object]:
+        """Send one request and return its (first) successful reply.
+
+        fiberd may refuse a connection (forbidden, busy) before reading it;
+        the refusal it sent first is then what this raises, not the broken pipe.
+        """
+        try:
+            self.send(message, fds)
+        except Unreachable as lost:
+            try:
+                return self.reply()
+            except Unreachable:
+                raise lost from None
+        return self.reply()
+
+    def request(self, op: str, **fields: object) -> dict[str, object]:
+        """Send ``op`` with ``fields`` and return the reply's result."""
+        self._next_id += 1
+        result = self.exchange({"op": op, "id": self._next_id, **fields})["result"]
+        return result if isinstance(result, dict) else {}
+
+    def clone(self, *, stdio: Mapping[str, int] | None = None, wait: bool = False,
+              **fields: object) -> dict[str, object]:
+        """Start a fiber; returns the started fiber record. ``stdio`` maps "stdin",
+        "stdout", "stderr" to descriptors to pass. With ``wait``, follow with
+        ``wait_exit``. Raises Missed, Refused, Unreachable."""
+        stdio = dict(stdio or {})
+        names = [n for n in STDIO_NAMES if n in stdio]
+        message: dict[str, object] = {"op": "clone", "wait": wait, **fields}
+        if names:
+            message["stdio"] = names
+        fiber = self.exchange(message, [stdio[n] for n in names])["result"]
+        return fiber["fiber"] if isinstance(fiber, dict) else {}  # type: ignore[return-value]
+
+    def wait_exit(self) -> dict[str, object]:
+        """After ``clone(wait=True)``: block until the exit event; returns it
+        (fiber_id, exit_code, signal, status, rusage, result or error)."""
+        result = self.reply(wait_forever=True)["result"]
+        return result if isinstance(result, dict) else {}

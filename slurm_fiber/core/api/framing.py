@@ -1,0 +1,142 @@
+"""Frames on the fiberd socket: a 4-byte big-endian length, then that many bytes of JSON.
+
+This module is sans-I/O: ``encode_frame`` turns a message into bytes and
+``FrameDecoder`` turns received bytes (and the file descriptors that arrived
+with them) back into frames. File descriptors passed with SCM_RIGHTS belong
+to the frame whose first byte they arrived with, which is how a sender
+attaches them (one ``sendmsg`` per frame). A decoder never holds more than
+one frame's worth of bytes beyond the cap, so a hostile peer cannot make the
+server buffer without bound; a length over the cap is a fatal framing error
+(the stream cannot be resynchronised), a body that is not a JSON object is a
+recoverable one (the next frame still parses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+HEADER = struct.Struct(">I")
+DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a 64 KiB token plus generous arguments
+MAX_FDS = 3  # stdin, stdout, stderr
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close each descriptor, ignoring ones already closed."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class FramingError(Exception):
+    """The byte stream is unusable from here on (oversize or zero length); close it."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass
+class Frame:
+    """One received frame: its parsed JSON body, or why it did not parse, and its fds.
+
+    ``fds`` are open descriptors now owned by whoever holds the frame; they
+    must be closed (``close_fds``) or handed on. ``fds_truncated`` says the
+    kernel dropped descriptors because more arrived than fit.
+    """
+
+    body: object = None
+    error: str | None = None
+    fds: list[int] = field(default_factory=list)
+    fds_truncated: bool = False
+
+    def close_fds(self) -> None:
+        """Close every descriptor this frame carries (idempotent)."""
+        close_all(self.fds)
+        self.fds.clear()
+
+
+def encode_frame(message: object, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """Serialise ``message`` as one frame. Raises ValueError when the body exceeds the cap."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > max_frame:
+        raise ValueError(f"frame of {len(body)} bytes exceeds the {max_frame}-byte cap")
+    return HEADER.pack(len(body)) + body
+
+
+def parse_body(body: bytes) -> tuple[object, str | None]:
+    """The JSON value of a frame body, or (None, a one-line reason it is not JSON)."""
+    try:
+        return json.loads(body.decode("utf-8")), None
+    except UnicodeDecodeError:
+        return None, "frame body is not UTF-8"
+    except ValueError as e:
+        return None, f"frame body is not JSON ({e.msg} at byte {e.pos})"
+
+
+class FrameDecoder:
+    """Accumulates bytes and fds from one stream and yields whole frames in order.
+
+    Not thread-safe; one per connection. ``feed`` never raises; ``next_frame``
+    returns None until a whole frame is buffered and raises FramingError on a
+    header that announces zero or more than ``max_frame`` bytes.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._consumed = 0  # stream offset of self._buf[0]
+        self._fds: list[tuple[int, int]] = []  # (stream offset they arrived at, fd)
+        self._truncated_at: set[int] = set()
+
+    def feed(self, data: bytes, fds: Sequence[int] = (), truncated: bool = False) -> None:
+        """Append received bytes; ``fds`` arrived with the first of them."""
+        offset = self._consumed + len(self._buf)
+        self._fds.extend((offset, fd) for fd in fds)
+        if truncated:
+            self._truncated_at.add(offset)
+        self._buf += data
+
+    @property
+    def mid_frame(self) -> bool:
+        """Whether part of a frame is buffered (a peer that stops here is slow or truncated)."""
+        return bool(self._buf)
+
+    def next_frame(self) -> Frame | None:
+        """The next whole frame, None if none is complete yet."""
+        if len(self._buf) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(self._buf)
+        if length == 0 or length > self.max_frame:
+            raise FramingError(
+                "frame_too_large" if length else "bad_frame",
+                f"frame announces {length} bytes; allowed 1..{self.max_frame}",
+            )
+        end = HEADER.size + length
+        if len(self._buf) < end:
+            return None
+        start = self._consumed
+        body, error = parse_body(bytes(self._buf[HEADER.size:end]))
+        del self._buf[:end]
+        self._consumed += end
+        frame = Frame(body=body, error=error)
+        keep: list[tuple[int, int]] = []
+        for at, fd in self._fds:
+            if at < self._consumed:
+                frame.fds.append(fd)
+            else:
+                keep.append((at, fd))
+        self._fds = keep
+        frame.fds_truncated = any(start <= at < self._consumed for at in self._truncated_at)
+        self._truncated_at = {at for at in self._truncated_at if at >= self._consumed}
+        return frame
+
+    def close(self) -> None:
+        """Close every descriptor still buffered (call when the connection ends)."""
+        close_all(fd for _, fd in self._fds)
+        self._fds.clear()

@@ -1,0 +1,364 @@
+"""The fiberd socket protocol: request shapes, their validation, error codes, replies.
+
+A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
+``v`` (optional, must be 1) and the op's own fields. Unknown fields are
+refused, so a typo never silently changes what a request means. Every
+refusal is an ``ApiError`` with a code from ``ErrorCode`` and a one-line
+reason; ``parse_request`` is a pure function of the decoded body and the
+number of descriptors that came with it. Reply builders give every reply
+the same envelope (see docs/socket-protocol.md).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_fiber.core.api.framing import MAX_FDS
+from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
+from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
+from slurm_fiber.core.grant import valid_uid
+from slurm_fiber.core.misses import Miss
+
+VERSION = 1
+MAX_ID_LEN = 64
+MAX_ARGV = 4096
+MAX_ARG_LEN = 128 * 1024  # Linux MAX_ARG_STRLEN
+MAX_ENV = 256
+MAX_ENV_VALUE = 32 * 1024
+MAX_TOKEN = 64 * 1024
+MAX_PATH = 4096
+MAX_GRACE = 3600.0
+STDIO_NAMES = ("stdin", "stdout", "stderr")
+
+TARGET_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+FIBER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+KWARG_PATTERN = re.compile(r"[A-Za-z_]\w{0,127}")
+
+
+class ErrorCode(enum.StrEnum):
+    """Why a request got no answer. Misses (core/misses.py) are not errors."""
+
+    BAD_FRAME = "bad_frame"  # body is not UTF-8 JSON
+    FRAME_TOO_LARGE = "frame_too_large"  # length header over the cap (connection closed)
+    BAD_REQUEST = "bad_request"  # missing/unknown field, wrong type, out of range
+    UNKNOWN_OP = "unknown_op"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    BAD_FDS = "bad_fds"  # descriptors where none belong, or not matching "stdio"
+    FORBIDDEN = "forbidden"  # peer uid/gid not allowed (connection closed)
+    BUSY = "busy"  # too many connections, or a request during a stream
+    TIMEOUT = "timeout"  # idle or slow client (connection closed)
+    NOT_FOUND = "not_found"  # no such fiber
+    CLOSED = "closed"  # fiberd is shutting down
+    INTERNAL = "internal"  # the runtime failed on this request; the server carries on
+
+
+class ApiError(Exception):
+    """A refusal: code, one-line reason and, for bad_request, the offending field."""
+
+    def __init__(self, code: ErrorCode, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.field = field
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code.value, "reason": self.reason}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+# --- requests -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CloneOp:
+    """``clone``: start a fiber. ``stdio`` names the passed descriptors, in order."""
+
+    call: CallTarget | None
+    exec: ExecTarget | None
+    grant: str | None
+    token: str | None
+    env: Mapping[str, str]
+    stdio: tuple[str, ...]
+    wait: bool
+    hangup: bool
+
+
+@dataclass(frozen=True)
+class FiberOp:
+    """``inspect_fiber``: one fiber by id."""
+
+    fiber: str
+
+
+@dataclass(frozen=True)
+class StopOp:
+    """``stop_fiber``: stop a fiber, ``grace`` seconds between SIGTERM and SIGKILL."""
+
+    fiber: str
+    grace: float | None
+
+
+@dataclass(frozen=True)
+class SignalOp:
+    """``signal_fiber``: send a signal to a fiber."""
+
+    fiber: str
+    signum: int
+
+
+@dataclass(frozen=True)
+class PlainOp:
+    """The ops that take no fields: list_fibers, list_grants, status, health, ready, metrics."""
+
+    name: str
+
+
+Op = CloneOp | FiberOp | StopOp | SignalOp | PlainOp
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: the echoed id and the op."""
+
+    id: int | str | None
+    op: Op
+
+
+# --- field readers ----------------------------------------------------------------------
+
+
+class _Fields:
+    """Reads an op's fields from the request object, refusing what does not fit."""
+
+    def __init__(self, body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+        unknown = sorted(set(body) - allowed - {"op", "id", "v"})
+        if unknown:
+            raise ApiError(ErrorCode.BAD_REQUEST, f"unknown field {unknown[0]!r}", unknown[0])
+        self.body = body
+
+    def get(self, name: str, kind: type | tuple[type, ...], what: str, required: bool = False):
+        if name not in self.body:
+            if required:
+                raise ApiError(ErrorCode.BAD_REQUEST, f"missing field {name!r} ({what})", name)
+            return None
+        value = self.body[name]
+        if isinstance(value, bool) and bool not in _as_tuple(kind):
+            value = None  # JSON true/false is not a number here
+        if not isinstance(value, kind):
+            raise ApiError(ErrorCode.BAD_REQUEST, f"field {name!r} must be {what}", name)
+        return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _text(value: str, name: str, limit: int) -> str:
+    if len(value) > limit:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"field {name!r} is over {limit} characters", name)
+    if "\0" in value:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"field {name!r} contains a NUL character", name)
+    return value
+
+
+def _fiber_id(f: _Fields) -> str:
+    value = f.get("fiber", str, "a fiber id string", required=True)
+    if not FIBER_ID_PATTERN.fullmatch(value):
+        raise ApiError(ErrorCode.BAD_REQUEST, "field 'fiber' is not a valid fiber id", "fiber")
+    return value
+
+
+def parse_signal(value: object) -> int:
+    """A signal number from an int or a name ("INT", "SIGINT"). Raises ApiError."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value in {int(s) for s in signal.Signals}:
+            return value
+    elif isinstance(value, str):
+        name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
+        if name in signal.Signals.__members__:
+            return int(signal.Signals[name])
+    raise ApiError(ErrorCode.BAD_REQUEST, f"{value!r} is not a signal", "signal")
+
+
+def _env(raw: Mapping[str, Any]) -> dict[str, str]:
+    if len(raw) > MAX_ENV:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'env' has over {MAX_ENV} entries", "env")
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        if not ENV_NAME_PATTERN.fullmatch(key):
+            raise ApiError(ErrorCode.BAD_REQUEST, f"env name {key[:40]!r} is not valid", "env")
+        if key in ALL_VISIBILITY_VARS:
+            raise ApiError(ErrorCode.BAD_REQUEST,
+                           f"env {key} is set by the grant's devices, not by a request", "env")
+        if not isinstance(value, str):
+            raise ApiError(ErrorCode.BAD_REQUEST, f"env {key} must be a string", "env")
+        out[key] = _text(value, "env", MAX_ENV_VALUE)
+    return out
+
+
+def _call(raw: Mapping[str, Any]) -> CallTarget:
+    f = _Fields(raw, frozenset({"target", "args", "kwargs"}))
+    target = f.get("target", str, "'module:function'", required=True)
+    if len(target) > 512 or not TARGET_PATTERN.fullmatch(target):
+        raise ApiError(ErrorCode.BAD_REQUEST, "call.target must be 'module:function'", "call")
+    args = f.get("args", list, "a JSON array") or []
+    kwargs = f.get("kwargs", dict, "a JSON object") or {}
+    bad = next((k for k in kwargs if not KWARG_PATTERN.fullmatch(k)), None)
+    if bad is not None:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"call.kwargs name {bad[:40]!r} is invalid", "call")
+    return CallTarget(target=target, args=tuple(args), kwargs=kwargs)
+
+
+def _exec(raw: Mapping[str, Any]) -> ExecTarget:
+    f = _Fields(raw, frozenset({"argv", "cwd"}))
+    argv = f.get("argv", list, "a non-empty array of strings", required=True)
+    if not argv or len(argv) > MAX_ARGV or not all(isinstance(a, str) for a in argv):
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"exec.argv must be 1..{MAX_ARGV} strings", "exec")
+    for a in argv:
+        _text(a, "exec", MAX_ARG_LEN)
+    if not argv[0]:
+        raise ApiError(ErrorCode.BAD_REQUEST, "exec.argv[0] is empty", "exec")
+    cwd = f.get("cwd", str, "an absolute path")
+    if cwd is not None and not _text(cwd, "exec", MAX_PATH).startswith("/"):
+        raise ApiError(ErrorCode.BAD_REQUEST, "exec.cwd must be an absolute path", "exec")
+    return ExecTarget(argv=tuple(argv), cwd=cwd)
+
+
+def _stdio(names: list[Any] | None, nfds: int) -> tuple[str, ...]:
+    names = names or []
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names) \
+            or not set(names) <= set(STDIO_NAMES):
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       "'stdio' must list distinct names of stdin, stdout, stderr", "stdio")
+    if nfds != len(names):
+        raise ApiError(ErrorCode.BAD_FDS,
+                       f"{nfds} descriptors passed but 'stdio' names {len(names)}")
+    return tuple(names)
+
+
+_CLONE_FIELDS = frozenset({"call", "exec", "grant", "token", "env", "stdio", "wait", "hangup"})
+
+
+def _clone(f: _Fields, nfds: int) -> CloneOp:
+    call_raw = f.get("call", dict, "an object {target, args, kwargs}")
+    exec_raw = f.get("exec", dict, "an object {argv, cwd}")
+    if (call_raw is None) == (exec_raw is None):
+        raise ApiError(ErrorCode.BAD_REQUEST, "a clone needs exactly one of 'call' and 'exec'")
+    grant = f.get("grant", str, "a grant UID")
+    token = f.get("token", str, "a compact JWS string")
+    if grant is not None and token is not None:
+        raise ApiError(ErrorCode.BAD_REQUEST, "give 'grant' or 'token', not both")
+    if grant is not None and not valid_uid(grant):
+        raise ApiError(ErrorCode.BAD_REQUEST, "field 'grant' is not a valid grant UID", "grant")
+    if token is not None:
+        _text(token, "token", MAX_TOKEN)
+    return CloneOp(
+        call=_call(call_raw) if call_raw is not None else None,
+        exec=_exec(exec_raw) if exec_raw is not None else None,
+        grant=grant,
+        token=token,
+        env=_env(f.get("env", dict, "an object of strings") or {}),
+        stdio=_stdio(f.get("stdio", list, "an array of names"), nfds),
+        wait=bool(f.get("wait", bool, "true or false")),
+        hangup=f.get("hangup", bool, "true or false") is not False,
+    )
+
+
+def _stop(f: _Fields) -> StopOp:
+    grace = f.get("grace", (int, float), "seconds")
+    if grace is not None and not 0 <= grace <= MAX_GRACE:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'grace' must be 0..{MAX_GRACE:g} s", "grace")
+    return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
+
+
+_PLAIN_OPS = ("list_fibers", "list_grants", "status", "health", "ready", "metrics")
+_PARSERS: dict[str, tuple[frozenset[str], Callable[[_Fields, int], Op]]] = {
+    "clone": (_CLONE_FIELDS, _clone),
+    "inspect_fiber": (frozenset({"fiber"}), lambda f, _n: FiberOp(_fiber_id(f))),
+    "stop_fiber": (frozenset({"fiber", "grace"}), lambda f, _n: _stop(f)),
+    "signal_fiber": (
+        frozenset({"fiber", "signal"}),
+        lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
+            f.get("signal", (int, str), "a signal number or name", required=True))),
+    ),
+}
+OPS: tuple[str, ...] = (*_PARSERS, *_PLAIN_OPS)
+
+
+def request_id(body: object) -> int | str | None:
+    """The id to echo in a reply: the request's id when it is a valid one, else None."""
+    if not isinstance(body, dict):
+        return None
+    rid = body.get("id")
+    if isinstance(rid, int) and not isinstance(rid, bool) and abs(rid) < 2**53:
+        return rid
+    if isinstance(rid, str) and len(rid) <= MAX_ID_LEN:
+        return rid
+    return None
+
+
+def parse_request(body: object, nfds: int) -> Request:
+    """Validate one decoded frame body that came with ``nfds`` descriptors.
+
+    Pure; raises ApiError (bad_request, unknown_op, unsupported_version,
+    bad_fds) for anything that does not fit. Descriptors are only accepted
+    on ``clone``, at most MAX_FDS, and must match its ``stdio`` list.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(ErrorCode.BAD_REQUEST, "a request must be a JSON object")
+    if "id" in body and request_id(body) is None:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"'id' must be an integer or a string of at most {MAX_ID_LEN}", "id")
+    if body.get("v", VERSION) != VERSION or isinstance(body.get("v"), bool):
+        raise ApiError(ErrorCode.UNSUPPORTED_VERSION, f"this fiberd speaks protocol v{VERSION}")
+    op = body.get("op")
+    if not isinstance(op, str):
+        raise ApiError(ErrorCode.BAD_REQUEST, "field 'op' (a string) is required", "op")
+    if nfds > MAX_FDS:
+        raise ApiError(ErrorCode.BAD_FDS, f"{nfds} descriptors passed; at most {MAX_FDS}")
+    if nfds and op != "clone":
+        raise ApiError(ErrorCode.BAD_FDS, f"descriptors are only accepted on clone, not {op!r}")
+    if op in _PLAIN_OPS:
+        _Fields(body, frozenset())
+        return Request(request_id(body), PlainOp(op))
+    if op not in _PARSERS:
+        raise ApiError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:40]!r}; known: {', '.join(OPS)}")
+    allowed, parse = _PARSERS[op]
+    return Request(request_id(body), parse(_Fields(body, allowed), nfds))
+
+
+# --- replies ------------------------------------------------------------------------------
+
+
+def ok_reply(rid: int | str | None, result: JsonMap, event: str | None = None,
+             final: bool = True) -> dict[str, object]:
+    """A success reply; ``event`` names a clone stream event (started, exit)."""
+    out: dict[str, object] = {"id": rid, "ok": True, "final": final}
+    if event is not None:
+        out["event"] = event
+    out["result"] = dict(result)
+    return out
+
+
+def error_reply(rid: int | str | None, error: ApiError) -> dict[str, object]:
+    """A refusal reply (always final)."""
+    return {"id": rid, "ok": False, "final": True, "error": error.to_json()}
+
+
+def miss_reply(rid: int | str | None, miss: Miss) -> dict[str, object]:
+    """A clone that started nothing (always final)."""
+    return {"id": rid, "ok": False, "final": True, "miss": miss.to_json()}
+
+
+def peer_allowed(peer: Peer, uids: frozenset[int], gids: frozenset[int]) -> bool:
+    """Whether a connecting peer may talk to fiberd: its uid or its primary gid is listed."""
+    return peer.uid in uids or peer.gid in gids

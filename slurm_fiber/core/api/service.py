@@ -1,0 +1,197 @@
+"""The Service: what the socket server asks the runtime to do.
+
+The server owns transport, validation and peer checks; everything a request
+means (resolving grants, forking fibers, stopping them) belongs to a
+``Service``, which the core runtime implements. These types are the whole
+contract between the two: requests arrive already validated, descriptors
+arrive open, answers go back as plain JSON-able mappings, and a ``Miss`` is
+the only way a clone that starts nothing answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurm_fiber.core.misses import Miss
+
+JsonMap = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end of a connection, from SO_PEERCRED at accept time."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"pid": self.pid, "uid": self.uid, "gid": self.gid}
+
+
+@dataclass(frozen=True)
+class CallTarget:
+    """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter."""
+
+    target: str
+    args: tuple[object, ...] = ()
+    kwargs: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExecTarget:
+    """Exec mode: exec ``argv`` (argv[0] looked up on PATH), in ``cwd`` when given."""
+
+    argv: tuple[str, ...]
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class Stdio:
+    """Descriptors the caller passed for the fiber's stdin/stdout/stderr (None: not passed).
+
+    They are open only for the duration of ``Service.clone``: the server
+    closes them when it returns, so a service that keeps one must dup it.
+    Without them, the fiber's output goes wherever the runtime decides
+    (files under the state dir).
+    """
+
+    stdin: int | None = None
+    stdout: int | None = None
+    stderr: int | None = None
+
+
+@dataclass(frozen=True)
+class CloneRequest:
+    """A validated clone: which grant, what to run, env additions, and who asks.
+
+    At most one of ``grant`` (an admitted UID) and ``token`` (a compact JWS)
+    is set; with neither, the home's own grant is meant. Exactly one of
+    ``call`` and ``exec`` is set. ``env`` never names a device visibility
+    variable (the grant's device channel decides those).
+    """
+
+    peer: Peer
+    call: CallTarget | None = None
+    exec: ExecTarget | None = None
+    grant: str | None = None
+    token: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FiberExit:
+    """How a fiber ended: exit code or killing signal, resource usage, and a call's outcome.
+
+    ``rusage`` holds at least ``utime`` and ``stime`` (seconds) and
+    ``maxrss_kib`` where known. In call mode exactly one of ``result`` (the
+    function's JSON return value) and ``error`` ({"type", "message"}) is
+    meaningful; ``error`` is also set when a call-mode fiber died without
+    reporting.
+    """
+
+    fiber_id: str
+    exit_code: int | None
+    signal: int | None
+    rusage: JsonMap = field(default_factory=dict)
+    result: object = None
+    error: JsonMap | None = None
+
+    @property
+    def status(self) -> int:
+        """The shell's view: the exit code, or 128 + the signal that killed it."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.exit_code if self.exit_code is not None else 255
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "fiber_id": self.fiber_id,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "status": self.status,
+            "rusage": dict(self.rusage),
+        }
+        if self.error is not None:
+            out["error"] = dict(self.error)
+        else:
+            out["result"] = self.result
+        return out
+
+
+class FiberHandle(Protocol):
+    """A started fiber as ``Service.clone`` returns it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    def to_json(self) -> dict[str, object]:
+        """The fiber record (id, pid, grant, jti, epoch, deadline, state, ...)."""
+        ...
+
+    async def wait(self) -> FiberExit:
+        """Wait until the fiber has exited and been reaped; may be awaited by many callers."""
+        ...
+
+
+class FiberNotFound(LookupError):
+    """Raised by a Service when a fiber id names no fiber it knows (reply: not_found)."""
+
+    def __init__(self, fiber_id: str) -> None:
+        super().__init__(f"no fiber {fiber_id!r}")
+        self.fiber_id = fiber_id
+
+
+class Service(Protocol):
+    """The runtime behind the socket. Called on the server's event loop.
+
+    Synchronous methods must not block. Any exception other than
+    FiberNotFound becomes an ``internal`` error reply to that one request;
+    the server and its other clients carry on.
+    """
+
+    async def clone(self, request: CloneRequest, stdio: Stdio) -> FiberHandle | Miss:
+        """Start a fiber or say why not. Returns once the fiber is running (or missed)."""
+        ...
+
+    def list_fibers(self) -> Sequence[JsonMap]:
+        """Every fiber the runtime tracks, as records."""
+        ...
+
+    def inspect_fiber(self, fiber_id: str) -> JsonMap:
+        """One fiber's record. Raises FiberNotFound."""
+        ...
+
+    async def stop_fiber(self, fiber_id: str, grace: float | None, peer: Peer) -> JsonMap:
+        """SIGTERM, ``grace`` seconds (None: the runtime's default), SIGKILL; returns the
+        record once the fiber is gone. Raises FiberNotFound."""
+        ...
+
+    def signal_fiber(self, fiber_id: str, signum: int, peer: Peer) -> bool:
+        """Send ``signum`` to the fiber; False when it has already exited. Raises FiberNotFound."""
+        ...
+
+    def list_grants(self) -> Sequence[JsonMap]:
+        """Every admitted grant: UID, lease, template state, running fibers."""
+        ...
+
+    def status(self) -> JsonMap:
+        """The daemon's status: home, epoch, cgroup mode (carved or not), counts."""
+        ...
+
+    def health(self) -> JsonMap:
+        """Source health (state, age of last sync) and anything else a prober needs."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether fiberd is ready to serve clones (the home's readiness)."""
+        ...
+
+    def fibers_running(self) -> int:
+        """How many fibers are running now (read at each metrics scrape)."""
+        ...

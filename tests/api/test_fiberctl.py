@@ -1,0 +1,127 @@
+"""fiberctl as a user runs it (a real subprocess) against a served real-process Service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_fiber.core.api.client import FiberdClient
+
+FIBERCTL = str(Path(sys.executable).with_name("fiberctl"))
+WAITS_FOR_SIGINT = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGINT, lambda *a: (print('caught', flush=True), sys.exit(42)))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+IGNORES_SIGINT = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+def fiberctl(served, *args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FIBERCTL, *args[:1], "--socket", str(served.path), *args[1:]],
+                          capture_output=True, text=True, timeout=30, **kw)
+
+
+def start(served, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([FIBERCTL, "run", "--socket", str(served.path), "--", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_run_passes_stdio_streams_live_and_returns_the_status(served) -> None:
+    proc = start(served, "sh", "-c", "echo one; read x; echo got $x; exit 7")
+    assert proc.stdout.readline() == "one\n"  # live: the fiber is still waiting for stdin
+    assert proc.poll() is None
+    out, _ = proc.communicate("hi\n", timeout=10)
+    assert out == "got hi\n"
+    assert proc.returncode == 7
+
+
+def test_run_runs_in_the_callers_directory(served, tmp_path) -> None:
+    done = fiberctl(served, "run", "--", "pwd", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, f"{tmp_path}\n")
+
+
+def test_run_reports_a_killing_signal_as_128_plus_n(served) -> None:
+    assert fiberctl(served, "run", "--", "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+
+
+def test_ctrl_c_reaches_the_fiber(served) -> None:
+    proc = start(served, sys.executable, "-c", WAITS_FOR_SIGINT)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+    assert (out, proc.returncode) == ("caught\n", 42)
+
+
+def test_second_ctrl_c_kills_a_fiber_that_ignores_the_first(served) -> None:
+    proc = start(served, sys.executable, "-c", IGNORES_SIGINT)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    fid = next(iter(served.service.fibers))
+    served.call(lambda: _until_signalled(served, fid, 1))
+    assert proc.poll() is None  # the fiber ignored SIGINT and still runs
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 128 + 9
+    assert served.service.fibers[fid].signals == [signal.SIGINT, signal.SIGKILL]
+
+
+async def _until_signalled(served, fid: str, count: int) -> None:
+    while len(served.service.fibers[fid].signals) < count:
+        await asyncio.sleep(0.01)
+
+
+def test_call_prints_the_json_result_or_fails_with_the_error(served) -> None:
+    done = fiberctl(served, "call", "operator:add", "[2, 3]")
+    assert (done.returncode, done.stdout) == (0, "5\n")
+    done = fiberctl(served, "call", "math:sqrt", "[-1]")
+    assert (done.returncode, done.stderr) == (1, "ValueError: math domain error\n")
+    assert fiberctl(served, "call", "math:sqrt", "not json").returncode == 2
+
+
+@pytest.mark.parametrize(("grant", "code", "line"), [
+    ("cold-1", 75, "cold: template still warming\n"),
+    ("gone-1", 77, "unknown_grant: no grant gone-1 here\n"),
+])
+def test_a_miss_is_one_line_and_a_distinct_exit_code(served, grant, code, line) -> None:
+    done = fiberctl(served, "run", "--grant", grant, "--", "true")
+    assert (done.returncode, done.stderr, done.stdout) == (code, line, "")
+
+
+def test_refusal_and_unreachable_exit_codes(served, tmp_path) -> None:
+    done = fiberctl(served, "run", "-e", "CUDA_VISIBLE_DEVICES=0", "--", "true")
+    assert done.returncode == 65 and done.stderr.startswith("bad_request: ")
+    done = subprocess.run([FIBERCTL, "status", "--socket", str(tmp_path / "none.sock")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 69 and done.stderr.count("\n") == 1
+
+
+def test_ls_stop_and_status(served) -> None:
+    with FiberdClient(served.path) as c:
+        fid = c.clone(exec={"argv": ["sleep", "30"]})["id"]
+    listed = json.loads(fiberctl(served, "ls", "--json").stdout)
+    assert [(f["id"], f["state"]) for f in listed] == [(fid, "running")]
+    assert fid in fiberctl(served, "ls").stdout
+    assert fiberctl(served, "stop", fid, "--grace", "1").stdout == f"stopped {fid}\n"
+    assert json.loads(fiberctl(served, "ls", "--json").stdout)[0]["state"] == "exited"
+    assert fiberctl(served, "stop", "nope").returncode == 65
+    report = json.loads(fiberctl(served, "status", "--json").stdout)
+    assert report["ready"] is True and report["status"]["home"] == "test"
+
+
+def test_socket_discovery_from_the_environment(served) -> None:
+    env = {"PATH": "/usr/bin:/bin", "FIBERD_SOCKET": str(served.path)}
+    done = subprocess.run([FIBERCTL, "status"], capture_output=True, text=True, env=env,
+                          timeout=30)
+    assert done.returncode == 0 and "ready: True" in done.stdout

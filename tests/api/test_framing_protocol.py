@@ -1,0 +1,106 @@
+"""Frames and request validation as pure functions."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
+from slurm_fiber.core.api.protocol import (
+    ApiError,
+    CloneOp,
+    PlainOp,
+    SignalOp,
+    parse_request,
+)
+
+messages = st.lists(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=20),
+                                    max_size=4), min_size=1, max_size=6)
+
+
+@given(messages, st.lists(st.integers(min_value=1, max_value=40), min_size=1))
+def test_any_chunking_yields_the_same_frames(msgs, cuts) -> None:
+    stream = b"".join(encode_frame(m) for m in msgs)
+    decoder, got, i = FrameDecoder(), [], 0
+    for n in cuts * (len(stream) // sum(cuts) + 1):
+        decoder.feed(stream[i:i + n])
+        i += n
+        while (frame := decoder.next_frame()) is not None:
+            got.append(frame.body)
+    assert got == msgs and not decoder.mid_frame
+
+
+def test_descriptors_belong_to_the_frame_they_arrived_with() -> None:
+    r, w = os.pipe()
+    decoder = FrameDecoder()
+    first, second = encode_frame({"a": 1}), encode_frame({"b": 2})
+    decoder.feed(first + second[:3])
+    decoder.feed(second[3:], [r, w])  # arrives mid-frame: belongs to the second
+    one, two = decoder.next_frame(), decoder.next_frame()
+    assert (one.fds, two.fds) == ([], [r, w])
+    two.close_fds()
+    with pytest.raises(OSError):
+        os.fstat(r)
+
+
+def test_oversize_and_zero_headers_are_fatal_bad_json_is_not() -> None:
+    decoder = FrameDecoder(max_frame=100)
+    decoder.feed(b"\x00\x00\x00\x02{]" + encode_frame({"ok": 1}))
+    assert decoder.next_frame().error.startswith("frame body is not JSON")
+    assert decoder.next_frame().body == {"ok": 1}
+    decoder.feed(b"\x00\x00\x01\x00")
+    with pytest.raises(FramingError) as e:
+        decoder.next_frame()
+    assert e.value.code == "frame_too_large"
+    with pytest.raises(ValueError):
+        encode_frame({"x": "y" * 200}, max_frame=100)
+
+
+def test_valid_requests_parse() -> None:
+    req = parse_request({"op": "clone", "id": "r1", "grant": "job-42",
+                         "call": {"target": "pkg.mod:Cls.method", "args": [1],
+                                  "kwargs": {"n": 2}},
+                         "env": {"A": "b"}, "stdio": ["stdout", "stderr"], "wait": True}, 2)
+    assert req.id == "r1" and isinstance(req.op, CloneOp)
+    assert req.op.call.target == "pkg.mod:Cls.method" and req.op.stdio == ("stdout", "stderr")
+    assert req.op.hangup is True
+    assert parse_request({"op": "signal_fiber", "fiber": "f1", "signal": "int"}, 0).op == \
+        SignalOp("f1", 2)
+    assert parse_request({"op": "metrics", "v": 1}, 0).op == PlainOp("metrics")
+
+
+@pytest.mark.parametrize(("body", "nfds", "code", "field"), [
+    ({"op": "clone", "exec": {"argv": ["x"]}, "grant": "bad uid"}, 0, "bad_request", "grant"),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "grant": "a", "token": "t"}, 0, "bad_request",
+     None),
+    ({"op": "clone", "exec": {"argv": ["x\0y"]}}, 0, "bad_request", "exec"),
+    ({"op": "clone", "exec": {"argv": ["x"], "cwd": "rel"}}, 0, "bad_request", "exec"),
+    ({"op": "clone", "exec": {"argv": ["x"], "shell": True}}, 0, "bad_request", "shell"),
+    ({"op": "clone", "call": {"target": "os.system"}}, 0, "bad_request", "call"),
+    ({"op": "clone", "call": {"target": "a:b", "kwargs": {"1x": 0}}}, 0, "bad_request", "call"),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "env": {"A B": "c"}}, 0, "bad_request", "env"),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "env": {"A": 1}}, 0, "bad_request", "env"),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "wait": 1}, 0, "bad_request", "wait"),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "stdio": ["stdout", "stdout"]}, 2,
+     "bad_request", "stdio"),
+    ({"op": "clone", "exec": {"argv": ["x"]}}, 1, "bad_fds", None),
+    ({"op": "clone", "exec": {"argv": ["x"]}, "stdio": ["stdin"]}, 4, "bad_fds", None),
+    ({"op": "stop_fiber", "fiber": "f1", "grace": -1}, 0, "bad_request", "grace"),
+    ({"op": "stop_fiber", "fiber": "f1", "grace": True}, 0, "bad_request", "grace"),
+    ({"op": "signal_fiber", "fiber": "f1", "signal": 999}, 0, "bad_request", "signal"),
+    ({"op": "signal_fiber", "fiber": "f1"}, 0, "bad_request", "signal"),
+    ({"op": "inspect_fiber", "fiber": "../x"}, 0, "bad_request", "fiber"),
+    ({"op": "status", "id": [1]}, 0, "bad_request", "id"),
+    ({"op": "status", "v": True}, 0, "unsupported_version", None),
+    ({"op": 3}, 0, "bad_request", "op"),
+    ({"op": "status"}, 1, "bad_fds", None),
+    ({"op": "format_disk"}, 0, "unknown_op", None),
+])
+def test_invalid_requests_are_refused_with_a_code(body, nfds, code, field) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_request(body, nfds)
+    assert (e.value.code, e.value.field) == (code, field)
+    assert "\n" not in e.value.reason

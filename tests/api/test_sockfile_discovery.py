@@ -1,0 +1,60 @@
+"""Claiming the socket path safely, and where clients look for it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.core.api.sockfile import SocketPathError, claim_socket
+
+
+def test_claims_with_mode_and_releases_only_its_own(tmp_path) -> None:
+    path = tmp_path / "d.sock"
+    claimed = claim_socket(path, mode=0o660)
+    assert stat.S_ISSOCK(os.lstat(path).st_mode) and os.lstat(path).st_mode & 0o777 == 0o660
+    claimed.release()
+    assert not path.exists() and not (tmp_path / "d.sock.lock").exists()
+    claimed.release()  # idempotent
+
+
+def test_a_live_server_is_not_clobbered(tmp_path) -> None:
+    path = tmp_path / "d.sock"
+    first = claim_socket(path)
+    with pytest.raises(SocketPathError, match="in use"):
+        claim_socket(path)  # lock held
+    os.unlink(tmp_path / "d.sock.lock")  # a server that does not lock: the probe still sees it
+    with pytest.raises(SocketPathError, match="live socket"):
+        claim_socket(path)
+    first.release()
+
+
+def test_a_stale_socket_is_replaced_and_other_files_are_left_alone(tmp_path) -> None:
+    path = tmp_path / "d.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # bound, never listening, owner gone: stale
+    claim_socket(path).release()
+    path.write_text("precious")
+    with pytest.raises(SocketPathError, match="not a socket"):
+        claim_socket(path)
+    assert path.read_text() == "precious"
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SocketPathError, match="not a socket"):
+        claim_socket(path)
+    assert path.is_symlink()
+
+
+def test_discovery_order() -> None:
+    job = {"SLURM_JOB_ID": "42", "SLURM_FIBER_STATE": "/var/sf"}
+    assert str(discover_socket("/x.sock", {"FIBERD_SOCKET": "/y"})) == "/x.sock"
+    assert str(discover_socket(None, {"FIBERD_SOCKET": "/y", **job})) == "/y"
+    assert str(discover_socket(None, job)) == "/var/sf/42/fiberd.sock"
+    assert str(discover_socket(None, {"SLURM_JOB_ID": "7"})) == "/run/slurm-fiber/7/fiberd.sock"
+    assert str(discover_socket(None, {"XDG_RUNTIME_DIR": "/run/user/5"})) == \
+        "/run/user/5/slurm-fiber/fiberd.sock"
+    assert str(discover_socket(None, {})) == "/run/slurm-fiber/fiberd.sock"
