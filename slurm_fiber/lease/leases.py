@@ -255,7 +255,7 @@ class Leases:
         party = caller.party
         return Holder(
             env=resource,
-            holder=caller.name or party.person or party.session or "?",
+            holder=caller.name or _holder_label(party),
             session=compose_session(party.session, caller.process),
             purpose=purpose,
             since=to_rfc3339(now),
@@ -290,6 +290,13 @@ class Leases:
                 "reason": reason,
             },
         )
+
+
+def _holder_label(party: Party) -> str:
+    """The shell lock's free-text ``holder``: the person, with the session when there is one."""
+    if party.person and party.session:
+        return f"{party.person} ({party.session})"
+    return party.person or party.session or "?"
 
 
 def _held(holder: Holder) -> Refusal:

@@ -278,6 +278,7 @@ def update(path: Path) -> Iterator[State]:
     """
     lock_path = path.with_name(path.name + ".lock")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
         raise io_failure(f"open state lock {lock_path}", err) from None
