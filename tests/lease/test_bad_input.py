@@ -19,7 +19,7 @@ from slurm_fiber.lease.errors import LeaseError
 from slurm_fiber.lease.holder import Holder
 from slurm_fiber.lease.leases import Caller, Leases
 from slurm_fiber.lease.names import MAX_PURPOSE
-from slurm_fiber.lease.state import Party, load, update
+from slurm_fiber.lease.state import Party, load
 
 ANN = Caller(Party(session="s1", person="ann", host="vm"))
 GOOD = {"env": "gpu0", "holder": "ann", "session": "s1", "purpose": "p",

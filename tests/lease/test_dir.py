@@ -93,7 +93,9 @@ printf '{"env":"%s","holder":"%s","session":"%s","purpose":"%s","since":"%s"}\n'
 mv "$d/.h.$$" "$d/holder.json"
 """
 
-SHELL_READ = r"""jq -r '[.env, .holder, .session, .purpose, .since] | join("|")' "$1/$2/holder.json" """
+SHELL_READ = r"""
+jq -r '[.env, .holder, .session, .purpose, .since] | join("|")' "$1/$2/holder.json"
+"""
 
 
 def test_shell_lock_claims_and_python_reads(tmp_path: Path) -> None:
