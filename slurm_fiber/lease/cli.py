@@ -1,8 +1,8 @@
 """``slurm-fiber lease``: one holder at a time for a machine's shared resources.
 
 Commands work for any resource (a GPU, a shared installation, a browser).
-Every command takes ``--dir`` and ``--state`` (or SLURM_FIBER_LEASE_DIR and
-SLURM_FIBER_LEASE_STATE) and prints a human table or, with ``--json``, one
+The group takes ``--dir``, ``--state`` and ``--ttl`` before the command (or
+SLURM_FIBER_LEASE_DIR, _STATE, _TTL); each command prints a table or, with ``--json``, one
 JSON document on stdout. Exit codes: 0 done, 1 refused or failed (one line
 on stderr; with ``--json`` the refusal is also the JSON document), 2 usage.
 """
@@ -90,8 +90,15 @@ TeamOpt = Annotated[str, typer.Option("--team", envvar="SLURM_FIBER_TEAM", help=
 ResArg = Annotated[str, typer.Argument(help="The resource, e.g. gpu0 or kind-lab.")]
 
 
-def _leases(lease_dir: Path, state: Path | None, ttl: float) -> Leases:
-    return Leases(lease_dir, state or lease_dir / "state.json", SystemClock(), ttl=ttl)
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    lease_dir: DirOpt = DEFAULT_DIR,
+    state: StateOpt = None,
+    ttl: TtlOpt = DEFAULT_TTL,
+) -> None:
+    """Options shared by every lease command (give them before the command)."""
+    ctx.obj = Leases(lease_dir, state or lease_dir / "state.json", SystemClock(), ttl=ttl)
 
 
 def _caller(session: str, team: str, pid: int) -> Caller:
@@ -136,15 +143,13 @@ def _table(rows: list[list[str]]) -> str:
 
 @app.command("ls")
 def ls_cmd(
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
+    ctx: typer.Context,
     as_json: JsonOpt = False,
 ) -> None:
     """List held leases (oldest first), the supervisor and the pending grants."""
 
     def act() -> None:
-        leases = _leases(lease_dir, state, ttl)
+        leases = ctx.obj
         holders, st = leases.dir.list(), leases.state()
         stale = {h.env: holder_gone_reason(h, leases.host) for h in holders}
         if as_json:
@@ -168,6 +173,7 @@ def ls_cmd(
 
 @app.command("claim")
 def claim_cmd(
+    ctx: typer.Context,
     resource: ResArg,
     purpose: Annotated[str, typer.Option("--purpose", help="What you hold it for (one line).")],
     budget: Annotated[int, typer.Option("--budget", help="GiB your models may hold.")] = 0,
@@ -177,15 +183,12 @@ def claim_cmd(
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Claim RESOURCE. Refused (exit 1) when held, not granted to you, or behind others."""
 
     def act() -> None:
-        leases = _leases(lease_dir, state, ttl)
+        leases = ctx.obj
         holder = leases.claim(resource, _caller(session, team, pid), purpose, budget, steal_stale)
         _emit(as_json, holder.to_json(), f"claimed {holder.label()} since {holder.since}")
 
@@ -194,6 +197,7 @@ def claim_cmd(
 
 @app.command("release")
 def release_cmd(
+    ctx: typer.Context,
     resource: ResArg,
     force: Annotated[
         bool, typer.Option("--force", help="Release another's lease (audited).")
@@ -201,15 +205,12 @@ def release_cmd(
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Release RESOURCE (yours, or anyone's with --force). Releasing a free one is a no-op."""
 
     def act() -> None:
-        was = _leases(lease_dir, state, ttl).release(resource, _caller(session, team, pid), force)
+        was = ctx.obj.release(resource, _caller(session, team, pid), force)
         doc = {"released": resource, "holder": was.to_json() if was else None}
         _emit(as_json, doc, f"released {resource}" if was else f"{resource} was free")
 
@@ -218,6 +219,7 @@ def release_cmd(
 
 @app.command("grant")
 def grant_cmd(
+    ctx: typer.Context,
     resource: ResArg,
     to: Annotated[str, typer.Option("--to", help="The session id the grant goes to.")],
     upgrade_unblock: Annotated[
@@ -226,15 +228,12 @@ def grant_cmd(
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """As the supervisor, grant RESOURCE to the session --to; grants queue in order given."""
 
     def act() -> None:
-        leases = _leases(lease_dir, state, ttl)
+        leases = ctx.obj
         place = leases.grant(
             resource, Party(session=to), _caller(session, team, pid), upgrade_unblock
         )
@@ -246,15 +245,13 @@ def grant_cmd(
 
 @app.command("prune")
 def prune_cmd(
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
+    ctx: typer.Context,
     as_json: JsonOpt = False,
 ) -> None:
     """Drop grants whose time ran out (grants of held resources wait)."""
 
     def act() -> None:
-        dropped = _leases(lease_dir, state, ttl).prune()
+        dropped = ctx.obj.prune()
         doc = {"dropped": [{"resource": g.resource, "to": g.to.to_json()} for g in dropped]}
         _emit(as_json, doc, f"dropped {len(dropped)} grant(s)")
 
@@ -263,18 +260,16 @@ def prune_cmd(
 
 @supervise_app.command("start")
 def supervise_start_cmd(
+    ctx: typer.Context,
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Become the supervisor: from now until a deliberate stop, claims need your grants."""
 
     def act() -> None:
-        sup = _leases(lease_dir, state, ttl).supervise_start(_caller(session, team, pid))
+        sup = ctx.obj.supervise_start(_caller(session, team, pid))
         doc = {"supervisor": sup.party.to_json(), "pid": sup.pid}
         _emit(as_json, doc, f"supervising as {sup.party.display()}")
 
@@ -283,21 +278,19 @@ def supervise_start_cmd(
 
 @supervise_app.command("stop")
 def supervise_stop_cmd(
+    ctx: typer.Context,
     force: Annotated[
         bool, typer.Option("--force", help="Stop another's supervision (audited).")
     ] = False,
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Deliberately stop supervising: a free lease is permission again."""
 
     def act() -> None:
-        old = _leases(lease_dir, state, ttl).supervise_stop(_caller(session, team, pid), force)
+        old = ctx.obj.supervise_stop(_caller(session, team, pid), force)
         doc = {"stopped": old.party.to_json() if old else None}
         _emit(as_json, doc, f"stopped supervisor {old.party.display()}" if old else "no supervisor")
 
@@ -306,22 +299,18 @@ def supervise_stop_cmd(
 
 @upgrade_app.command("start")
 def upgrade_start_cmd(
+    ctx: typer.Context,
     installation: Annotated[str, typer.Argument(help="The installation (a resource's name).")],
     reason: Annotated[str, typer.Option("--reason", help="What the upgrade is.")],
     session: SessionOpt = "",
     team: TeamOpt = "",
     pid: PidOpt = 0,
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Record an upgrade running on INSTALLATION until `upgrade end`."""
 
     def act() -> None:
-        _leases(lease_dir, state, ttl).upgrade_start(
-            installation, reason, _caller(session, team, pid)
-        )
+        ctx.obj.upgrade_start(installation, reason, _caller(session, team, pid))
         _emit(as_json, {"upgrade": installation}, f"upgrade of {installation} recorded")
 
     _run(as_json, act)
@@ -329,16 +318,14 @@ def upgrade_start_cmd(
 
 @upgrade_app.command("end")
 def upgrade_end_cmd(
+    ctx: typer.Context,
     installation: Annotated[str, typer.Argument(help="The installation.")],
-    lease_dir: DirOpt = DEFAULT_DIR,
-    state: StateOpt = None,
-    ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """End the upgrade recorded on INSTALLATION."""
 
     def act() -> None:
-        ended = _leases(lease_dir, state, ttl).upgrade_end(installation)
+        ended = ctx.obj.upgrade_end(installation)
         _emit(as_json, {"ended": ended}, "upgrade ended" if ended else "no upgrade was recorded")
 
     _run(as_json, act)
