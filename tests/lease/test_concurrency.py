@@ -65,11 +65,11 @@ def test_claim_release_races_one_holder_at_a_time(tmp_path: Path) -> None:
 def test_concurrent_state_writers_lose_no_grant(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     state = tmp_path / "state.json"
-    procs = [ctx.Process(target=writer, args=(str(state), w, 40)) for w in range(WORKERS)]
+    procs = [ctx.Process(target=writer, args=(str(state), w, 20)) for w in range(WORKERS)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
         assert p.exitcode == 0
     sessions = sorted(g.to.session for g in load(state).grants)
-    assert sessions == sorted(f"w{w}-{i}" for w in range(WORKERS) for i in range(40))
+    assert sessions == sorted(f"w{w}-{i}" for w in range(WORKERS) for i in range(20))
