@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import typer
 
+from slurm_fiber.lease.cli import app as lease_app
+
 app = typer.Typer(
     name="slurm-fiber",
     help="slurm_fiber admin tools: issuer keys, grant tokens, leases, audit, conformance.",
@@ -16,6 +18,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(lease_app, name="lease")
 
 
 def main() -> None:

@@ -1,0 +1,73 @@
+"""Stale holders: proving a holder's process gone, and the audit of a reclaim.
+
+A holder is provably gone only when its record names this host (``host``)
+and a process (the ``@pid:`` suffix of ``session``) and that process no
+longer exists, is a zombie, or its pid now belongs to a process started at
+another time than the recorded start. Anything less (another host, no pid,
+an unreadable record, a process we may not inspect) is not proof, and the
+lease stays. Reclaiming is always explicit and leaves one JSON line in
+``<leasedir>/audit.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from slurm_fiber.lease.errors import io_failure
+from slurm_fiber.lease.holder import Holder, ProcessRef
+
+AUDIT_FILE = "audit.jsonl"
+START_TOLERANCE = 0.02  # create_time has 1/CLK_TCK resolution; records keep two decimals
+
+
+def process_ref(pid: int) -> ProcessRef:
+    """The pid and start time of a live process; raises psutil.NoSuchProcess when none."""
+    return ProcessRef(pid, round(psutil.Process(pid).create_time(), 2))
+
+
+def gone_reason(process: ProcessRef) -> str | None:
+    """Why ``process`` is provably gone from this host, or None when it may still run."""
+    try:
+        proc = psutil.Process(process.pid)
+        started = proc.create_time()
+        zombie = proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return f"process {process.pid} no longer exists"
+    except psutil.Error:
+        return None
+    if zombie:
+        return f"process {process.pid} has exited (zombie)"
+    if process.start is not None and abs(started - process.start) > START_TOLERANCE:
+        return f"pid {process.pid} now belongs to a process started at {started:.2f}"
+    return None
+
+
+def holder_gone_reason(holder: Holder, this_host: str) -> str | None:
+    """Why ``holder``'s session is provably gone, or None when it cannot be proved."""
+    process = holder.process()
+    if process is None or not holder.host or holder.host != this_host:
+        return None
+    return gone_reason(process)
+
+
+def append_audit(lease_dir: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line to ``<lease_dir>/audit.jsonl``.
+
+    One ``write`` on an O_APPEND descriptor, so concurrent writers never
+    interleave lines. Raises LeaseError when the line cannot be written.
+    """
+    line = json.dumps(record, sort_keys=True).encode() + b"\n"
+    path = lease_dir / AUDIT_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise io_failure(f"append to audit log {path}", err) from None
