@@ -90,7 +90,6 @@ class Delegation:
                 pass
             except OSError as err:
                 failures.append(f"cannot remove {path}: {err.strerror}")
-                continue
         self.created = [p for p in self.created if os.path.isdir(p)]
         return failures
 

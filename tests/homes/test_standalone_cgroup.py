@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.cgroupdelegate import (
     PROC_MOUNTINFO,
     SELF_LEAF,
@@ -24,6 +25,7 @@ from slurm_fiber.homes.cgroupdelegate import (
     own_cgroup,
     unified_mount,
 )
+from slurm_fiber.homes.standalone import StandaloneHome
 
 MOUNTINFO_V2 = (
     "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
@@ -172,3 +174,12 @@ def test_in_the_hierarchy_root_it_creates_a_subtree_of_its_own(mount: str, child
         for path in (own / SELF_LEAF, own):
             if path.exists():
                 path.rmdir()
+
+
+@REAL
+def test_a_configured_cgroup_v2_directory_is_used_as_given(test_cgroup: Path) -> None:
+    home = StandaloneHome("/nonexistent", FakeClock(), cgroup=str(test_cgroup))
+    assert home.cgroup_root() == str(test_cgroup)
+    assert home.cgroup_reason() == f"cgroup_root {test_cgroup} from configuration"
+    assert home.close() == []
+    assert test_cgroup.exists()
