@@ -35,7 +35,8 @@ the working directory (environment and flags).
 | log_level | info | debug, info, warning or error |
 
 List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
-(trust: a table) and comma-separated in the environment and flags.
+(trust: a table) and comma-separated in the environment and flags; a trust
+entry there is ``issuer=path``, split at its last "=" (issuer URLs may hold one).
 """
 
 from __future__ import annotations
