@@ -1,0 +1,431 @@
+"""fiberd's configuration: every option, where it came from, and why a value is refused.
+
+Sources, lowest to highest precedence: built-in defaults < a TOML file
+(``--config FILE``, or ``FIBERD_CONFIG``) < environment variables
+``FIBERD_<OPTION>`` < command-line flags ``--<option>`` (the loader takes
+the flag values as a dict; None means "not given"). Every value is
+validated; a refusal is one ``ConfigError`` line naming the option and its
+source (``file.toml:key``, the environment variable, or the flag). Unknown
+TOML keys and unknown ``FIBERD_*`` variables are refused, with the nearest
+option suggested, so a typo never silently falls back to a default.
+Relative paths are taken from the TOML file's directory (file values) or
+the working directory (environment and flags).
+
+| option | default | meaning |
+|---|---|---|
+| home | standalone | where fiberd runs: standalone, slurm or kubernetes |
+| state_dir | /var/lib/slurm-fiber | fiberd's state; the default of the paths below |
+| socket | STATE_DIR/fiberd.sock | the local API's Unix socket |
+| audit_path | STATE_DIR/audit.jsonl | the audit log (one JSON line per decision) |
+| audit_fsync | always | always: fsync each record before answering; never: leave it to the kernel |
+| trust | (none) | issuer → JWKS file; TOML table, env/flag ``iss=path,iss2=path`` |
+| audience | (the home's) | the ``aud`` tokens must contain; unset: the home names it |
+| leeway | 30 | seconds of clock skew allowed on nbf/iat (0..300) |
+| stale_ttl | 60 | seconds of control-plane silence after which the source is stale |
+| fence_ttl | 120 | seconds after the last sync a fence ends (>= stale_ttl) |
+| grantdir | STATE_DIR/grants | the directory polled for ``*.jwt`` grant files |
+| poll_interval | 1 | seconds between grantdir polls |
+| cgroup_root | delegate | delegate (a subtree of fiberd's own cgroup), a cgroup v2 path, or none |
+| devices | (none) | static devices ``kind:index[:path[:uuid]]``, e.g. ``gpu:0:/dev/nvidia0`` |
+| ready_file | STATE_DIR/ready.json | readiness JSON, replaced atomically; none: no file |
+| allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
+| allowed_gids | (none) | groups (gids or names) whose members may use the socket |
+| grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
+| log_format | text | text or json (one JSON object per line) |
+| log_level | info | debug, info, warning or error |
+
+List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
+(trust: a table) and comma-separated in the environment and flags; a trust
+entry there is ``issuer=path``, split at its last "=" (issuer URLs may hold one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import grp
+import math
+import os
+import pwd
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from slurm_fiber.core.devices import Device
+
+ENV_PREFIX = "FIBERD_"
+CONFIG_ENV = "FIBERD_CONFIG"
+HOMES = ("standalone", "slurm", "kubernetes")
+_NONE_WORDS = ("none", "")
+
+
+class ConfigError(Exception):
+    """A refused configuration value: ``option``, ``source`` and a one-line ``reason``."""
+
+    def __init__(self, option: str, source: str, reason: str) -> None:
+        super().__init__(f"{option} (from {source}): {reason}")
+        self.option = option
+        self.source = source
+        self.reason = reason
+
+
+class _Refused(ValueError):
+    """A parser's refusal; the loader adds the option and its source."""
+
+
+@dataclass(frozen=True)
+class FiberdConfig:
+    """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
+
+    home: str = "standalone"
+    state_dir: str = "/var/lib/slurm-fiber"
+    socket: str = ""
+    audit_path: str = ""
+    audit_fsync: str = "always"
+    trust: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    audience: str | None = None
+    leeway: float = 30.0
+    stale_ttl: float = 60.0
+    fence_ttl: float = 120.0
+    grantdir: str = ""
+    poll_interval: float = 1.0
+    cgroup_root: str | None = "delegate"
+    devices: tuple[Device, ...] = ()
+    ready_file: str | None = ""
+    allowed_uids: tuple[int, ...] = ()
+    allowed_gids: tuple[int, ...] = ()
+    grace: float = 5.0
+    log_format: str = "text"
+    log_level: str = "info"
+
+
+# ---- value parsers: each takes a TOML-native value or a string, returns the typed value.
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Refused(f"must be a string, got {value!r}")
+    return value.strip()
+
+
+def _choice(*allowed: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        text = _text(value).lower()
+        if text not in allowed:
+            raise _Refused(f"must be one of {', '.join(allowed)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def _seconds(
+    low: float, high: float = math.inf, *, zero_ok: bool = False
+) -> Callable[[object], float]:
+    def parse(value: object) -> float:
+        if isinstance(value, bool):
+            raise _Refused(f"must be a number of seconds, got {value!r}")
+        try:
+            number = float(value) if isinstance(value, int | float | str) else math.nan
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise _Refused(f"must be a number of seconds, got {value!r}")
+        if number < low or number > high or (number == 0 and not zero_ok):
+            bound = f"between {low:g} and {high:g}" if math.isfinite(high) else "positive"
+            raise _Refused(f"must be {bound} seconds, got {value!r}")
+        return number
+
+    return parse
+
+
+def _path(value: object) -> str:
+    text = _text(value)
+    if not text:
+        raise _Refused("must be a path, got an empty string")
+    if "\0" in text:
+        raise _Refused("must be a path, got a NUL byte")
+    return text
+
+
+def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
+    """``none`` (or an empty string) means unset."""
+
+    def parse_optional(value: object) -> Any:
+        if isinstance(value, str) and value.strip().lower() in _NONE_WORDS:
+            return None
+        return parse(value)
+
+    return parse_optional
+
+
+def _cgroup_root(value: object) -> str | None:
+    text = _text(value)
+    if text.lower() in _NONE_WORDS:
+        return None
+    if text.lower() == "delegate":
+        return "delegate"
+    return _path(text)
+
+
+def _items(value: object) -> list[object]:
+    """A TOML array as it is, a string split on commas (blanks dropped)."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    raise _Refused(f"must be a list (TOML array or comma-separated), got {value!r}")
+
+
+def _device(spec: object) -> Device:
+    text = _text(spec)
+    parts = text.split(":", 3)
+    if len(parts) < 2 or not parts[0] or not parts[1].isdigit():
+        raise _Refused(f"device {text!r} is not kind:index[:path[:uuid]] (e.g. gpu:0:/dev/nvidia0)")
+    path = parts[2] if len(parts) > 2 and parts[2] else None
+    if path is not None and not path.startswith("/"):
+        raise _Refused(f"device {text!r}: the path must be absolute")
+    uuid = parts[3] if len(parts) > 3 and parts[3] else None
+    return Device(parts[0], int(parts[1]), path, uuid)
+
+
+def _devices(value: object) -> tuple[Device, ...]:
+    devices = [_device(item) for item in _items(value)]
+    seen: set[tuple[str, int]] = set()
+    for d in devices:
+        if (d.kind, d.index) in seen:
+            raise _Refused(f"device {d.kind}:{d.index} is listed twice")
+        seen.add((d.kind, d.index))
+    return tuple(devices)
+
+
+def _ids(lookup: Callable[[str], int], what: str) -> Callable[[object], tuple[int, ...]]:
+    def parse(value: object) -> tuple[int, ...]:
+        out: list[int] = []
+        for item in _items(value):
+            if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                out.append(item)
+            elif isinstance(item, str) and item.isdigit():
+                out.append(int(item))
+            elif isinstance(item, str) and item:
+                try:
+                    out.append(lookup(item))
+                except KeyError:
+                    raise _Refused(f"no {what} named {item!r} on this host") from None
+            else:
+                raise _Refused(f"{item!r} is not a {what} id or name")
+        return tuple(sorted(set(out)))
+
+    return parse
+
+
+def _trust(value: object) -> dict[str, str]:
+    pairs: list[tuple[object, object]]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = []
+        for item in _items(value):
+            issuer, sep, path = _text(item).rpartition("=")
+            if not sep or not issuer:
+                raise _Refused(f"{item!r} is not issuer=/path/to/jwks.json")
+            pairs.append((issuer, path))
+    trust: dict[str, str] = {}
+    for issuer, path in pairs:
+        name = _text(issuer)
+        if not name:
+            raise _Refused("an issuer name is empty")
+        trust[name] = _path(path)
+    return trust
+
+
+# ---- the option table
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its name (the TOML key), parser, whether it is a path, and its help line."""
+
+    name: str
+    parse: Callable[[object], Any]
+    help: str
+    paths: bool = False  # its value holds paths made absolute against the source's directory
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("home", _choice(*HOMES), "where fiberd runs: standalone, slurm or kubernetes"),
+    Option("state_dir", _path, "fiberd's state; the default of socket, audit, grantdir, ready",
+           paths=True),
+    Option("socket", _path, "the local API's Unix socket", paths=True),
+    Option("audit_path", _path, "the audit log, one JSON line per decision", paths=True),
+    Option("audit_fsync", _choice("always", "never"),
+           "always: fsync each audit record before answering; never: leave it to the kernel"),
+    Option("trust", _trust, "issuer=JWKS file pairs (TOML: a table)", paths=True),
+    Option("audience", _optional(_text), "the aud tokens must contain (unset: the home names it)"),
+    Option("leeway", _seconds(0, 300, zero_ok=True), "seconds of skew allowed on nbf/iat"),
+    Option("stale_ttl", _seconds(0), "seconds of control-plane silence until the source is stale"),
+    Option("fence_ttl", _seconds(0), "seconds after the last sync a fence ends (>= stale_ttl)"),
+    Option("grantdir", _path, "directory polled for *.jwt grant files", paths=True),
+    Option("poll_interval", _seconds(0), "seconds between grantdir polls"),
+    Option("cgroup_root", _cgroup_root, "delegate, a cgroup v2 directory, or none", paths=True),
+    Option("devices", _devices, "static devices kind:index[:path[:uuid]], comma-separated"),
+    Option("ready_file", _optional(_path), "readiness JSON, replaced atomically (none: no file)",
+           paths=True),
+    Option("allowed_uids", _ids(lambda n: pwd.getpwnam(n).pw_uid, "user"),
+           "users (ids or names) besides fiberd's own allowed on the socket"),
+    Option("allowed_gids", _ids(lambda n: grp.getgrnam(n).gr_gid, "group"),
+           "groups (ids or names) whose members are allowed on the socket"),
+    Option("grace", _seconds(0, 3600, zero_ok=True), "seconds between SIGTERM and SIGKILL"),
+    Option("log_format", _choice("text", "json"), "text or json"),
+    Option("log_level", _choice("debug", "info", "warning", "error"),
+           "debug, info, warning or error"),
+)
+_BY_NAME = {opt.name: opt for opt in OPTIONS}
+_DERIVED = {  # unset path options default to a name inside state_dir
+    "socket": "fiberd.sock",
+    "audit_path": "audit.jsonl",
+    "grantdir": "grants",
+    "ready_file": "ready.json",
+}
+
+
+def describe() -> str:
+    """Every option with its flag, environment variable, default and meaning (for --help)."""
+    defaults = FiberdConfig()
+    lines = []
+    for opt in OPTIONS:
+        default = (f"STATE_DIR/{_DERIVED[opt.name]}" if opt.name in _DERIVED
+                   else _show(getattr(defaults, opt.name)))
+        lines.append(f"{opt.flag:16} {opt.env:22} [{default}] {opt.help}")
+    return "\n".join(lines)
+
+
+def _show(value: object) -> str:
+    if value is None or value == ():
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ---- loading
+
+
+def load_config(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> FiberdConfig:
+    """Build fiberd's configuration from defaults, a TOML file, the environment and flags.
+
+    ``path`` is the ``--config`` file (else ``FIBERD_CONFIG``, else none);
+    ``env`` defaults to ``os.environ``; ``flags`` maps option names to the
+    values given on the command line (None: not given). Blocks to read the
+    file. Raises ConfigError with a one-line reason naming the option and
+    its source; never returns a half-valid configuration.
+    """
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_ENV) or None
+    values: dict[str, tuple[object, str]] = {}  # option -> (parsed value, source)
+    if path is not None:
+        values.update(_from_file(path))
+    values.update(_from_env(env))
+    values.update(_from_flags(flags or {}))
+    return _build(values)
+
+
+def _parse(opt: Option, raw: object, source: str, base: str) -> tuple[object, str]:
+    try:
+        value = opt.parse(raw)
+    except _Refused as err:
+        raise ConfigError(opt.name, source, str(err)) from None
+    return (_absolute(value, base) if opt.paths else value), source
+
+
+def _absolute(value: Any, base: str) -> Any:
+    if isinstance(value, str) and value != "delegate":
+        return os.path.normpath(os.path.join(base, value))
+    if isinstance(value, dict):
+        return {k: _absolute(v, base) for k, v in value.items()}
+    return value
+
+
+def _unknown(option: str, source: str, candidates: list[str]) -> ConfigError:
+    near = difflib.get_close_matches(option, candidates, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return ConfigError(option, source, f"is not a fiberd option{hint}")
+
+
+def _from_file(path: str) -> dict[str, tuple[object, str]]:
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as err:
+        raise ConfigError("config", path, f"cannot read the file: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("config", path, f"is not valid TOML: {err}") from None
+    base = os.path.dirname(os.path.abspath(path))
+    out: dict[str, tuple[object, str]] = {}
+    for key, raw in document.items():
+        source = f"{path}:{key}"
+        opt = _BY_NAME.get(key)
+        if opt is None:
+            raise _unknown(key, source, list(_BY_NAME))
+        out[key] = _parse(opt, raw, source, base)
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, tuple[object, str]]:
+    known = {opt.env: opt for opt in OPTIONS}
+    out: dict[str, tuple[object, str]] = {}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+            continue
+        opt = known.get(var)
+        if opt is None:
+            raise _unknown(var, "the environment", [*known, CONFIG_ENV])
+        out[opt.name] = _parse(opt, raw, var, os.getcwd())
+    return out
+
+
+def _from_flags(flags: Mapping[str, object]) -> dict[str, tuple[object, str]]:
+    out: dict[str, tuple[object, str]] = {}
+    for name, raw in flags.items():
+        if raw is None:
+            continue
+        opt = _BY_NAME.get(name)
+        if opt is None:
+            raise _unknown(name, "the command line", list(_BY_NAME))
+        out[name] = _parse(opt, _flag_value(raw), opt.flag, os.getcwd())
+    return out
+
+
+def _flag_value(raw: object) -> object:
+    """Typer hands numbers and lists typed; parsers take TOML-native values or strings."""
+    return list(raw) if isinstance(raw, tuple) else raw
+
+
+def _build(values: dict[str, tuple[object, str]]) -> FiberdConfig:
+    chosen = {name: value for name, (value, _) in values.items()}
+    state_dir = str(chosen.get("state_dir", FiberdConfig.state_dir))
+    for name, leaf in _DERIVED.items():
+        if name not in chosen:
+            chosen[name] = os.path.join(state_dir, leaf)
+    if "trust" in chosen:
+        chosen["trust"] = MappingProxyType(dict(chosen["trust"]))
+    config = FiberdConfig(**chosen)
+    if config.fence_ttl < config.stale_ttl:
+        _, source = values.get("fence_ttl") or values.get("stale_ttl") or (None, "defaults")
+        raise ConfigError(
+            "fence_ttl", source,
+            f"fence_ttl ({config.fence_ttl:g} s) must not be shorter than stale_ttl "
+            f"({config.stale_ttl:g} s)",
+        )
+    return config
+
