@@ -7,6 +7,9 @@ key objects, each pinned to one algorithm taken from the key itself
 ``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
 why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
 changes it is re-read, so a rotated JWKS takes effect without a restart. A
+file modified within the last ``RACY_WINDOW_NS`` is re-read on every lookup
+until it is older (as git does for "racy" index entries), because a second
+in-place rewrite inside one timestamp tick would leave the stamp unchanged. A
 file that cannot be read or parsed keeps the issuer's last good keys; the
 error is reported once (to ``on_problem`` and in ``problems()``) until it
 changes. Not thread-safe: used from one event loop or one command.
@@ -18,6 +21,7 @@ import base64
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 MAX_JWKS_BYTES = 1 << 20
+RACY_WINDOW_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,8 @@ class TrustStore:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == f.stamp:
                 return f.keys or {}
-            f.stamp = stamp
+            racy = time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS
+            f.stamp = None if racy else stamp
             if st.st_size > MAX_JWKS_BYTES:
                 raise ValueError(f"larger than {MAX_JWKS_BYTES} bytes")
             keys, skipped = parse_jwks(issuer, f.path.read_bytes())
