@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import typer
 
+from slurm_fiber.cli.tokens import keys_app, token_app
+
 app = typer.Typer(
     name="slurm-fiber",
     help="slurm_fiber admin tools: issuer keys, grant tokens, leases, audit, conformance.",
@@ -16,6 +18,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(keys_app, name="keys")
+app.add_typer(token_app, name="token")
 
 
 def main() -> None:
