@@ -48,8 +48,8 @@ from jwt.algorithms import Algorithm, get_default_algorithms
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
-from slurm_fiber.core.grant import VerifiedToken, valid_uid
-from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.core.grant import FiberSpec, VerifiedToken, valid_uid
+from slurm_fiber.core.trust import TrustedKey, TrustStore
 
 MAX_TOKEN_BYTES = 64 * 1024
 ALLOWED_ALGS = ("EdDSA", "ES256")
@@ -115,11 +115,12 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+
+
 def _json_object(segment: bytes, what: str, dup_reason: TokenReason) -> dict[str, Any]:
     try:
-        obj = json.loads(
-            segment, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant
-        )
+        obj = _DECODER.decode(segment.decode("utf-8"))
     except _Duplicate as dup:
         raise TokenRefused(dup_reason, f"the {what} has member {dup} twice") from None
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -138,12 +139,10 @@ def _b64(segment: bytes, what: str) -> bytes:
         raise TokenRefused(TokenReason.MALFORMED, f"the {what} is not base64url") from None
 
 
-def decode_unverified(raw: bytes | str) -> DecodedToken:
-    """Split and decode a compact JWS without trusting it (size cap and shape checks only).
-
-    Used by ``TokenVerifier`` and by ``token inspect``. Raises TokenRefused
-    (oversize, malformed, bad_header for duplicate header members).
-    """
+def _as_bytes(raw: bytes | str) -> bytes:
+    """The token as ASCII bytes within the size cap, surrounding whitespace removed."""
+    if isinstance(raw, str | bytes) and len(raw) > MAX_TOKEN_BYTES:
+        raise TokenRefused(TokenReason.OVERSIZE, f"more than the {MAX_TOKEN_BYTES} bytes allowed")
     if isinstance(raw, str):
         try:
             raw = raw.encode("ascii")
@@ -151,20 +150,29 @@ def decode_unverified(raw: bytes | str) -> DecodedToken:
             raise TokenRefused(TokenReason.MALFORMED, "the token is not ASCII text") from None
     if not isinstance(raw, bytes):
         raise TokenRefused(TokenReason.MALFORMED, "the token is not text")
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise TokenRefused(
-            TokenReason.OVERSIZE, f"{len(raw)} bytes, more than the {MAX_TOKEN_BYTES} allowed"
-        )
-    raw = raw.strip()
+    return raw.strip()
+
+
+def _split(raw: bytes) -> list[bytes]:
     parts = raw.split(b".")
     if len(parts) != 3:
         raise TokenRefused(
             TokenReason.MALFORMED, f"a compact JWS has 3 dot-separated segments, not {len(parts)}"
         )
-    header = _json_object(_b64(parts[0], "header"), "header", TokenReason.BAD_HEADER)
-    claims = _json_object(_b64(parts[1], "payload"), "payload", TokenReason.BAD_CLAIM)
-    signature = _b64(parts[2], "signature")
-    return DecodedToken(header, claims, parts[0] + b"." + parts[1], signature, raw)
+    return parts
+
+
+def decode_unverified(raw: bytes | str) -> DecodedToken:
+    """Split and decode a compact JWS without trusting it (size cap and shape checks only).
+
+    Used by ``token inspect``. Raises TokenRefused (oversize, malformed,
+    bad_header / bad_claim for duplicate members).
+    """
+    raw = _as_bytes(raw)
+    head, payload, sig = _split(raw)
+    header = _json_object(_b64(head, "header"), "header", TokenReason.BAD_HEADER)
+    claims = _json_object(_b64(payload, "payload"), "payload", TokenReason.BAD_CLAIM)
+    return DecodedToken(header, claims, head + b"." + payload, _b64(sig, "signature"), raw)
 
 
 def _check_header(header: dict[str, Any]) -> tuple[str, str]:
@@ -207,15 +215,79 @@ def _time_claim(claims: dict[str, Any], name: str) -> float:
     return float(value)
 
 
+@dataclass(frozen=True)
+class _Grant:
+    """The time- and audience-independent content of a token's claims."""
+
+    uid: str
+    jti: str
+    audience: tuple[str, ...]
+    exp: float
+    iat: float
+    nbf: float | None
+    spec: FiberSpec
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What the header and payload segments say, before any crypto.
+
+    ``grant`` is the parsed claims, or the refusal they earn; that refusal is
+    raised only after the signature verifies, so a forged token learns nothing.
+    """
+
+    alg: str
+    kid: str
+    issuer: str
+    grant: _Grant | TokenRefused
+
+
+def _parse(head: bytes, payload: bytes) -> _Parsed:
+    alg, kid = _check_header(_json_object(_b64(head, "header"), "header", TokenReason.BAD_HEADER))
+    claims = _json_object(_b64(payload, "payload"), "payload", TokenReason.BAD_CLAIM)
+    issuer = _claim(claims, "iss", str, "a string")
+    try:
+        grant: _Grant | TokenRefused = _parse_grant(claims)
+    except TokenRefused as err:
+        grant = err
+    return _Parsed(alg, kid, issuer, grant)
+
+
+def _parse_grant(claims: dict[str, Any]) -> _Grant:
+    uid = _claim(claims, "sub", str, "a string")
+    if not valid_uid(uid):
+        raise TokenRefused(TokenReason.BAD_UID, f"sub {uid[:40]!r} is not a grant UID")
+    aud = _claim(claims, "aud", (str, list), "a string or a list of strings")
+    audience = (aud,) if isinstance(aud, str) else tuple(aud)
+    if not all(isinstance(a, str) for a in audience):
+        raise TokenRefused(TokenReason.BAD_CLAIM, "claim 'aud' must list only strings")
+    jti = _claim(claims, "jti", str, "a string")
+    if not jti:
+        raise TokenRefused(TokenReason.BAD_CLAIM, "claim 'jti' must not be empty")
+    exp, iat = _time_claim(claims, "exp"), _time_claim(claims, "iat")
+    nbf = _time_claim(claims, "nbf") if "nbf" in claims else None
+    if exp <= iat:
+        raise TokenRefused(TokenReason.BAD_CLAIM, "exp is not after iat")
+    try:
+        spec = parse_fiber_spec(_claim(claims, "fiber", dict, "an object"))
+    except BadFiberClaim as err:
+        raise TokenRefused(TokenReason.BAD_CLAIM, str(err)) from None
+    return _Grant(uid, jti, audience, exp, iat, nbf, spec)
+
+
 class TokenVerifier:
     """Verifies tokens for one audience against a TrustStore and a Clock.
 
     ``verify`` does not block beyond one stat of the issuer's JWKS file (and a
-    re-read when it changed). Safe to call from the event loop.
+    re-read when it changed). Safe to call from the event loop. Parsing the
+    header and payload is a pure function of their bytes, so its result is
+    memoised (``memo_size`` entries, oldest dropped first); the key lookup, the
+    signature, the audience and every time check run on every call.
     """
 
     def __init__(
-        self, trust: TrustStore, audience: str, clock: Clock, leeway: float = 30.0
+        self, trust: TrustStore, audience: str, clock: Clock, leeway: float = 30.0,
+        *, memo_size: int = 1024,
     ) -> None:
         if leeway < 0:
             raise ValueError("leeway must not be negative")
@@ -223,63 +295,67 @@ class TokenVerifier:
         self.audience = audience
         self.clock = clock
         self.leeway = leeway
+        self._memo: dict[bytes, _Parsed | TokenRefused] = {}
+        self._memo_size = memo_size
 
     def verify(self, raw: bytes | str) -> VerifiedToken:
         """The verified token, or TokenRefused with its reason. Never raises anything else."""
-        token = decode_unverified(raw)
-        alg, kid = _check_header(token.header)
-        claims = token.claims
-        issuer = _claim(claims, "iss", str, "a string")
-        key = self.trust.find(issuer, kid)
-        if key is None:
-            if issuer not in self.trust.issuers:
-                raise TokenRefused(TokenReason.UNKNOWN_ISSUER, f"issuer {issuer!r} is not trusted")
-            owner = self.trust.issuer_of_kid(kid)
-            if owner is not None:
-                raise TokenRefused(
-                    TokenReason.KEY_ISSUER_MISMATCH,
-                    f"key {kid!r} belongs to issuer {owner!r}, not {issuer!r}",
-                )
-            raise TokenRefused(TokenReason.UNKNOWN_KID, f"issuer {issuer!r} has no key {kid!r}")
-        if key.alg != alg:
+        raw = _as_bytes(raw)
+        head, payload, sig = _split(raw)
+        parsed = self._parsed(head, payload)
+        key = self._key(parsed.issuer, parsed.kid)
+        if key.alg != parsed.alg:
+            raise TokenRefused(TokenReason.ALG_NOT_ALLOWED,
+                               f"key {key.kid!r} is pinned to {key.alg}, token says {parsed.alg}")
+        signature = _b64(sig, "signature")
+        if not _ALGORITHMS[key.alg].verify(head + b"." + payload, key.key, signature):
             raise TokenRefused(
-                TokenReason.ALG_NOT_ALLOWED, f"key {kid!r} is pinned to {key.alg}, token says {alg}"
+                TokenReason.BAD_SIGNATURE, f"signature does not verify with key {key.kid!r}"
             )
-        if not _ALGORITHMS[alg].verify(token.signing_input, key.key, token.signature):
+        grant = parsed.grant
+        if isinstance(grant, TokenRefused):
+            raise TokenRefused(grant.reason, grant.detail)
+        if self.audience not in grant.audience:
             raise TokenRefused(
-                TokenReason.BAD_SIGNATURE, f"signature does not verify with key {kid!r}"
+                TokenReason.WRONG_AUDIENCE,
+                f"token is for {list(grant.audience)}, not {self.audience!r}",
             )
-        return self._claims(claims, issuer, token)
-
-    def _claims(self, claims: dict[str, Any], issuer: str, token: DecodedToken) -> VerifiedToken:
-        uid = _claim(claims, "sub", str, "a string")
-        if not valid_uid(uid):
-            raise TokenRefused(TokenReason.BAD_UID, f"sub {uid[:40]!r} is not a grant UID")
-        aud = _claim(claims, "aud", (str, list), "a string or a list of strings")
-        audience = (aud,) if isinstance(aud, str) else tuple(aud)
-        if not all(isinstance(a, str) for a in audience):
-            raise TokenRefused(TokenReason.BAD_CLAIM, "claim 'aud' must list only strings")
-        jti = _claim(claims, "jti", str, "a string")
-        if not jti:
-            raise TokenRefused(TokenReason.BAD_CLAIM, "claim 'jti' must not be empty")
-        exp, iat = _time_claim(claims, "exp"), _time_claim(claims, "iat")
-        nbf = _time_claim(claims, "nbf") if "nbf" in claims else None
-        if exp <= iat:
-            raise TokenRefused(TokenReason.BAD_CLAIM, "exp is not after iat")
-        try:
-            spec = parse_fiber_spec(_claim(claims, "fiber", dict, "an object"))
-        except BadFiberClaim as err:
-            raise TokenRefused(TokenReason.BAD_CLAIM, str(err)) from None
-        if self.audience not in audience:
-            raise TokenRefused(
-                TokenReason.WRONG_AUDIENCE, f"token is for {list(audience)}, not {self.audience!r}"
-            )
-        leeway_used = self._check_times(exp, iat, nbf)
+        leeway_used = self._check_times(grant.exp, grant.iat, grant.nbf)
         return VerifiedToken(
-            uid=uid, issuer=issuer, jti=jti, audience=audience, exp=exp, iat=iat, nbf=nbf,
-            spec=spec, raw=token.raw,
+            uid=grant.uid, issuer=parsed.issuer, jti=grant.jti, audience=grant.audience,
+            exp=grant.exp, iat=grant.iat, nbf=grant.nbf, spec=grant.spec, raw=raw,
             leeway_used=leeway_used,
         )
+
+    def _parsed(self, head: bytes, payload: bytes) -> _Parsed:
+        memo_key = head + b"." + payload
+        parsed = self._memo.get(memo_key)
+        if parsed is None:
+            try:
+                parsed = _parse(head, payload)
+            except TokenRefused as err:
+                parsed = err
+            if self._memo_size > 0:
+                if len(self._memo) >= self._memo_size:
+                    del self._memo[next(iter(self._memo))]
+                self._memo[memo_key] = parsed
+        if isinstance(parsed, TokenRefused):
+            raise TokenRefused(parsed.reason, parsed.detail)
+        return parsed
+
+    def _key(self, issuer: str, kid: str) -> TrustedKey:
+        key = self.trust.find(issuer, kid)
+        if key is not None:
+            return key
+        if issuer not in self.trust.issuers:
+            raise TokenRefused(TokenReason.UNKNOWN_ISSUER, f"issuer {issuer!r} is not trusted")
+        owner = self.trust.issuer_of_kid(kid)
+        if owner is not None:
+            raise TokenRefused(
+                TokenReason.KEY_ISSUER_MISMATCH,
+                f"key {kid!r} belongs to issuer {owner!r}, not {issuer!r}",
+            )
+        raise TokenRefused(TokenReason.UNKNOWN_KID, f"issuer {issuer!r} has no key {kid!r}")
 
     def _check_times(self, exp: float, iat: float, nbf: float | None) -> float:
         now = self.clock.wall()

@@ -222,3 +222,23 @@ def test_every_reason_code_is_exercised():
         "unknown_kid", "key_issuer_mismatch", "bad_signature", "missing_claim", "bad_claim",
         "bad_uid", "wrong_audience", "expired", "not_yet_valid", "issued_in_future",
     }
+
+
+def test_the_parse_memo_never_skips_signature_or_time_checks(trust, site, clock):
+    verifier = TokenVerifier(trust, AUDIENCE, clock, memo_size=2)
+    token = site.mint(clock, exp=int(clock.wall()) + 60)
+    verifier.verify(token)
+    head, _, sig = token.rpartition(".")
+    forged = ("A" if sig[0] != "A" else "B") + sig[1:]
+    assert refused(verifier, f"{head}.{forged}").reason is R.BAD_SIGNATURE
+    clock.advance(60)
+    assert refused(verifier, token).reason is R.EXPIRED
+    for i in range(5):  # bounded: older entries are dropped
+        refused(verifier, site.mint(clock, sub=f"u{i}", aud="elsewhere"))
+    assert len(verifier._memo) == 2
+
+
+def test_a_memoised_refusal_is_raised_again(verifier, site, clock):
+    token = site.mint(clock, sub="bad uid")
+    first, second = refused(verifier, token), refused(verifier, token)
+    assert first.reason is second.reason is R.BAD_UID and first is not second
