@@ -41,14 +41,14 @@ import enum
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jwt.algorithms import Algorithm, get_default_algorithms
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken, valid_uid
+from slurm_fiber.core.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.trust import TrustedKey, TrustStore
 
 MAX_TOKEN_BYTES = 64 * 1024
@@ -216,30 +216,18 @@ def _time_claim(claims: dict[str, Any], name: str) -> float:
 
 
 @dataclass(frozen=True)
-class _Grant:
-    """The time- and audience-independent content of a token's claims."""
-
-    uid: str
-    jti: str
-    audience: tuple[str, ...]
-    exp: float
-    iat: float
-    nbf: float | None
-    spec: FiberSpec
-
-
-@dataclass(frozen=True)
 class _Parsed:
     """What the header and payload segments say, before any crypto.
 
-    ``grant`` is the parsed claims, or the refusal they earn; that refusal is
-    raised only after the signature verifies, so a forged token learns nothing.
+    ``grant`` is the parsed claims (a VerifiedToken still without ``raw`` and
+    ``leeway_used``), or the refusal they earn; that refusal is raised only
+    after the signature verifies, so a forged token learns nothing.
     """
 
     alg: str
     kid: str
     issuer: str
-    grant: _Grant | TokenRefused
+    grant: VerifiedToken | TokenRefused
 
 
 def _parse(head: bytes, payload: bytes) -> _Parsed:
@@ -247,13 +235,13 @@ def _parse(head: bytes, payload: bytes) -> _Parsed:
     claims = _json_object(_b64(payload, "payload"), "payload", TokenReason.BAD_CLAIM)
     issuer = _claim(claims, "iss", str, "a string")
     try:
-        grant: _Grant | TokenRefused = _parse_grant(claims)
+        grant: VerifiedToken | TokenRefused = _parse_grant(claims, issuer)
     except TokenRefused as err:
         grant = err
     return _Parsed(alg, kid, issuer, grant)
 
 
-def _parse_grant(claims: dict[str, Any]) -> _Grant:
+def _parse_grant(claims: dict[str, Any], issuer: str) -> VerifiedToken:
     uid = _claim(claims, "sub", str, "a string")
     if not valid_uid(uid):
         raise TokenRefused(TokenReason.BAD_UID, f"sub {uid[:40]!r} is not a grant UID")
@@ -272,7 +260,8 @@ def _parse_grant(claims: dict[str, Any]) -> _Grant:
         spec = parse_fiber_spec(_claim(claims, "fiber", dict, "an object"))
     except BadFiberClaim as err:
         raise TokenRefused(TokenReason.BAD_CLAIM, str(err)) from None
-    return _Grant(uid, jti, audience, exp, iat, nbf, spec)
+    return VerifiedToken(uid=uid, issuer=issuer, jti=jti, audience=audience, exp=exp, iat=iat,
+                         nbf=nbf, spec=spec, raw=b"")
 
 
 class TokenVerifier:
@@ -321,11 +310,7 @@ class TokenVerifier:
                 f"token is for {list(grant.audience)}, not {self.audience!r}",
             )
         leeway_used = self._check_times(grant.exp, grant.iat, grant.nbf)
-        return VerifiedToken(
-            uid=grant.uid, issuer=parsed.issuer, jti=grant.jti, audience=grant.audience,
-            exp=grant.exp, iat=grant.iat, nbf=grant.nbf, spec=grant.spec, raw=raw,
-            leeway_used=leeway_used,
-        )
+        return replace(grant, raw=raw, leeway_used=leeway_used)
 
     def _parsed(self, head: bytes, payload: bytes) -> _Parsed:
         memo_key = head + b"." + payload
