@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from slurm_fiber.cli.tokens import keys_app, token_app
 from slurm_fiber.lease.cli import app as lease_app
 
 app = typer.Typer(
@@ -18,6 +19,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(keys_app, name="keys")
+app.add_typer(token_app, name="token")
 app.add_typer(lease_app, name="lease")
 
 

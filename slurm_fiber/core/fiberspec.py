@@ -1,0 +1,112 @@
+"""The ``fiber`` claim in JSON: strict parsing into FiberSpec, and back.
+
+``parse_fiber_spec`` is the one place a token's (or a saved state's) ``fiber``
+object becomes a ``FiberSpec``. It is strict on purpose: an unknown member, a
+wrong type, a non-positive limit or a malformed module name is refused with
+``BadFiberClaim`` (a one-line reason naming the member), because a typo such as
+``"fibres"`` silently meaning "unlimited" would be worse than a refusal.
+``fiber_spec_to_json`` is its inverse: ``parse_fiber_spec(fiber_spec_to_json(s)) == s``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEVICE_KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_INT_LIMITS = ("fibers", "memory", "pids")
+_FLOAT_LIMITS = ("cpu", "seconds")
+
+
+class BadFiberClaim(ValueError):
+    """The ``fiber`` claim is not a valid grant; ``str(err)`` is a one-line reason."""
+
+
+def parse_fiber_spec(obj: object) -> FiberSpec:
+    """Parse a decoded ``fiber`` claim. Pure; raises BadFiberClaim on any defect."""
+    top = _object(obj, "fiber", {"template", "limits", "devices"})
+    devices = _str_list(top.get("devices", []), "fiber.devices", _DEVICE_KIND, "a device kind")
+    return FiberSpec(
+        template=_template(top.get("template", {})),
+        limits=_limits(top.get("limits", {})),
+        devices=devices,
+    )
+
+
+def fiber_spec_to_json(spec: FiberSpec) -> dict[str, Any]:
+    """The JSON form of ``spec`` (only members that are set), as a token carries it."""
+    template: dict[str, Any] = {}
+    if spec.template.preload:
+        template["preload"] = list(spec.template.preload)
+    if spec.template.warm is not None:
+        template["warm"] = spec.template.warm
+    if spec.template.env:
+        template["env"] = dict(spec.template.env)
+    limits = {
+        name: getattr(spec.limits, name)
+        for name in (*_INT_LIMITS, *_FLOAT_LIMITS)
+        if getattr(spec.limits, name) is not None
+    }
+    out: dict[str, Any] = {}
+    if template:
+        out["template"] = template
+    if limits:
+        out["limits"] = limits
+    if spec.devices:
+        out["devices"] = list(spec.devices)
+    return out
+
+
+def _template(obj: object) -> TemplateSpec:
+    t = _object(obj, "fiber.template", {"preload", "warm", "env"})
+    preload = _str_list(t.get("preload", []), "fiber.template.preload", _MODULE, "a module name")
+    warm = t.get("warm")
+    if warm is not None:
+        module, sep, func = warm.partition(":") if isinstance(warm, str) else ("", "", "")
+        if not (sep and _MODULE.fullmatch(module) and _MODULE.fullmatch(func)):
+            raise BadFiberClaim("fiber.template.warm must be 'module:function'")
+    env = _object(t.get("env", {}), "fiber.template.env", None)
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise BadFiberClaim(f"fiber.template.env: {name!r} is not a variable name")
+        if not isinstance(value, str) or "\0" in value:
+            raise BadFiberClaim(f"fiber.template.env.{name} must be a string without NUL")
+    return TemplateSpec(preload=preload, warm=warm, env=dict(env))
+
+
+def _limits(obj: object) -> Limits:
+    raw = _object(obj, "fiber.limits", {*_INT_LIMITS, *_FLOAT_LIMITS})
+    values: dict[str, int | float] = {}
+    for name, value in raw.items():
+        is_int = name in _INT_LIMITS
+        ok_type = isinstance(value, int) if is_int else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value <= 0:
+            kind = "a positive integer" if is_int else "a positive number"
+            raise BadFiberClaim(f"fiber.limits.{name} must be {kind}")
+        values[name] = value if is_int else float(value)
+    return Limits(**values)  # type: ignore[arg-type]
+
+
+def _object(obj: object, where: str, allowed: set[str] | None) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadFiberClaim(f"{where} must be an object")
+    if allowed is not None:
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise BadFiberClaim(f"{where} has unknown member {unknown[0]!r}")
+    return obj
+
+
+def _str_list(obj: object, where: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
+    if not isinstance(obj, list) or not all(
+        isinstance(s, str) and pattern.fullmatch(s) for s in obj
+    ):
+        raise BadFiberClaim(f"{where} must be a list of strings, each {what}")
+    if len(set(obj)) != len(obj):
+        raise BadFiberClaim(f"{where} lists an entry twice")
+    return tuple(obj)

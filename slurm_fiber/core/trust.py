@@ -1,0 +1,195 @@
+"""Trusted issuers: each a JWKS file of public keys, re-read when it changes.
+
+A ``TrustStore`` maps issuer names to JWKS files. Keys are parsed once into
+key objects, each pinned to one algorithm taken from the key itself
+(OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token. Any other key
+(RSA, oct, other curves, private material, no ``kid``, a duplicate ``kid``, an
+``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
+why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
+changes it is re-read, so a rotated JWKS takes effect without a restart. A
+file modified within the last ``RACY_WINDOW_NS`` is re-read on every lookup
+until it is older (as git does for "racy" index entries), because a second
+in-place rewrite inside one timestamp tick would leave the stamp unchanged. A
+file that cannot be read or parsed keeps the issuer's last good keys; the
+error is reported once (to ``on_problem`` and in ``problems()``) until it
+changes. Not thread-safe: used from one event loop or one command.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm
+
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+MAX_JWKS_BYTES = 1 << 20
+RACY_WINDOW_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """One loaded public key: its issuer, kid, pinned algorithm and key object."""
+
+    issuer: str
+    kid: str
+    alg: str  # "EdDSA" or "ES256"
+    key: PublicKey
+
+
+def public_jwk(key: PublicKey | PrivateKey) -> dict[str, str]:
+    """The public JWK of ``key`` with ``kid`` (RFC 7638 thumbprint), ``alg`` and ``use``."""
+    pub = key.public_key() if isinstance(key, PrivateKey) else key
+    if isinstance(pub, ed25519.Ed25519PublicKey):
+        jwk = json.loads(OKPAlgorithm.to_jwk(pub))
+        members, alg = ("crv", "kty", "x"), "EdDSA"
+    elif isinstance(pub, ec.EllipticCurvePublicKey) and isinstance(pub.curve, ec.SECP256R1):
+        jwk = json.loads(ECAlgorithm.to_jwk(pub))
+        members, alg = ("crv", "kty", "x", "y"), "ES256"
+    else:
+        raise ValueError("only Ed25519 and P-256 keys are supported")
+    canonical = json.dumps({m: jwk[m] for m in members}, separators=(",", ":"), sort_keys=True)
+    digest = hashlib.sha256(canonical.encode()).digest()
+    kid = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return {**{m: jwk[m] for m in members}, "kid": kid, "alg": alg, "use": "sig"}
+
+
+def parse_jwks(issuer: str, data: bytes) -> tuple[dict[str, TrustedKey], list[str]]:
+    """Parse a JWKS document. Returns the loadable keys by kid and one line per key skipped.
+
+    Raises ValueError (one line) when the document itself is not a JWKS.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"not JSON ({err.__class__.__name__})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise ValueError('not a JWKS (expected an object with a "keys" list)')
+    keys: dict[str, TrustedKey] = {}
+    skipped: list[str] = []
+    for i, jwk in enumerate(doc["keys"]):
+        kid = jwk.get("kid") if isinstance(jwk, dict) else None
+        label = f"key {kid!r}" if isinstance(kid, str) else f"key #{i}"
+        try:
+            if not isinstance(kid, str) or not kid:
+                raise ValueError("has no kid")
+            if kid in keys:
+                raise ValueError("repeats a kid already loaded from this file")
+            keys[kid] = TrustedKey(issuer, kid, *_load_jwk(jwk))
+        except ValueError as err:
+            skipped.append(f"{label} not loaded: {err}")
+    return keys, skipped
+
+
+def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
+    kty, crv = jwk.get("kty"), jwk.get("crv")
+    if "d" in jwk:
+        raise ValueError("carries private key material; publish public keys only")
+    if kty == "OKP" and crv == "Ed25519":
+        alg, loader = "EdDSA", OKPAlgorithm.from_jwk
+    elif kty == "EC" and crv == "P-256":
+        alg, loader = "ES256", ECAlgorithm.from_jwk
+    else:
+        raise ValueError(f"kty={kty!r} crv={crv!r} is not accepted (only Ed25519 or P-256)")
+    if jwk.get("alg", alg) != alg:
+        raise ValueError(f"says alg {jwk.get('alg')!r} but a {crv} key is {alg}")
+    if jwk.get("use", "sig") != "sig":
+        raise ValueError(f"says use {jwk.get('use')!r}, not 'sig'")
+    try:
+        key = loader(jwk)
+    except Exception as err:  # PyJWT raises several types for bad key material
+        raise ValueError(f"bad key material ({err})") from None
+    if not isinstance(key, PublicKey):
+        raise ValueError("is not a public key")
+    return alg, key
+
+
+@dataclass
+class _IssuerFile:
+    path: Path
+    stamp: tuple[int, int, int] | None = None
+    keys: Mapping[str, TrustedKey] | None = None
+    problem: str | None = None
+
+
+class TrustStore:
+    """Issuer name → JWKS file, with keys re-read on change.
+
+    Construction loads every file (problems are reported, not raised). Lookups
+    never raise; they return None for anything not trusted.
+    """
+
+    def __init__(
+        self,
+        issuers: Mapping[str, str | os.PathLike[str]],
+        *,
+        on_problem: Callable[[str], None] | None = None,
+    ) -> None:
+        self._files = {name: _IssuerFile(Path(path)) for name, path in issuers.items()}
+        self._on_problem = on_problem
+        for name in self._files:
+            self._refresh(name)
+
+    @property
+    def issuers(self) -> tuple[str, ...]:
+        return tuple(self._files)
+
+    def find(self, issuer: str, kid: str) -> TrustedKey | None:
+        """The key ``kid`` of ``issuer`` (after a stat check of its file), or None."""
+        if issuer not in self._files:
+            return None
+        keys = self._refresh(issuer)
+        return keys.get(kid)
+
+    def issuer_of_kid(self, kid: str) -> str | None:
+        """Which trusted issuer holds a key ``kid``, if any (refreshing every file)."""
+        for name in self._files:
+            if kid in self._refresh(name):
+                return name
+        return None
+
+    def keys(self, issuer: str) -> tuple[TrustedKey, ...]:
+        """Every key loaded for ``issuer`` now (empty for an unknown issuer)."""
+        return tuple(self._refresh(issuer).values()) if issuer in self._files else ()
+
+    def problems(self) -> dict[str, str]:
+        """Issuer → the current problem with its file (unreadable, unparsable, keys skipped)."""
+        return {n: f.problem for n, f in self._files.items() if f.problem is not None}
+
+    def _refresh(self, issuer: str) -> Mapping[str, TrustedKey]:
+        f = self._files[issuer]
+        try:
+            st = os.stat(f.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == f.stamp:
+                return f.keys or {}
+            racy = time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS
+            f.stamp = None if racy else stamp
+            if st.st_size > MAX_JWKS_BYTES:
+                raise ValueError(f"larger than {MAX_JWKS_BYTES} bytes")
+            keys, skipped = parse_jwks(issuer, f.path.read_bytes())
+        except (OSError, ValueError) as err:
+            if isinstance(err, OSError):
+                f.stamp = None  # retry the read on the next lookup
+            detail = err.strerror if isinstance(err, OSError) else str(err)
+            kept = "keeping the last good keys" if f.keys else "no keys loaded"
+            self._report(f, f"issuer {issuer!r}: JWKS {f.path}: {detail}; {kept}")
+            return f.keys or {}
+        f.keys = keys
+        self._report(f, f"issuer {issuer!r}: JWKS {f.path}: " + "; ".join(skipped)
+                     if skipped else None)
+        return keys
+
+    def _report(self, f: _IssuerFile, problem: str | None) -> None:
+        if problem != f.problem and problem is not None and self._on_problem is not None:
+            self._on_problem(problem)
+        f.problem = problem

@@ -1,0 +1,103 @@
+"""The trust store: JWKS loading, pinning, rotation without restart, last good keys."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.core.mint import generate_key
+from slurm_fiber.core.tokens import TokenReason, TokenRefused, TokenVerifier
+from slurm_fiber.core.trust import TrustStore, parse_jwks, public_jwk
+
+from .tokenkit import AUDIENCE, Issuer
+
+
+def reason_of(verifier: TokenVerifier, token: str) -> TokenReason | None:
+    try:
+        verifier.verify(token)
+    except TokenRefused as err:
+        return err.reason
+    return None
+
+
+def test_keys_are_pinned_by_their_type():
+    ed, p256 = public_jwk(generate_key("EdDSA")), public_jwk(generate_key("ES256"))
+    keys, skipped = parse_jwks("i", json.dumps({"keys": [ed, p256]}).encode())
+    assert {k.alg for k in keys.values()} == {"EdDSA", "ES256"} and skipped == []
+    assert keys[ed["kid"]].alg == "EdDSA" and keys[p256["kid"]].alg == "ES256"
+
+
+def test_unacceptable_keys_are_skipped_with_a_reason():
+    ed = public_jwk(generate_key("EdDSA"))
+    rsa = {"kty": "RSA", "kid": "r", "n": "AQAB", "e": "AQAB"}
+    p384 = {"kty": "EC", "crv": "P-384", "kid": "p", "x": "AA", "y": "AA"}
+    private = {**ed, "kid": "priv", "d": "AAAA"}
+    wrong_alg = {**ed, "kid": "walg", "alg": "ES256"}
+    enc = {**ed, "kid": "enc", "use": "enc"}
+    no_kid = {k: v for k, v in ed.items() if k != "kid"}
+    bad_x = {**ed, "kid": "badx", "x": "!!"}
+    doc = {"keys": [ed, ed, rsa, p384, private, wrong_alg, enc, no_kid, bad_x, "junk"]}
+    keys, skipped = parse_jwks("i", json.dumps(doc).encode())
+    assert list(keys) == [ed["kid"]]
+    assert len(skipped) == 9
+    text = "\n".join(skipped)
+    for expected in ("repeats a kid", "kty='RSA'", "P-384", "private key material",
+                     "says alg 'ES256'", "use 'enc'", "has no kid", "bad key material"):
+        assert expected in text
+
+
+def test_rotation_without_restart_in_place_and_by_rename(tmp_path: Path, clock: FakeClock):
+    site = Issuer("site", "EdDSA", tmp_path)
+    verifier = TokenVerifier(TrustStore({"site": site.jwks}), AUDIENCE, clock)
+    old_token = site.mint(clock)
+    assert reason_of(verifier, old_token) is None
+    old_jwk = site.jwk
+    # in-place rewrite with a second key (both valid during rollover)
+    (tmp_path / "next").mkdir()
+    new = Issuer("site", "EdDSA", tmp_path / "next")  # another key of the same issuer
+    site.publish([old_jwk, new.jwk])
+    assert reason_of(verifier, new.mint(clock)) is None
+    assert reason_of(verifier, old_token) is None
+    # atomic rename drops the old key
+    tmp = tmp_path / "next.json"
+    tmp.write_text(json.dumps({"keys": [new.jwk]}))
+    os.replace(tmp, site.jwks)
+    assert reason_of(verifier, old_token) is TokenReason.UNKNOWN_KID
+    assert reason_of(verifier, new.mint(clock)) is None
+
+
+def test_a_broken_jwks_keeps_the_last_good_keys_and_reports_once(tmp_path, clock):
+    site = Issuer("site", "EdDSA", tmp_path)
+    problems: list[str] = []
+    trust = TrustStore({"site": site.jwks}, on_problem=problems.append)
+    verifier = TokenVerifier(trust, AUDIENCE, clock)
+    token = site.mint(clock)
+    site.jwks.write_text('{"keys": [ oops')
+    for _ in range(3):
+        assert reason_of(verifier, token) is None
+    assert len(problems) == 1 and "keeping the last good keys" in problems[0]
+    assert str(site.jwks) in problems[0] and "site" in trust.problems()
+    site.publish([site.jwk])
+    assert reason_of(verifier, token) is None and trust.problems() == {}
+
+
+def test_a_missing_jwks_is_reported_and_trusts_nothing(tmp_path, clock):
+    site = Issuer("site", "EdDSA", tmp_path)
+    problems: list[str] = []
+    trust = TrustStore({"site": tmp_path / "absent.json"}, on_problem=problems.append)
+    verifier = TokenVerifier(trust, AUDIENCE, clock)
+    assert reason_of(verifier, site.mint(clock)) is TokenReason.UNKNOWN_KID
+    assert reason_of(verifier, site.mint(clock)) is TokenReason.UNKNOWN_KID
+    assert len(problems) == 1 and "no keys loaded" in problems[0]
+    assert trust.keys("site") == () and trust.keys("nobody") == ()
+
+
+def test_public_jwk_kid_is_the_rfc7638_thumbprint():
+    # RFC 7638 §3.1's example uses RSA; for OKP the members are crv, kty, x (RFC 8037 A.3).
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    x = bytes.fromhex("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")
+    jwk = public_jwk(Ed25519PublicKey.from_public_bytes(x))
+    assert jwk["kid"] == "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"
