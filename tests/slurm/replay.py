@@ -8,14 +8,22 @@ real output and hits real timeouts. Every call's arguments are logged.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+from slurm_fiber.homes.scopeloss import ScopeLossQueue
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 SCONTROL = """#!/bin/sh
 printf '%s\\n' "$*" >> "$REPLAY_DIR/calls"
 case "$1" in
-  ping) [ -f "$REPLAY_DIR/hang" ] && { echo $$ > "$REPLAY_DIR/hang.pid"; exec sleep 60; }
+  ping) if [ -f "$REPLAY_DIR/hang" ]; then
+          echo $$ > "$REPLAY_DIR/.pid" && mv "$REPLAY_DIR/.pid" "$REPLAY_DIR/hang.pid"
+          exec sleep 60
+        fi
         cat "$REPLAY_DIR/ping.txt"; exit "$(cat "$REPLAY_DIR/ping.rc")" ;;
   update) [ -f "$REPLAY_DIR/refuse" ] && { echo "Access/permission denied" >&2; exit 1; }
           exit 0 ;;
@@ -85,3 +93,23 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextlib.asynccontextmanager
+async def losses(queue: ScopeLossQueue) -> AsyncIterator[list[str]]:
+    """The reasons ``queue`` delivers while the block runs (delivery runs on its own task)."""
+    delivered: list[str] = []
+
+    async def on_lost(reason: str) -> None:
+        delivered.append(reason)
+
+    queue.on_scope_lost(on_lost)
+    delivery = asyncio.create_task(queue.run())
+    try:
+        yield delivered
+    finally:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        delivery.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await delivery

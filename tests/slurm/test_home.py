@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jwt
 import pytest
-from replay import FIXTURES, Replay, alive, env_file
+from replay import FIXTURES, Replay, alive, env_file, losses
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import FiberSpec, ScopeClaim, VerifiedToken
@@ -167,26 +167,20 @@ def test_rounds_mark_health_and_a_cancelled_job_is_lost_once(tmp_path: Path,
                                                              clock: FakeClock) -> None:
     replay = Replay(tmp_path / "r")
     home = make_home(tmp_path, clock, replay)
-    delivered: list[str] = []
 
-    async def on_lost(reason: str) -> None:
-        delivered.append(reason)
+    async def main() -> list[str]:
+        async with losses(home.scope_loss) as delivered:
+            assert home.health().read().state is HealthState.NEVER
+            assert await home.poll.once() is None
+            assert home.health().read().fresh and home.lost is None
+            # job 6 is cancelled: the next rounds find it left RUNNING, then gone.
+            replay.squeue(text=json.dumps({"jobs": [{"job_id": 6, "job_state": "CANCELLED"}]}))
+            assert await home.poll.once() is None
+            replay.squeue(text=json.dumps({"jobs": []}))
+            assert await home.poll.once() is None
+        return delivered
 
-    async def main() -> None:
-        home.scope_loss.on_scope_lost(on_lost)
-        delivery = asyncio.create_task(home.scope_loss.run())
-        assert home.health().read().state is HealthState.NEVER
-        assert await home.poll.once() is None
-        assert home.health().read().fresh and home.lost is None
-        # job 6 is cancelled: the next rounds find it left RUNNING, then gone.
-        replay.squeue(text=json.dumps({"jobs": [{"job_id": 6, "job_state": "CANCELLED"}]}))
-        assert await home.poll.once() is None
-        replay.squeue(text=json.dumps({"jobs": []}))
-        assert await home.poll.once() is None
-        await clock.settle()
-        delivery.cancel()
-
-    asyncio.run(main())
+    delivered = asyncio.run(main())
     assert delivered == ["job 6 left RUNNING: CANCELLED"]
     assert home.lost == delivered[0]
     assert SCOPE_LOSS_ACTIONS == ("bump_epoch", "remove_grants")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from replay import losses
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.health import HealthState
@@ -65,33 +66,33 @@ def test_a_running_job_is_fresh_and_scancel_loses_scope_once(
     home = home_for(slurm_cluster, env, clock, tmp_path)
     job_id = home.job.job_id
     assert home.job.gpus and home.job.gpu_source == "SLURM_JOB_GPUS"
-    delivered: list[str] = []
 
-    async def on_lost(reason: str) -> None:
-        delivered.append(reason)
+    async def main() -> list[str]:
+        async with losses(home.scope_loss) as delivered:
+            await scancel_and_watch(home, slurm_cluster)
+        return delivered
 
-    async def main() -> None:
-        home.scope_loss.on_scope_lost(on_lost)
-        delivery = asyncio.create_task(home.scope_loss.run())
-        assert await home.poll.once() is None
-        assert home.health().read().fresh and home.lost is None
-        names = {c.key: c.value for c in home.scope()}
-        assert names["slurm.job_id"] == str(job_id) and names["slurm.node"] == "n1"
-        assert names["slurm.cluster"] == "citest" and names["slurm.job_name"] == "home test"
-        assert slurm_cluster.run("scancel", str(job_id)).returncode == 0
-        deadline = time.monotonic() + WAIT_S
-        while home.lost is None:
-            assert time.monotonic() < deadline, "the cancelled job was never seen leaving"
-            assert await home.poll.once() is None
-            await asyncio.sleep(0.1)
-        slurm_cluster.wait_done(job_id)
-        for _ in range(3):  # and after it has left the queue
-            assert await home.poll.once() is None
-        await clock.settle()
-        delivery.cancel()
-
-    asyncio.run(main())
+    delivered = asyncio.run(main())
     assert len(delivered) == 1 and delivered[0].startswith(f"job {job_id} left RUNNING: ")
+
+
+async def scancel_and_watch(home: SlurmHome, cluster: SlurmCluster) -> None:
+    """Poll: fresh; scancel the job; poll until it is lost, and on after it left the queue."""
+    job_id = home.job.job_id
+    assert await home.poll.once() is None
+    assert home.health().read().fresh and home.lost is None
+    names = {c.key: c.value for c in home.scope()}
+    assert names["slurm.job_id"] == str(job_id) and names["slurm.node"] == "n1"
+    assert names["slurm.cluster"] == "citest" and names["slurm.job_name"] == "home test"
+    assert cluster.run("scancel", str(job_id)).returncode == 0
+    deadline = time.monotonic() + WAIT_S
+    while home.lost is None:
+        assert time.monotonic() < deadline, "the cancelled job was never seen leaving"
+        assert await home.poll.once() is None
+        await asyncio.sleep(0.1)
+    cluster.wait_done(job_id)
+    for _ in range(3):  # and after it has left the queue
+        assert await home.poll.once() is None
 
 
 @dataclasses.dataclass
@@ -110,11 +111,7 @@ def private_cluster(tmp_path: Path, slurm_cluster: SlurmCluster,
     bare_host, exports = bare_host_script.run, bare_host_script.exports
     if os.geteuid() != 0:
         pytest.skip("bare-host up needs root")
-    tmp_path.chmod(0o755)
-    for parent in tmp_path.parents:
-        if parent.stat().st_mode & 0o011 != 0o011:
-            parent.chmod(parent.stat().st_mode | 0o011)
-    env = os.environ | {"SLURM_FIBER_CLUSTER_DIR": str(tmp_path / "cluster")}
+    env = bare_host_script.private_env(tmp_path)
     up = bare_host("up", "--no-hooks", env=env)
     assert up.returncode == 0, up.stderr
     variables = exports(bare_host("env", env=env).stdout)
