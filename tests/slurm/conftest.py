@@ -81,6 +81,19 @@ class SlurmCluster:
         return self.wait_for(job_id, FINISHED | {""}, timeout)
 
 
+def private_cluster_env(tmp_path: Path) -> dict[str, str]:
+    """The environment for `bare-host` to run a second, private cluster under ``tmp_path``.
+
+    Makes ``tmp_path`` and its parents traversable by all, as munged requires
+    of its socket's directories. Needs root (callers skip otherwise).
+    """
+    tmp_path.chmod(0o755)
+    for parent in tmp_path.parents:
+        if parent.stat().st_mode & 0o011 != 0o011:
+            parent.chmod(parent.stat().st_mode | 0o011)
+    return os.environ | {"SLURM_FIBER_CLUSTER_DIR": str(tmp_path / "cluster")}
+
+
 @dataclass(frozen=True)
 class BareHost:
     """What tests of the bare-host script itself need."""
@@ -88,6 +101,7 @@ class BareHost:
     path: Path = BARE_HOST
     run = staticmethod(bare_host)
     exports = staticmethod(exports)
+    private_env = staticmethod(private_cluster_env)
 
 
 @pytest.fixture(scope="session")

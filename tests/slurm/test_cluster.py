@@ -67,11 +67,7 @@ def test_up_down_lifecycle_leaves_no_daemon(tmp_path: Path, bare_host_script: Ba
     bare_host, exports = bare_host_script.run, bare_host_script.exports
     if os.geteuid() != 0:
         pytest.skip("bare-host up needs root")
-    tmp_path.chmod(0o755)
-    for parent in tmp_path.parents:
-        if parent.stat().st_mode & 0o011 != 0o011:
-            parent.chmod(parent.stat().st_mode | 0o011)
-    env = os.environ | {"SLURM_FIBER_CLUSTER_DIR": str(tmp_path / "cluster")}
+    env = bare_host_script.private_env(tmp_path)
     up = bare_host("up", "--no-hooks", env=env)
     assert up.returncode == 0, up.stderr
     try:

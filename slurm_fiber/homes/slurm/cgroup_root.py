@@ -1,0 +1,159 @@
+"""The cgroup v2 subtree a Slurm job's fiberd may carve, or why it has none.
+
+In order of preference:
+
+1. the subtree the prolog delegated to the job, recorded as one absolute
+   path in the job's state dir (``JobPaths.cgroup_file``). It must be a
+   cgroup directory under the cgroup2 mount, writable by this process, and,
+   when it lies inside Slurm's tree, inside this job's cgroup. A record that
+   fails any check gives no root (with the reason); it is never bypassed.
+2. fiberd's own cgroup, when it is one of this job's step (or task) cgroups
+   in Slurm's layout (cgroup_layout) and writable: fiberd first moves
+   itself into a leaf (``fiberd``) below it, so the subtree holds no
+   process directly, and refuses when other processes share the cgroup.
+   It never takes the job's cgroup itself or anything above it.
+3. none, with a reason a person can act on (e.g. proctrack/linuxproc puts
+   steps in slurmd's own cgroup, which is not the job's to carve).
+
+Decisions read the tree under an injected mount and /proc, so tests build
+the tree themselves; only ``enter_leaf`` writes (mkdir and one pid).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_fiber.homes.slurm.cgroup_layout import SlurmCgroup, cgroup_of_pid, parse_cgroup_path
+from slurm_fiber.homes.slurm.jobenv import SlurmParseError
+
+LEAF = "fiberd"
+MAX_RECORD = 4096
+
+
+@dataclass(frozen=True)
+class CgroupChoice:
+    """The root fiberd may carve (None: no carving) and a one-line reason for the choice."""
+
+    path: Path | None
+    reason: str
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """The first cgroup2 mount point in /proc/self/mountinfo text, or None. Pure."""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " in line and line.split(" - ", 1)[1].split()[:1] == ["cgroup2"] and len(fields) > 4:
+            return Path(fields[4].replace("\\040", " "))
+    return None
+
+
+def _writable_cgroup(path: Path) -> str | None:
+    """Why ``path`` is not a cgroup directory this process can carve; None when it is."""
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not (path / "cgroup.procs").exists():
+        return f"{path} is not a cgroup (no cgroup.procs)"
+    if not (os.access(path, os.W_OK) and os.access(path / "cgroup.procs", os.W_OK)):
+        return f"{path} is not writable by uid {os.geteuid()}"
+    return None
+
+
+def _other_job(where: SlurmCgroup | None, job_id: int) -> str | None:
+    """Why a cgroup inside Slurm's tree is not this job's; None when it is (or is outside)."""
+    if where is None or where.job_id == job_id:
+        return None
+    if where.job_id is None:
+        return f"it is in job cgroup {where.job_dir} (a SLUID), not tied to job {job_id}"
+    return f"it belongs to job {where.job_id}, not {job_id}"
+
+
+def delegated_root(record: Path, mount: Path, job_id: int) -> CgroupChoice | None:
+    """The subtree the prolog recorded in ``record``; None when there is no record.
+
+    Blocks on small reads. A bad record gives ``CgroupChoice(None, reason)``.
+    """
+    try:
+        text = record.read_text(errors="replace")[:MAX_RECORD].strip()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return CgroupChoice(None, f"delegated cgroup record {record}: {err.strerror}")
+    path = Path(text)
+    real, real_mount = Path(os.path.realpath(path)), Path(os.path.realpath(mount))
+    if not path.is_absolute() or real == real_mount or real_mount not in real.parents:
+        return CgroupChoice(None, f"delegated cgroup {text[:200]!r} in {record} is not a cgroup "
+                                  f"below the cgroup2 mount {mount}")
+    problem = _other_job(parse_cgroup_path(real.relative_to(real_mount)), job_id)
+    problem = problem and f"delegated cgroup {real}: {problem}"
+    problem = problem or _writable_cgroup(real)
+    if problem:
+        return CgroupChoice(None, problem)
+    return CgroupChoice(real, f"the subtree the prolog delegated ({record})")
+
+
+def own_root(mount: Path, job_id: int, pid: int, proc: Path = Path("/proc")) -> CgroupChoice:
+    """Process ``pid``'s own cgroup when it is this job's step cgroup and writable.
+
+    Reads /proc/<pid>/cgroup and stats the tree; never writes, never raises.
+    """
+    try:
+        relative = cgroup_of_pid(pid, proc)
+    except (OSError, SlurmParseError) as err:
+        return CgroupChoice(None, f"own cgroup unknown: {err}")
+    where = parse_cgroup_path(relative)
+    if where is None:
+        return CgroupChoice(None, f"own cgroup {relative} is not a Slurm job cgroup "
+                                  "(proctrack/linuxproc or no cgroup/v2 plugin): not carving")
+    problem = _other_job(where, job_id)
+    if problem:
+        return CgroupChoice(None, f"own cgroup {relative}: {problem}")
+    if where.step is None:
+        return CgroupChoice(None, f"own cgroup {relative} is the job's cgroup, which Slurm "
+                                  "manages: only a step's may be carved")
+    path = mount / relative.relative_to("/")
+    problem = _writable_cgroup(path)
+    if problem:
+        return CgroupChoice(None, f"own cgroup: {problem}")
+    return CgroupChoice(path, f"own cgroup ({where.job_dir}, step {where.step})")
+
+
+def enter_leaf(root: Path, pid: int) -> None:
+    """Move ``pid`` into the leaf ``root``/fiberd (created if missing). Blocks; raises OSError."""
+    leaf = root / LEAF
+    leaf.mkdir(mode=0o755, exist_ok=True)
+    (leaf / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def _sharers(root: Path, pid: int) -> list[str]:
+    """Pids other than ``pid`` still listed directly in ``root``'s cgroup.procs."""
+    listed = (root / "cgroup.procs").read_text().split()
+    return [p for p in listed if p != str(pid)]
+
+
+def choose_cgroup_root(record: Path, mount: Path | None, job_id: int, pid: int,
+                       proc: Path = Path("/proc")) -> CgroupChoice:
+    """Decide (and, for the own cgroup, prepare) the root of job ``job_id``'s fiberd ``pid``.
+
+    Called once by the Slurm home's builder; blocks on small file I/O and
+    never raises. ``mount`` is the cgroup2 mount (None: there is none).
+    """
+    if mount is None:
+        return CgroupChoice(None, "no cgroup2 mount on this node")
+    delegated = delegated_root(record, mount, job_id)
+    if delegated is not None:
+        return delegated
+    choice = own_root(mount, job_id, pid, proc)
+    if choice.path is None:
+        return choice
+    try:
+        enter_leaf(choice.path, pid)
+        sharers = _sharers(choice.path, pid)
+    except OSError as err:
+        return CgroupChoice(None, f"cannot move into {choice.path / LEAF}: {err.strerror}")
+    if sharers:
+        shown = " ".join(sharers[:5])
+        return CgroupChoice(None, f"{choice.path} is shared with other processes ({shown}): "
+                                  "not carving")
+    return choice
