@@ -28,7 +28,7 @@ from slurm_fiber.lease.rules import Refusal
 from slurm_fiber.lease.stale import holder_gone_reason, process_ref
 from slurm_fiber.lease.state import Party, state_to_json
 
-DEFAULT_DIR = Path("/var/lib/slurm_fiber/leases")
+DEFAULT_DIR = Path("/var/lib/slurm-fiber/leases")
 
 app = typer.Typer(
     name="lease",
