@@ -197,13 +197,16 @@ def controllers(cgroup: Path) -> set[str]:
 def enable_controllers(cgroup: Path, wanted: tuple[str, ...] = CONTROLLERS) -> set[str]:
     """Enable each wanted, offered controller for the children; return those enabled.
 
-    Each is written on its own so one refusal (EBUSY: processes live here)
-    does not block the others.
+    All are asked for in one write; if the kernel refuses that, each is
+    asked for on its own so one refusal does not block the others.
     """
-    offered = controllers(cgroup)
+    offered = [name for name in wanted if name in controllers(cgroup)]
     control = cgroup / "cgroup.subtree_control"
-    for name in wanted:
-        if name in offered:
+    try:
+        if offered:
+            control.write_text(" ".join(f"+{name}" for name in offered) + "\n")
+    except OSError:
+        for name in offered:
             with contextlib.suppress(OSError):
                 control.write_text(f"+{name}\n")
     try:

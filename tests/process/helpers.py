@@ -1,0 +1,69 @@
+"""Helpers for process-layer tests: run async tests, start templates, walk /proc and cgroups.
+
+``marked_procs(mark)`` walks /proc for live (non-zombie) processes whose
+environment carries ``SF_TEST_MARK=<mark>``: templates and fibers inherit
+it, so a leak check never confuses another test's processes with ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from slurm_fiber.core.cgroups import GrantCgroup
+from slurm_fiber.core.clock import Clock, SystemClock
+from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.grant import TemplateSpec
+from slurm_fiber.core.templates import Template, template_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test body on a fresh event loop."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
+                         warm: str | None = None, cgroup: GrantCgroup | None = None,
+                         channel: DeviceChannel | None = None, clock: Clock | None = None,
+                         uid: str = "grant-1") -> Template:
+    """A template whose env carries the test's mark and can import ``tests.process``."""
+    spec = TemplateSpec(preload=preload, warm=warm,
+                        env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+    env = template_env(dict(os.environ), spec, channel or DeviceChannel())
+    state = tmp / "state"
+    state.mkdir(exist_ok=True)
+    return await Template.start(uid, spec, env, cgroup, state_dir=state,
+                                clock=clock or SystemClock())
+
+
+def marked_procs(mark: str) -> list[int]:
+    """Pids of live, non-zombie processes whose environ has SF_TEST_MARK=mark."""
+    needle = f"SF_TEST_MARK={mark}".encode()
+    out: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}:
+                out.append(int(entry))
+    return out
+
+
+def cgroup_dirs(root: Path) -> list[Path]:
+    """Every cgroup directory below ``root`` (not root itself)."""
+    return sorted(p for p in root.rglob("*") if p.is_dir())
