@@ -144,15 +144,19 @@ class Fiber:
         return await asyncio.shield(self._finished)
 
     def signal(self, sig: int) -> bool:
-        """Send ``sig`` to the fiber's process group (Ctrl-C forwarding). False if it ended."""
+        """Send ``sig`` to the fiber and its process group (Ctrl-C forwarding).
+
+        False if the fiber has ended. The fiber itself is signalled through
+        its pidfd (race-free); the rest of its group by ``killpg``.
+        """
         if self.exit is not None or self.pidfd is None or pidfd_exited(self.pidfd):
             return False
         try:
-            os.killpg(self.pid, sig)
+            signal.pidfd_send_signal(self.pidfd, sig)
         except ProcessLookupError:
             return False
-        except PermissionError:
-            signal.pidfd_send_signal(self.pidfd, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
         return True
 
     async def stop(self, grace: float) -> FiberExit:

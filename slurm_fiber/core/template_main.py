@@ -33,6 +33,7 @@ exec that failed: 127; of a call that raised: 1 (error record sent).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
@@ -174,6 +175,10 @@ class Server:
                 os._exit(code)
         for fd in fds:
             os.close(fd)
+        # The child does this too; doing it on both sides means that once fiberd
+        # hears "forked", the fiber leads its own process group (no signal race).
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
         self.children[pid] = fiber_id
         _send(self.sock, {"t": "forked", "id": fiber_id, "pid": pid})
 

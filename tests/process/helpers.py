@@ -48,6 +48,18 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                                 clock=clock or SystemClock())
 
 
+async def read_line(fd: int) -> bytes:
+    """One line from a pipe, read off the event loop (b"" at EOF)."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await loop.run_in_executor(None, os.read, fd, 100)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def marked_procs(mark: str) -> list[int]:
     """Pids of live, non-zombie processes whose environ has SF_TEST_MARK=mark."""
     needle = f"SF_TEST_MARK={mark}".encode()

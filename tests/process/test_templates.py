@@ -20,7 +20,7 @@ from slurm_fiber.core.templates import (
     TemplateState,
     template_env,
 )
-from tests.process.helpers import aio, marked_procs, start_template
+from tests.process.helpers import aio, marked_procs, read_line, start_template
 
 T = "tests.process.targets"
 
@@ -97,10 +97,9 @@ async def test_passed_stdio_streams_live(tmp_path: Path, mark: str):
                                       stdio=(in_r, out_w, None)))
     os.close(in_r)
     os.close(out_w)
-    loop = asyncio.get_running_loop()
     os.write(in_w, b"hello\n")
     # The fiber is still running: its answer arrives before stdin closes.
-    line = await loop.run_in_executor(None, os.read, out_r, 100)
+    line = await read_line(out_r)
     assert line == b"HELLO\n" and fiber.running
     os.close(in_w)
     assert (await fiber.wait()).exit_code == 0
@@ -116,7 +115,7 @@ async def test_sigint_reaches_the_fiber(tmp_path: Path, mark: str):
     fiber = await t.fork(FiberRequest(id="c1", target=f"{T}:wait_for_interrupt",
                                       stdio=(None, out_w, None)))
     os.close(out_w)
-    assert await asyncio.get_running_loop().run_in_executor(None, os.read, out_r, 100) \
+    assert await read_line(out_r) \
         == b"waiting\n"
     assert fiber.signal(signal.SIGINT)
     ex = await fiber.wait()
