@@ -4,8 +4,9 @@ fiberd starts this module with ``--fd N`` (its end of a SEQPACKET
 socketpair, see ``template_wire``) and ``--parent PID``. In order, the
 template:
 
-1. arms PR_SET_PDEATHSIG (it dies with fiberd, even on SIGKILL) and leaves
-   fiberd's session (a Ctrl-C at fiberd's terminal does not reach it);
+1. arms PR_SET_PDEATHSIG (SIGTERM: it dies with fiberd, even when fiberd is
+   SIGKILLed) and leaves fiberd's session (a Ctrl-C at fiberd's terminal
+   does not reach it);
 2. reads the ``warm`` order, joins its cgroup leaf (before any grant code),
    imports ``preload``, runs ``warm``, then ``gc.freeze()``s its heap so
    fibers keep sharing it; reports ``ready``, or ``warm_failed`` with the
@@ -18,8 +19,11 @@ template:
    then runs ``module:function`` with JSON arguments (result record to its
    result socket) or execs an argv;
 4. reaps its fibers (``wait4``) and reports each exit with wait status and
-   rusage; it exits when fiberd closes the socket or sends ``stop``, and
-   its fibers die with it (their death signal).
+   rusage; it exits when fiberd closes the socket, sends ``stop`` or SIGTERM,
+   or dies (its death signal is SIGTERM). On the way out it SIGKILLs every
+   fiber's cgroup (``cgroup.kill``) and process group, so a fiber's own
+   children go too; a fiber whose template is SIGKILLed dies by its own
+   death signal.
 
 It runs NO threads of its own and must never start any: ``fork`` in a
 threaded process is unsafe. Nothing that expires (tokens, control-plane
@@ -92,10 +96,24 @@ class Server:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pid = os.getpid()
-        self.children: dict[int, str] = {}  # pid -> fiber id
+        self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (fiber id, cgroup)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+        signal.signal(signal.SIGTERM, self._terminate)
+
+    def _terminate(self, *_: object) -> None:
+        self.kill_all()
+        os._exit(0)
+
+    def kill_all(self) -> None:
+        """SIGKILL every fiber with its descendants (cgroup and process group)."""
+        for pid, (_, cgroup) in self.children.items():
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    (Path(cgroup) / "cgroup.kill").write_text("1\n")
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Drop the template's fds (in a fiber, before user code)."""
@@ -131,7 +149,7 @@ class Server:
                 return
             if pid == 0:
                 return
-            fiber_id = self.children.pop(pid, None)
+            fiber_id, _ = self.children.pop(pid, (None, None))
             _send(self.sock, {"t": "exit", "id": fiber_id, "pid": pid, "status": status,
                               "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
 
@@ -179,7 +197,8 @@ class Server:
         # hears "forked", the fiber leads its own process group (no signal race).
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
-        self.children[pid] = fiber_id
+        cgroup = msg.get("cgroup")
+        self.children[pid] = (fiber_id, cgroup if isinstance(cgroup, str) else None)
         _send(self.sock, {"t": "forked", "id": fiber_id, "pid": pid})
 
 
@@ -289,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     opts = parser.parse_args(argv)
-    die_with_parent(opts.parent)
+    die_with_parent(opts.parent, signal.SIGTERM)
     os.setsid()
     sock = socket.socket(fileno=opts.fd)
     sock.setblocking(True)
@@ -305,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     _send(sock, {"t": "ready", "pid": os.getpid(), "modules": len(sys.modules)})
-    Server(sock).serve()
+    server = Server(sock)
+    server.serve()
+    server.kill_all()
     return 0
 
 
