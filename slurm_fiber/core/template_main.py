@@ -54,6 +54,7 @@ from pathlib import Path
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.prctl import die_with_parent
 
+_FIBER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 EXIT_CGROUP = 71
 EXIT_SETUP = 72
 EXIT_EXEC = 127
@@ -177,9 +178,13 @@ class Server:
         fiber_id = str(msg.get("id"))
         sys.stdout.flush()
         sys.stderr.flush()
+        # Signals that arrive before the child has reset its handlers wait, blocked,
+        # and then meet the fiber's dispositions, never the template's.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FIBER_SIGNALS)
         try:
             pid = os.fork()
         except OSError as e:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
             for fd in fds:
                 os.close(fd)
             _send(self.sock, {"t": "fork_failed", "id": fiber_id,
@@ -191,6 +196,7 @@ class Server:
                 code = run_fiber(msg, fds, self)
             finally:
                 os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
         for fd in fds:
             os.close(fd)
         # The child does this too; doing it on both sides means that once fiberd
@@ -219,6 +225,7 @@ def run_fiber(msg: dict[str, object], fds: list[int], server: Server) -> int:
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
         server.close()
         try:
             _setup_stdio(msg, fds[1:])
