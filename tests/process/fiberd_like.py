@@ -16,14 +16,13 @@ from pathlib import Path
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
-from tests.process.helpers import start_template
+from tests.process.helpers import warm_template
 
 
 async def main(state: Path, mark: str, root: Path | None) -> None:
     mgr = CgroupManager(root)
     grant = mgr.carve_grant("g", Limits())
-    t = await start_template(state, mark, preload=("tests.process.targets",), cgroup=grant)
-    await t.wait_warm()
+    t = await warm_template(state, mark, preload=("tests.process.targets",), cgroup=grant)
     fibers = [
         await t.fork(FiberRequest(id="call", target="tests.process.targets:sleep", args=(60,))),
         await t.fork(FiberRequest(id="exec", mode="exec", argv=("sleep", "60"))),

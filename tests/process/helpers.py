@@ -19,7 +19,7 @@ from slurm_fiber.core.cgroups import GrantCgroup
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import Template, template_env
+from slurm_fiber.core.templates import Template, TemplateState, template_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,6 +58,13 @@ async def read_line(fd: int) -> bytes:
             break
         data += chunk
     return data
+
+
+async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
+    """``start_template`` and wait until it is ready (asserted)."""
+    t = await start_template(tmp, mark, **kwargs)
+    assert await t.wait_warm() is TemplateState.READY, t.warm_error
+    return t
 
 
 def marked_procs(mark: str) -> list[int]:

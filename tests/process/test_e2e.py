@@ -18,8 +18,8 @@ import pytest
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import FiberRequest, TemplateState
-from tests.process.helpers import aio, cgroup_dirs, marked_procs, start_template
+from slurm_fiber.core.templates import FiberRequest
+from tests.process.helpers import aio, cgroup_dirs, marked_procs, warm_template
 from tests.process.targets import HEAVY
 
 T = "tests.process.targets"
@@ -34,9 +34,8 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
     grant = mgr.carve_grant("job-7", Limits(memory=1 << 30, pids=500))
     assert grant is not None
     channel = DeviceChannel.of([Device("gpu", 0), Device("gpu", 2, uuid="GPU-2")])
-    t = await start_template(tmp_path, mark, preload=(*HEAVY, T), warm=f"{T}:warm",
+    t = await warm_template(tmp_path, mark, preload=(*HEAVY, T), warm=f"{T}:warm",
                              cgroup=grant, channel=channel, uid="job-7")
-    assert await t.wait_warm() is TemplateState.READY
 
     async def one(i: int):
         fiber = await t.fork(FiberRequest(id=f"f{i}", target=f"{T}:observe", args=(i,),

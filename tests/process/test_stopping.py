@@ -15,7 +15,13 @@ from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.fibers import enforce_deadline
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
-from tests.process.helpers import aio, cgroup_dirs, marked_procs, read_line, start_template
+from tests.process.helpers import (
+    aio,
+    cgroup_dirs,
+    marked_procs,
+    read_line,
+    warm_template,
+)
 
 T = "tests.process.targets"
 
@@ -35,8 +41,7 @@ async def _ignoring_fiber(t, fid: str, epoch: int = 0):
 @aio
 async def test_sigterm_ends_a_cooperative_fiber_without_waiting_the_grace(tmp_path, mark):
     clock = FakeClock()
-    t = await start_template(tmp_path, mark, preload=(T,), clock=clock)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
     fiber = await t.fork(FiberRequest(id="a", target=f"{T}:sleep", args=(60,)))
     ex = await fiber.stop(grace=30)  # the fake clock never moves: SIGTERM alone did it
     assert ex.signal == signal.SIGTERM and ex.stopped
@@ -47,8 +52,7 @@ async def test_sigterm_ends_a_cooperative_fiber_without_waiting_the_grace(tmp_pa
 @aio
 async def test_a_fiber_ignoring_sigterm_is_killed_exactly_after_the_grace(tmp_path, mark):
     clock = FakeClock()
-    t = await start_template(tmp_path, mark, preload=(T,), clock=clock)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
     fiber = await _ignoring_fiber(t, "b")
     stopping = asyncio.ensure_future(fiber.stop(grace=5))
     await clock.settle()
@@ -68,8 +72,7 @@ async def test_a_fiber_ignoring_sigterm_is_killed_exactly_after_the_grace(tmp_pa
 
 @aio
 async def test_epoch_bump_stops_only_older_fibers(tmp_path, mark):
-    t = await start_template(tmp_path, mark, preload=(T,))
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,))
     old = [await t.fork(FiberRequest(id=f"o{i}", target=f"{T}:sleep", args=(60,), epoch=1))
            for i in range(3)]
     new = await t.fork(FiberRequest(id="n", target=f"{T}:sleep", args=(60,), epoch=2))
@@ -84,8 +87,7 @@ async def test_epoch_bump_stops_only_older_fibers(tmp_path, mark):
 @aio
 async def test_deadline_moves_with_the_fence_and_a_nudge_applies_an_earlier_one(tmp_path, mark):
     clock = FakeClock()
-    t = await start_template(tmp_path, mark, preload=(T,), clock=clock)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
     fiber = await t.fork(FiberRequest(id="d", target=f"{T}:sleep", args=(60,)))
     deadline = {"at": clock.mono() + 10}
     nudge = asyncio.Event()
@@ -106,8 +108,7 @@ async def test_deadline_moves_with_the_fence_and_a_nudge_applies_an_earlier_one(
 @aio
 async def test_enforce_deadline_returns_the_exit_of_a_fiber_that_ends_first(tmp_path, mark):
     clock = FakeClock()
-    t = await start_template(tmp_path, mark, preload=(T,), clock=clock)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
     fiber = await t.fork(FiberRequest(id="q", target=f"{T}:add", args=(1, 1)))
     ex = await enforce_deadline(fiber, lambda: None, clock, grace=1)
     assert not ex.stopped and ex.result == {"ok": True, "result": 2}
@@ -118,8 +119,7 @@ async def _overshoot(tmp_path: Path, mark: str, cgroup_root: Path | None) -> Non
     clock = SystemClock()
     mgr = CgroupManager(cgroup_root)
     grant = mgr.carve_grant("g", Limits())
-    t = await start_template(tmp_path, mark, preload=(T,), cgroup=grant, clock=clock)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,), cgroup=grant, clock=clock)
     fiber = await _ignoring_fiber(t, "late")
     grace = 0.2
     deadline = clock.mono() + 0.3
@@ -152,8 +152,7 @@ async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, reques
     root = request.getfixturevalue("cgroup_root") if carved else None
     mgr = CgroupManager(root)
     grant = mgr.carve_grant("g", Limits())
-    t = await start_template(tmp_path, mark, cgroup=grant)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, cgroup=grant)
     out_r, out_w = os.pipe()
     script = "trap '' TERM; sleep 60 & sleep 60 & echo up; wait"
     fiber = await t.fork(FiberRequest(id="sh", mode="exec", argv=("sh", "-c", script),

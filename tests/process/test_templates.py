@@ -20,15 +20,20 @@ from slurm_fiber.core.templates import (
     TemplateState,
     template_env,
 )
-from tests.process.helpers import aio, marked_procs, read_line, start_template
+from tests.process.helpers import (
+    aio,
+    marked_procs,
+    read_line,
+    start_template,
+    warm_template,
+)
 
 T = "tests.process.targets"
 
 
 @aio
 async def test_warm_then_call_returns_the_result(tmp_path: Path, mark: str):
-    t = await start_template(tmp_path, mark, preload=("json", T), warm=f"{T}:warm")
-    assert await t.wait_warm() is TemplateState.READY
+    t = await warm_template(tmp_path, mark, preload=("json", T), warm=f"{T}:warm")
     fiber = await t.fork(FiberRequest(id="f1", target=f"{T}:add", args=(2, 3)))
     assert fiber.pid != t.pid and fiber.to_json()["state"] == "running"
     ex = await fiber.wait()
@@ -58,8 +63,7 @@ async def test_warm_failure_reports_class_and_one_line(tmp_path: Path, mark: str
 
 @aio
 async def test_exceptions_come_back_as_error_records(tmp_path: Path, mark: str):
-    t = await start_template(tmp_path, mark, preload=(T,))
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,))
     ex = await (await t.fork(FiberRequest(id="e1", target=f"{T}:boom"))).wait()
     assert ex.exit_code == 1 and ex.result is not None and ex.result["ok"] is False
     err = ex.result["error"]
@@ -74,8 +78,7 @@ async def test_exceptions_come_back_as_error_records(tmp_path: Path, mark: str):
 
 @aio
 async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, mark: str):
-    t = await start_template(tmp_path, mark)
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark)
     fiber = await t.fork(FiberRequest(
         id="x1", mode="exec",
         argv=("sh", "-c", "echo out $SLURM_FIBER_ID $EXTRA; echo err >&2; exit 7"),
@@ -89,8 +92,7 @@ async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, m
 
 @aio
 async def test_passed_stdio_streams_live(tmp_path: Path, mark: str):
-    t = await start_template(tmp_path, mark, preload=(T,))
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,))
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     fiber = await t.fork(FiberRequest(id="s1", target=f"{T}:echo_lines",
@@ -109,8 +111,7 @@ async def test_passed_stdio_streams_live(tmp_path: Path, mark: str):
 
 @aio
 async def test_sigint_reaches_the_fiber(tmp_path: Path, mark: str):
-    t = await start_template(tmp_path, mark, preload=(T,))
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T,))
     out_r, out_w = os.pipe()
     fiber = await t.fork(FiberRequest(id="c1", target=f"{T}:wait_for_interrupt",
                                       stdio=(None, out_w, None)))
@@ -129,8 +130,7 @@ async def test_sigint_reaches_the_fiber(tmp_path: Path, mark: str):
 async def test_rngs_are_reseeded_in_each_fiber(tmp_path: Path, mark: str):
     numpy = pytest.importorskip("numpy")
     del numpy
-    t = await start_template(tmp_path, mark, preload=(T, "numpy"))
-    await t.wait_warm()
+    t = await warm_template(tmp_path, mark, preload=(T, "numpy"))
     results = []
     for i in range(3):
         ex = await (await t.fork(FiberRequest(id=f"r{i}", target=f"{T}:rand"))).wait()
@@ -168,9 +168,8 @@ def test_malformed_requests_are_refused_before_any_fork(bad: FiberRequest):
 async def test_dead_template_is_rewarmed_with_backoff_and_its_fibers_accounted(
         tmp_path: Path, mark: str):
     clock = FakeClock()
-    t = await start_template(tmp_path, mark, preload=(T,), clock=clock)
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
     t.backoff = Backoff(initial=2.0)
-    await t.wait_warm()
     fiber = await t.fork(FiberRequest(id="l1", target=f"{T}:sleep", args=(60,)))
     first_pid = t.pid
     assert first_pid is not None
