@@ -234,10 +234,13 @@ class Template:
                              [theirs.fileno(), *(fd for fd in request.stdio if fd is not None)])
             return await pending.future
         except BaseException:
-            if self._pending.pop(request.id, None) is not None:
+            self._pending.pop(request.id, None)
+            adopted = (pending.future.done() and not pending.future.cancelled()
+                       and pending.future.exception() is None)
+            if not adopted:  # (an adopted fiber runs on, in self.fibers, and owns both)
                 ours.close()
-                with contextlib.suppress(OSError):
-                    if cgroup is not None:
+                if cgroup is not None:
+                    with contextlib.suppress(OSError):
                         cgroup.rmdir()
             raise
         finally:
@@ -346,7 +349,6 @@ class Template:
             if pending is None:
                 return
             if kind == "fork_failed":
-                pending.result_sock.close()
                 pending.future.set_exception(ForkFailed(f"fork failed: {msg.get('message')}"))
             else:
                 pending.future.set_result(self._adopt(pending, int(str(msg.get("pid")))))

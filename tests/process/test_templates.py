@@ -16,6 +16,7 @@ from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.templates import (
     Backoff,
     FiberRequest,
+    ForkFailed,
     TemplateNotReady,
     TemplateState,
     template_env,
@@ -189,4 +190,17 @@ async def test_dead_template_is_rewarmed_with_backoff_and_its_fibers_accounted(
     while not stopping.done():
         await clock.advance_and_settle(0.5)
         await asyncio.sleep(0.01)
+    assert marked_procs(mark) == []
+
+
+@aio
+async def test_duplicate_id_and_stopped_template_are_refused(tmp_path: Path, mark: str):
+    t = await warm_template(tmp_path, mark, preload=(T,))
+    running = await t.fork(FiberRequest(id="dup", target=f"{T}:sleep", args=(60,)))
+    with pytest.raises(ForkFailed, match="in use"):
+        await t.fork(FiberRequest(id="dup", target=f"{T}:add", args=(1, 1)))
+    await t.stop(1.0)
+    assert not running.running and running.exit is not None and running.exit.stopped
+    with pytest.raises(TemplateNotReady, match="stopped"):
+        await t.fork(FiberRequest(id="late", target=f"{T}:add", args=(1, 1)))
     assert marked_procs(mark) == []
