@@ -194,6 +194,9 @@ class Server:
             code = EXIT_SETUP
             try:
                 code = run_fiber(msg, fds, self)
+            except BaseException:
+                traceback.print_exc()  # to the fiber's stderr, else the template's log
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)

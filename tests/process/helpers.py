@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,14 @@ def marked_procs(mark: str) -> list[int]:
             if stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}:
                 out.append(int(entry))
     return out
+
+
+def wait_marked(mark: str, count: int, within: float = 10.0) -> list[int]:
+    """Marked processes, polled until there are ``count`` of them or ``within`` s passed."""
+    end = time.monotonic() + within
+    while len(found := marked_procs(mark)) != count and time.monotonic() < end:
+        time.sleep(0.02)
+    return found
 
 
 def cgroup_dirs(root: Path) -> list[Path]:

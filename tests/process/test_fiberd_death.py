@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from slurm_fiber.core.cgroups import CgroupManager
-from tests.process.helpers import REPO, cgroup_dirs, marked_procs
+from tests.process.helpers import REPO, cgroup_dirs, wait_marked
 
 
 def _start_fiberd(tmp_path: Path, mark: str, root: Path | None):
@@ -29,24 +28,14 @@ def _start_fiberd(tmp_path: Path, mark: str, root: Path | None):
     return proc, json.loads(line)
 
 
-def _wait_gone(mark: str, within: float = 10.0) -> list[int]:
-    """Marked processes still alive after ``within`` seconds (polled; [] as soon as none)."""
-    end = time.monotonic() + within
-    while (left := marked_procs(mark)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return left
-
-
 def _kill_fiberd(tmp_path: Path, mark: str, root: Path | None) -> None:
     proc, pids = _start_fiberd(tmp_path, mark, root)
-    end = time.monotonic() + 10
     # template + call + exec + sh and its two sleeps (the shell starts them shortly)
-    while len(alive := set(marked_procs(mark))) < 6 and time.monotonic() < end:
-        time.sleep(0.02)
+    alive = set(wait_marked(mark, 6))
     assert {pids["template"], *pids["fibers"]} <= alive and len(alive) == 6
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
-    assert _wait_gone(mark) == []
+    assert wait_marked(mark, 0) == []
 
 
 def test_sigkill_of_fiberd_leaves_no_template_or_fiber_uncarved(tmp_path: Path, mark: str):

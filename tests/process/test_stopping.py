@@ -20,6 +20,7 @@ from tests.process.helpers import (
     cgroup_dirs,
     marked_procs,
     read_line,
+    wait_marked,
     warm_template,
 )
 
@@ -160,7 +161,7 @@ async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, reques
     os.close(out_w)
     assert await read_line(out_r) == b"up\n"
     os.close(out_r)
-    assert len(marked_procs(mark)) == 4  # template, sh, two sleeps
+    assert len(wait_marked(mark, 4)) == 4  # template, sh, two sleeps
     started = time.monotonic()
     await fiber.stop(0.2)
     assert time.monotonic() - started < 5
