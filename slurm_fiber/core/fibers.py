@@ -146,17 +146,21 @@ class Fiber:
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to the fiber and its process group (Ctrl-C forwarding).
 
-        False if the fiber has ended. The fiber itself is signalled through
-        its pidfd (race-free); the rest of its group by ``killpg``.
+        False if the fiber has ended. Each process gets the signal once (a
+        second SIGINT would interrupt the fiber's own handling of the first):
+        ``killpg`` on the group the fiber leads (it exists once the fork is
+        answered, and its id cannot be reused while the unreaped leader
+        holds it), the pidfd when the group is gone.
         """
         if self.exit is not None or self.pidfd is None or pidfd_exited(self.pidfd):
             return False
         try:
-            signal.pidfd_send_signal(self.pidfd, sig)
-        except ProcessLookupError:
-            return False
-        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            except ProcessLookupError:
+                return False
         return True
 
     async def stop(self, grace: float) -> FiberExit:
