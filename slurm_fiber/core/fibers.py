@@ -166,7 +166,11 @@ class Fiber:
     async def stop(self, grace: float) -> FiberExit:
         """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
 
-        Safe to call twice or on an ended fiber (returns its exit at once).
+        Carved, "gone" includes every descendant (the cgroup is empty and
+        removed). Uncarved, the fiber's process group gets the signals but
+        only the fiber itself is waited for; a descendant that left the
+        group (setsid) is out of reach. Safe to call twice or on an ended
+        fiber (returns its exit at once).
         """
         if self.exit is not None:
             return self.exit

@@ -165,7 +165,10 @@ async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, reques
     started = time.monotonic()
     await fiber.stop(0.2)
     assert time.monotonic() - started < 5
-    assert marked_procs(mark) == [t.pid]
+    # Carved: stop returned after the cgroup emptied. Uncarved: the group got its
+    # SIGKILL, but only the fiber itself is waited for, so its children may still be dying.
+    left = marked_procs(mark) if carved else wait_marked(mark, 1)
+    assert left == [t.pid]
     await t.stop(0.5)
     await mgr.remove_grant("g")
     assert marked_procs(mark) == []
