@@ -4,8 +4,15 @@ A DeviceChannel is computed by the home (static config, Slurm GRES, a DRA
 claim) and narrowed to the device kinds the grant names. ``env()`` is the
 complete set of visibility variables a template and its fibers get: it names
 exactly the channel's devices and, for kinds the channel holds none of, sets
-the variable empty, so a fiber never inherits a wider view from fiberd's own
-environment. A grant that may drive no device kind gets an empty channel.
+each variable to that runtime's "no device" value, so a fiber never inherits
+a wider view from fiberd's own environment. A grant that may drive no device
+kind gets an empty channel.
+
+"No device" per variable: CUDA reads an empty ``CUDA_VISIBLE_DEVICES`` as
+none; the NVIDIA container toolkit reads ``void``. Level Zero reads an empty
+``ZE_AFFINITY_MASK`` as *all* devices, and ROCm / ``GPU_DEVICE_ORDINAL`` are
+not documented to read empty as none, so those get ``-1``: an index no device
+has, which every one of these runtimes filters out, leaving none visible.
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ VISIBILITY_VARS: dict[str, tuple[str, ...]] = {
     ),
 }
 ALL_VISIBILITY_VARS: tuple[str, ...] = tuple(v for vs in VISIBILITY_VARS.values() for v in vs)
+# The value that shows no device, where "" would not (see the module docstring).
+NO_DEVICE: dict[str, str] = {
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "ROCR_VISIBLE_DEVICES": "-1",
+    "GPU_DEVICE_ORDINAL": "-1",
+    "ZE_AFFINITY_MASK": "-1",
+}
 
 
 @dataclass(frozen=True)
@@ -56,18 +70,19 @@ class DeviceChannel:
         return DeviceChannel(tuple(d for d in self.devices if d.kind in allowed))
 
     def env(self) -> dict[str, str]:
-        """Every visibility variable, naming exactly this channel's devices ("" for none)."""
+        """Every visibility variable, naming exactly this channel's devices.
+
+        A kind with no device gets each variable's "no device" value
+        (``NO_DEVICE``, else ""), never an unset variable.
+        """
         out: dict[str, str] = {}
         for kind, names in VISIBILITY_VARS.items():
             mine = [d for d in self.devices if d.kind == kind]
-            indices = ",".join(str(d.index) for d in mine)
             for name in names:
-                if name == "NVIDIA_VISIBLE_DEVICES":
-                    # The container toolkit reads uuids when present; "void" means none.
-                    ids = [d.uuid or str(d.index) for d in mine]
-                    out[name] = ",".join(ids) if ids else "void"
-                else:
-                    out[name] = indices
+                # The container toolkit reads uuids when present.
+                ids = [d.uuid or str(d.index) if name == "NVIDIA_VISIBLE_DEVICES"
+                       else str(d.index) for d in mine]
+                out[name] = ",".join(ids) if ids else NO_DEVICE.get(name, "")
         return out
 
     def to_json(self) -> list[dict[str, object]]:

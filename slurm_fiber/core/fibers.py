@@ -1,0 +1,311 @@
+"""Fibers as fiberd sees them: records, waiting, signals, stopping, deadlines.
+
+A ``Fiber`` is created by ``Template.fork`` (never directly). It holds the
+record DESIGN §4 asks for (id, pid, grant UID, jti, epoch, deadline, state,
+exit status, cpu time, peak memory) and a pidfd on the process, so signals
+are race-free. The template reaps the fiber and reports its wait status and
+rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
+is gone (``cgroup.kill`` takes any stray descendants with it), so "returned"
+means "nothing of it runs". If the template dies first, the fiber dies with
+it (its death signal) and is accounted as ``lost`` (no wait status).
+
+Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
+injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
+and the fiber's process group), and returns once the fiber is gone.
+``stop_all`` does it for many at once (grant removal, expiry, epoch bump).
+``enforce_deadline`` runs a fiber until a deadline given as a callable (the
+core's decision, which may move when a fence extends) and then stops it.
+
+All coroutines run on fiberd's event loop; none block it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_fiber.core import cgroups
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait
+
+
+class FiberState(enum.StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    EXITED = "exited"  # reaped by the template: status known
+    LOST = "lost"  # died with its template: no status
+
+
+@dataclass(frozen=True)
+class FiberExit:
+    """How a fiber ended. ``status`` is the raw wait status (None when lost).
+
+    ``exit_code`` is set for a normal exit, ``signal`` for death by signal;
+    ``cpu_time`` (user+system seconds) and ``maxrss`` (bytes) come from
+    rusage, ``memory_peak`` (bytes) from the cgroup's memory.peak where the
+    memory controller provides it. ``result`` is the call-mode record
+    (``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``),
+    None in exec mode or when the fiber died before writing it.
+    """
+
+    state: FiberState
+    status: int | None = None
+    cpu_time: float | None = None
+    maxrss: int | None = None
+    memory_peak: int | None = None
+    result: dict[str, object] | None = None
+    stopped: bool = False  # fiberd stopped it (stop/deadline), vs. it ended by itself
+
+    @property
+    def exit_code(self) -> int | None:
+        if self.status is None or not os.WIFEXITED(self.status):
+            return None
+        return os.WEXITSTATUS(self.status)
+
+    @property
+    def signal(self) -> int | None:
+        if self.status is None or not os.WIFSIGNALED(self.status):
+            return None
+        return os.WTERMSIG(self.status)
+
+    def to_json(self) -> dict[str, object]:
+        return {"state": self.state.value, "exit_code": self.exit_code, "signal": self.signal,
+                "cpu_time": self.cpu_time, "maxrss": self.maxrss,
+                "memory_peak": self.memory_peak, "stopped": self.stopped,
+                "result": self.result}
+
+
+@dataclass
+class Fiber:
+    """One running (or ended) fiber. Built by ``Template.fork``; read by everyone.
+
+    ``deadline`` is monotonic seconds on the core's clock (None: none set);
+    ``started`` is the clock's ``mono()`` at fork.
+    """
+
+    id: str
+    pid: int
+    uid: str
+    jti: str
+    epoch: int
+    deadline: float | None
+    started: float
+    mode: str
+    cgroup: Path | None
+    clock: Clock
+    stdout_path: Path | None = None
+    stderr_path: Path | None = None
+    state: FiberState = FiberState.RUNNING
+    exit: FiberExit | None = None
+    pidfd: int | None = field(default=None, repr=False)
+    _reported: asyncio.Future[tuple[FiberState, dict[str, object]]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future(), repr=False)
+    _result: _ResultReader | None = field(default=None, repr=False)
+    _finished: asyncio.Task[FiberExit] | None = field(default=None, repr=False)
+    _stopped: bool = field(default=False, repr=False)
+
+    # ------------------------------------------------------------ set-up (Template only)
+
+    def attach(self, result_sock: socket.socket) -> None:
+        """Start reading the result socket and open the pidfd. Called once by Template.fork."""
+        with contextlib.suppress(ProcessLookupError):
+            self.pidfd = os.pidfd_open(self.pid)
+        result_sock.setblocking(False)
+        self._result = _ResultReader(result_sock)
+        self._finished = asyncio.ensure_future(self._finish())
+
+    def reported_exit(self, msg: dict[str, object]) -> None:
+        """The template reaped this fiber (its ``exit`` message)."""
+        if not self._reported.done():
+            self._reported.set_result((FiberState.EXITED, msg))
+
+    def template_lost(self) -> None:
+        """The template died: this fiber dies with it; account it once its pid is gone."""
+        if not self._reported.done():
+            self._reported.set_result((FiberState.LOST, {}))
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def running(self) -> bool:
+        return self.exit is None
+
+    async def wait(self) -> FiberExit:
+        """Block until the fiber and its cgroup are gone; its exit. Never raises."""
+        assert self._finished is not None, "Fiber.attach was not called"
+        return await asyncio.shield(self._finished)
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` to the fiber and its process group (Ctrl-C forwarding).
+
+        False if the fiber has ended. Each process gets the signal once (a
+        second SIGINT would interrupt the fiber's own handling of the first):
+        ``killpg`` on the group the fiber leads (it exists once the fork is
+        answered, and its id cannot be reused while the unreaped leader
+        holds it), the pidfd when the group is gone.
+        """
+        if self.exit is not None or self.pidfd is None or pidfd_exited(self.pidfd):
+            return False
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            except ProcessLookupError:
+                return False
+        return True
+
+    async def stop(self, grace: float) -> FiberExit:
+        """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
+
+        Carved, "gone" includes every descendant (the cgroup is empty and
+        removed). Uncarved, the fiber's process group gets the signals but
+        only the fiber itself is waited for; a descendant that left the
+        group (setsid) is out of reach. Safe to call twice or on an ended
+        fiber (returns its exit at once).
+        """
+        if self.exit is not None:
+            return self.exit
+        self._stopped = True
+        if self.state is FiberState.RUNNING:
+            self.state = FiberState.STOPPING
+        self.signal(signal.SIGTERM)
+        waiter = asyncio.ensure_future(self.wait())
+        if not await first_done(waiter, self.clock.sleep(grace)):
+            self.kill()
+        return await waiter
+
+    def kill(self) -> None:
+        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group."""
+        if self.cgroup is not None:
+            cgroups.kill(self.cgroup)
+        if self.pidfd is not None and not pidfd_exited(self.pidfd):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def to_json(self) -> dict[str, object]:
+        """The fiber record, for the socket API and the audit log."""
+        return {"id": self.id, "pid": self.pid, "uid": self.uid, "jti": self.jti,
+                "epoch": self.epoch, "deadline": self.deadline, "started": self.started,
+                "mode": self.mode, "state": self.state.value,
+                "cgroup": str(self.cgroup) if self.cgroup else None,
+                "exit": self.exit.to_json() if self.exit else None}
+
+    def on_done(self, callback: Callable[[Fiber], None]) -> None:
+        """Call ``callback(self)`` once the fiber is gone (after ``wait()`` would return)."""
+        assert self._finished is not None, "Fiber.attach was not called"
+        self._finished.add_done_callback(lambda _: callback(self))
+
+    # ------------------------------------------------------------ internals
+
+    async def _finish(self) -> FiberExit:
+        state, msg = await self._reported
+        if state is FiberState.LOST and self.pidfd is not None:
+            await pidfd_wait(self.pidfd)
+        peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
+        if self.cgroup is not None:
+            await cgroups.kill_and_remove(self.cgroup)
+        assert self._result is not None
+        result = self._result.finish()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        status = msg.get("status")
+        cpu = msg.get("cpu")
+        maxrss = msg.get("maxrss")
+        self.exit = FiberExit(
+            state=state,
+            status=status if isinstance(status, int) else None,
+            cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
+            maxrss=maxrss if isinstance(maxrss, int) else None,
+            memory_peak=peak, result=result, stopped=self._stopped)
+        self.state = state
+        return self.exit
+
+
+async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:
+    """Stop every fiber concurrently (one grace for all); returns once all are gone."""
+    return list(await asyncio.gather(*(f.stop(grace) for f in list(fibers))))
+
+
+async def enforce_deadline(fiber: Fiber, deadline: Callable[[], float | None], clock: Clock,
+                           grace: float, *, nudge: asyncio.Event | None = None,
+                           recheck: float = 1.0) -> FiberExit:
+    """Let the fiber run until ``clock.mono() >= deadline()``, then ``stop(grace)``.
+
+    ``deadline`` is asked again whenever the clock reaches the last answer,
+    every ``recheck`` clock seconds, and whenever ``nudge`` is set (set it
+    when a fence or lease changes, so a deadline that moved earlier takes
+    effect at once). None means no deadline now. Returns the fiber's exit,
+    whether it ended by itself or was stopped.
+    """
+    waiter = asyncio.ensure_future(fiber.wait())
+    while not waiter.done():
+        due = deadline()
+        now = clock.mono()
+        if due is not None and now >= due:
+            return await fiber.stop(grace)
+        pause = recheck if due is None else min(recheck, due - now)
+        wakers = [clock.sleep(pause)]
+        if nudge is not None:
+            wakers.append(nudge.wait())
+        await first_done(waiter, *wakers)
+        if nudge is not None:
+            nudge.clear()
+    return waiter.result()
+
+
+class _ResultReader:
+    """Collects what a fiber writes to its result socket (call mode's record).
+
+    Reads while the fiber runs (so a large record never blocks the fiber);
+    ``finish()`` after the fiber exited takes what is buffered without
+    waiting for EOF, since a descendant might still hold the socket open.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.chunks: list[bytes] = []
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(sock.fileno(), self._take)
+        self.reading = True
+
+    def _take(self) -> None:
+        """Move what is buffered into ``chunks``; stop watching at EOF."""
+        try:
+            while chunk := self.sock.recv(65536):
+                self.chunks.append(chunk)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionError:
+            pass
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.reading = False
+
+    def finish(self) -> dict[str, object] | None:
+        """The record, once the writer has exited. Closes the socket."""
+        self._take()
+        self._stop_reading()
+        self.sock.close()
+        if not self.chunks:
+            return None
+        try:
+            record = json.loads(b"".join(self.chunks))
+        except ValueError:
+            return {"ok": False, "error": {"type": "BadResult",
+                                           "message": "the fiber wrote an unreadable result"}}
+        return record if isinstance(record, dict) else None

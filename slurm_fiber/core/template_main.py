@@ -1,0 +1,344 @@
+"""The code that runs INSIDE a warm template process (``python -m ...template_main``).
+
+fiberd starts this module with ``--fd N`` (its end of a SEQPACKET
+socketpair, see ``template_wire``) and ``--parent PID``. In order, the
+template:
+
+1. arms PR_SET_PDEATHSIG (SIGTERM: it dies with fiberd, even when fiberd is
+   SIGKILLed) and leaves fiberd's session (a Ctrl-C at fiberd's terminal
+   does not reach it);
+2. reads the ``warm`` order, joins its cgroup leaf (before any grant code),
+   imports ``preload``, runs ``warm``, then ``gc.freeze()``s its heap so
+   fibers keep sharing it; reports ``ready``, or ``warm_failed`` with the
+   error class and one line, and exits;
+3. serves ``fork`` orders: each fiber is forked, and the child, before any
+   user code, arms PR_SET_PDEATHSIG against the template, writes itself
+   into its own cgroup, becomes a process-group leader, drops the
+   template's sockets and signal set-up, takes its stdio (passed fds, or
+   files under the state dir), reseeds RNGs (random; numpy if imported),
+   then runs ``module:function`` with JSON arguments (result record to its
+   result socket) or execs an argv;
+4. reaps its fibers (``wait4``) and reports each exit with wait status and
+   rusage; it exits when fiberd closes the socket, sends ``stop`` or SIGTERM,
+   or dies (its death signal is SIGTERM). On the way out it SIGKILLs every
+   fiber's cgroup (``cgroup.kill``) and process group, so a fiber's own
+   children go too; a fiber whose template is SIGKILLed dies by its own
+   death signal.
+
+It runs NO threads of its own and must never start any: ``fork`` in a
+threaded process is unsafe. Nothing that expires (tokens, control-plane
+sockets) is held here; fiberd holds all of that.
+
+Exit codes of a fiber that failed before user code: 70 (template gone),
+71 (could not join its cgroup), 72 (could not set up stdio or cwd); of an
+exec that failed: 127; of a call that raised: 1 (error record sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import json
+import os
+import random
+import select
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_fiber.core import template_wire as wire
+from slurm_fiber.core.prctl import die_with_parent
+
+_FIBER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+EXIT_CGROUP = 71
+EXIT_SETUP = 72
+EXIT_EXEC = 127
+
+
+def resolve(target: str) -> Callable[..., object]:
+    """The callable named by "module:function" (dotted attributes allowed)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{target!r} is not 'module:function'")
+    obj: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{target} is not callable")
+    return obj
+
+
+def _send(sock: socket.socket, msg: dict[str, object]) -> None:
+    sock.sendall(wire.encode(msg))
+
+
+def _warm(order: dict[str, object]) -> None:
+    cgroup = order.get("cgroup")
+    if isinstance(cgroup, str):
+        try:
+            (Path(cgroup) / "cgroup.procs").write_text("0\n")
+        except OSError as e:
+            raise RuntimeError(f"cannot join cgroup {cgroup}: {e.strerror}") from None
+    for name in order.get("preload") or []:
+        importlib.import_module(str(name))
+    warm = order.get("warm")
+    if isinstance(warm, str) and warm:
+        resolve(warm)()
+
+
+class Server:
+    """The template's fork-and-reap loop (blocking, single-threaded)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (fiber id, cgroup)
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+        signal.signal(signal.SIGTERM, self._terminate)
+
+    def _terminate(self, *_: object) -> None:
+        self.kill_all()
+        os._exit(0)
+
+    def kill_all(self) -> None:
+        """SIGKILL every fiber with its descendants (cgroup and process group)."""
+        for pid, (_, cgroup) in self.children.items():
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    (Path(cgroup) / "cgroup.kill").write_text("1\n")
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Drop the template's fds (in a fiber, before user code)."""
+        self.sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def serve(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == self.wake_r:
+                    self._drain_wakeups()
+                    self.reap()
+                elif not self.handle_request():
+                    return
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def reap(self) -> None:
+        """Collect every exited child and report it."""
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fiber_id, _ = self.children.pop(pid, (None, None))
+            _send(self.sock, {"t": "exit", "id": fiber_id, "pid": pid, "status": status,
+                              "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
+
+    def handle_request(self) -> bool:
+        """Serve one message; False when the parent is gone or said stop."""
+        data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+        if not data:
+            return False
+        try:
+            msg = wire.decode(data)
+        except wire.WireError:
+            for fd in fds:
+                os.close(fd)
+            return True
+        if msg["t"] == "stop":
+            return False
+        if msg["t"] == "fork":
+            self.fork(msg, fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def fork(self, msg: dict[str, object], fds: list[int]) -> None:
+        fiber_id = str(msg.get("id"))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Signals that arrive before the child has reset its handlers wait, blocked,
+        # and then meet the fiber's dispositions, never the template's.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FIBER_SIGNALS)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+            for fd in fds:
+                os.close(fd)
+            _send(self.sock, {"t": "fork_failed", "id": fiber_id,
+                              "error": type(e).__name__, "message": wire.one_line(e)})
+            return
+        if pid == 0:
+            code = EXIT_SETUP
+            try:
+                code = run_fiber(msg, fds, self)
+            except BaseException:
+                traceback.print_exc()  # to the fiber's stderr, else the template's log
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        for fd in fds:
+            os.close(fd)
+        # The child does this too; doing it on both sides means that once fiberd
+        # hears "forked", the fiber leads its own process group (no signal race).
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        cgroup = msg.get("cgroup")
+        self.children[pid] = (fiber_id, cgroup if isinstance(cgroup, str) else None)
+        _send(self.sock, {"t": "forked", "id": fiber_id, "pid": pid})
+
+
+def run_fiber(msg: dict[str, object], fds: list[int], server: Server) -> int:
+    """In the forked child: confine, set up, run. Returns the exit code (never user code's)."""
+    die_with_parent(server.pid)
+    os.set_inheritable(fds[0], False)
+    with os.fdopen(fds[0], "w") as result:
+        cgroup = msg.get("cgroup")
+        if isinstance(cgroup, str):
+            try:
+                (Path(cgroup) / "cgroup.procs").write_text("0\n")
+            except OSError as e:
+                _write_error(result, e)
+                return EXIT_CGROUP
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        server.close()
+        try:
+            _setup_stdio(msg, fds[1:])
+            env = msg.get("env") or {}
+            os.environ.update({str(k): str(v) for k, v in dict(env).items()})
+            os.environ["SLURM_FIBER_ID"] = str(msg.get("id"))
+            if msg.get("cwd"):
+                os.chdir(str(msg["cwd"]))
+        except OSError as e:
+            _write_error(result, e)
+            return EXIT_SETUP
+        _reseed()
+        if msg.get("mode") == "exec":
+            return _exec(msg, result)
+        return _call(msg, result)
+
+
+def _setup_stdio(msg: dict[str, object], passed: list[int]) -> None:
+    """Make fds 0/1/2 the passed fds, else /dev/null and files under ``out_dir``."""
+    flags = msg.get("stdio") or [False, False, False]
+    out_dir = msg.get("out_dir")
+    passed_iter = iter(passed)
+    for target, given in enumerate(list(flags)[:3]):
+        if given:
+            fd = next(passed_iter)
+        elif target == 0 or not isinstance(out_dir, str):
+            fd = os.open(os.devnull, os.O_RDWR)
+        else:
+            suffix = "out" if target == 1 else "err"
+            path = Path(out_dir) / f"fiber-{msg.get('id')}.{suffix}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _reseed() -> None:
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _exec(msg: dict[str, object], result) -> int:
+    argv = [str(a) for a in msg.get("argv") or []]
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, os.environ)
+    except (OSError, IndexError) as e:
+        _write_error(result, e)
+    return EXIT_EXEC
+
+
+def _call(msg: dict[str, object], result) -> int:
+    args = msg.get("args") or []
+    kwargs = msg.get("kwargs") or {}
+    code = 0
+    try:
+        value = resolve(str(msg.get("target")))(*list(args), **dict(kwargs))
+        record = json.dumps({"ok": True, "result": value})
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        record = json.dumps({"ok": code == 0, "result": None, "exit": code})
+    except KeyboardInterrupt as e:
+        _write_error(result, e)
+        return 130
+    except BaseException as e:
+        _write_error(result, e)
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    result.write(record)
+    return code
+
+
+def _write_error(result, exc: BaseException) -> None:
+    tb = "".join(traceback.format_exception(exc))[-4000:]
+    result.write(json.dumps({"ok": False, "error": {
+        "type": type(exc).__name__, "message": wire.one_line(exc), "traceback": tb}}))
+    result.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; fiberd is the only caller. Returns the template's exit code."""
+    parser = argparse.ArgumentParser(prog="slurm_fiber.core.template_main")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    opts = parser.parse_args(argv)
+    die_with_parent(opts.parent, signal.SIGTERM)
+    os.setsid()
+    sock = socket.socket(fileno=opts.fd)
+    sock.setblocking(True)
+    data = sock.recv(wire.MAX_MESSAGE + 1)
+    if not data:
+        return 0
+    try:
+        _warm(wire.decode(data))
+    except BaseException as e:
+        _send(sock, {"t": "warm_failed", "error": type(e).__name__,
+                     "message": wire.one_line(e)})
+        return 1
+    gc.collect()
+    gc.freeze()
+    _send(sock, {"t": "ready", "pid": os.getpid(), "modules": len(sys.modules)})
+    server = Server(sock)
+    server.serve()
+    server.kill_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The message format between fiberd and a template: one JSON object per datagram.
+
+The channel is a ``SOCK_SEQPACKET`` socketpair, so every message arrives
+whole or not at all and file descriptors (a fiber's result socket and its
+stdio) ride along with SCM_RIGHTS. Messages are dicts with a ``t`` (type):
+
+parent → template: ``warm`` (first, once: preload, warm, cgroup), ``fork``
+(one fiber), ``stop``.
+template → parent: ``ready``, ``warm_failed`` (error class, one line),
+``forked`` / ``fork_failed`` (answer to ``fork``, by ``id``), ``exit``
+(a reaped fiber: wait status and rusage).
+
+Both ends import this module; it holds no state and never blocks.
+"""
+
+from __future__ import annotations
+
+import json
+
+MAX_MESSAGE = 128 * 1024
+MAX_FDS = 4  # result socket + stdin, stdout, stderr
+
+
+class WireError(ValueError):
+    """A message that cannot be sent or was not understood (one-line reason)."""
+
+
+def encode(msg: dict[str, object]) -> bytes:
+    """The datagram for ``msg``; raises WireError when it exceeds MAX_MESSAGE."""
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise WireError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE}-byte limit")
+    return data
+
+
+def decode(data: bytes) -> dict[str, object]:
+    """The message in ``data``; raises WireError on anything but a JSON object with ``t``."""
+    try:
+        msg = json.loads(data)
+    except ValueError as e:
+        raise WireError(f"undecodable message: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise WireError("message is not an object with a type")
+    return msg
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line, at most 300 characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]

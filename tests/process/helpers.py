@@ -1,0 +1,97 @@
+"""Helpers for process-layer tests: run async tests, start templates, walk /proc and cgroups.
+
+``marked_procs(mark)`` walks /proc for live (non-zombie) processes whose
+environment carries ``SF_TEST_MARK=<mark>``: templates and fibers inherit
+it, so a leak check never confuses another test's processes with ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from slurm_fiber.core.cgroups import GrantCgroup
+from slurm_fiber.core.clock import Clock, SystemClock
+from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.grant import TemplateSpec
+from slurm_fiber.core.templates import Template, TemplateState, template_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test body on a fresh event loop."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
+                         warm: str | None = None, cgroup: GrantCgroup | None = None,
+                         channel: DeviceChannel | None = None, clock: Clock | None = None,
+                         uid: str = "grant-1") -> Template:
+    """A template whose env carries the test's mark and can import ``tests.process``."""
+    spec = TemplateSpec(preload=preload, warm=warm,
+                        env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+    env = template_env(dict(os.environ), spec, channel or DeviceChannel())
+    state = tmp / "state"
+    state.mkdir(exist_ok=True)
+    return await Template.start(uid, spec, env, cgroup, state_dir=state,
+                                clock=clock or SystemClock())
+
+
+async def read_line(fd: int) -> bytes:
+    """One line from a pipe, read off the event loop (b"" at EOF)."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await loop.run_in_executor(None, os.read, fd, 100)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
+    """``start_template`` and wait until it is ready (asserted)."""
+    t = await start_template(tmp, mark, **kwargs)
+    assert await t.wait_warm() is TemplateState.READY, t.warm_error
+    return t
+
+
+def marked_procs(mark: str) -> list[int]:
+    """Pids of live, non-zombie processes whose environ has SF_TEST_MARK=mark."""
+    needle = f"SF_TEST_MARK={mark}".encode()
+    out: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}:
+                out.append(int(entry))
+    return out
+
+
+def wait_marked(mark: str, count: int, within: float = 10.0) -> list[int]:
+    """Marked processes, polled until there are ``count`` of them or ``within`` s passed."""
+    end = time.monotonic() + within
+    while len(found := marked_procs(mark)) != count and time.monotonic() < end:
+        time.sleep(0.02)
+    return found
+
+
+def cgroup_dirs(root: Path) -> list[Path]:
+    """Every cgroup directory below ``root`` (not root itself)."""
+    return sorted(p for p in root.rglob("*") if p.is_dir())

@@ -1,0 +1,134 @@
+"""The cgroup manager: limit logic on a fake tree, carving and killing on the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_fiber.core import cgroups
+from slurm_fiber.core.cgroups import CgroupManager, safe_name
+from slurm_fiber.core.grant import Limits
+from tests.process.helpers import cgroup_dirs
+
+NEEDS_CGROUP2 = pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+
+
+def fake_cgroup(path: Path, offered: str) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cgroup.controllers").write_text(offered + "\n")
+    (path / "cgroup.subtree_control").write_text("")
+    return path
+
+
+# ---------------------------------------------------------------- fake tree
+
+
+def test_limits_written_where_controller_enabled_and_reported_where_not(tmp_path: Path):
+    grant = fake_cgroup(tmp_path / "grant-a", "memory cpu")
+    out = cgroups.write_limits(grant, Limits(memory=512 << 20, pids=64, cpu=1.5))
+    by_file = {o.file: o for o in out}
+    assert (grant / "memory.max").read_text() == f"{512 << 20}\n"
+    assert (grant / "cpu.max").read_text() == "150000 100000\n"
+    assert by_file["memory.max"].enforced and by_file["cpu.max"].enforced
+    assert not (grant / "pids.max").exists()
+    assert not by_file["pids.max"].enforced
+    assert by_file["pids.max"].reason.startswith("not enforced: the pids controller")
+
+
+def test_refused_write_is_reported_not_raised(tmp_path: Path):
+    grant = fake_cgroup(tmp_path / "g", "memory")
+    (grant / "memory.max").mkdir()  # writing it fails like a kernel refusal would
+    (out,) = cgroups.write_limits(grant, Limits(memory=1 << 20))
+    assert not out.enforced
+    assert out.reason.startswith("not enforced: writing memory.max failed")
+
+
+def test_unset_limits_write_nothing(tmp_path: Path):
+    grant = fake_cgroup(tmp_path / "g", "memory pids cpu")
+    assert cgroups.write_limits(grant, Limits()) == ()
+    assert sorted(p.name for p in grant.iterdir()) == ["cgroup.controllers",
+                                                       "cgroup.subtree_control"]
+
+
+def test_tiny_cpu_share_is_clamped_to_a_valid_quota():
+    assert cgroups.limit_plan(Limits(cpu=0.001)) == [("cpu", "cpu.max", "1000 100000")]
+
+
+def test_enable_controllers_only_enables_offered_ones(tmp_path: Path):
+    root = fake_cgroup(tmp_path / "root", "pids memory hugetlb")
+    assert cgroups.enable_controllers(root) == {"pids", "memory"}
+
+
+def test_safe_name_keeps_plain_uids_and_separates_the_rest():
+    assert safe_name("job-42.a_b") == "job-42.a_b"
+    a, b = safe_name("user@site:1"), safe_name("user_site_1")
+    assert a != b and "/" not in a and a.startswith("user_site_1-")
+
+
+@pytest.mark.parametrize("root", [None, Path("/nonexistent/cg"), Path("/tmp")])
+def test_unusable_root_means_uncarved_with_a_reason(root):
+    mgr = CgroupManager(root)
+    assert not mgr.status.carved
+    assert "running uncarved" in mgr.status.reason
+    assert mgr.carve_grant("u", Limits(memory=1)) is None
+    assert asyncio.run(mgr.sweep()) == []
+
+
+# ---------------------------------------------------------------- real hierarchy
+
+
+def _sleeper(cgroup: Path) -> subprocess.Popen[bytes]:
+    code = "import sys,time; open(sys.argv[1]+'/cgroup.procs','w').write('0'); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cgroup)])
+    for _ in range(200):
+        if cgroups.populated(cgroup):
+            break
+        proc.poll()
+        asyncio.run(asyncio.sleep(0.01))
+    return proc
+
+
+@NEEDS_CGROUP2
+def test_carve_join_kill_wait_remove(cgroup_root: Path):
+    mgr = CgroupManager(cgroup_root)
+    assert mgr.status.carved
+    grant = mgr.carve_grant("u:1", Limits(memory=1 << 30, pids=10))
+    assert grant is not None and grant.template.is_dir()
+    # This machine offers no memory/pids controller: both limits reported, none enforced.
+    assert [o.enforced for o in grant.limits] == [False, False]
+    leaf = grant.fiber("f1")
+    leaf.mkdir()
+    proc = _sleeper(leaf)
+    assert cgroups.populated(leaf) and cgroups.pids(grant.path) == [proc.pid]
+    cgroups.kill(leaf)
+    asyncio.run(cgroups.wait_empty(leaf))
+    assert proc.wait(timeout=10) == -9
+    asyncio.run(mgr.remove_grant("u:1"))
+    assert cgroup_dirs(cgroup_root) == []
+
+
+@NEEDS_CGROUP2
+def test_sweep_removes_a_dead_fiberds_cgroups_and_their_processes(cgroup_root: Path):
+    old = CgroupManager(cgroup_root)
+    for uid in ("a", "b"):
+        grant = old.carve_grant(uid, Limits())
+        assert grant is not None
+        grant.fiber("x").mkdir()
+    straggler = _sleeper(cgroup_root / "grant-a" / "fiber-x")
+    removed = asyncio.run(CgroupManager(cgroup_root).sweep())
+    assert [p.name for p in removed] == ["grant-a", "grant-b"]
+    assert straggler.wait(timeout=10) == -9
+    assert cgroup_dirs(cgroup_root) == []
+
+
+@NEEDS_CGROUP2
+def test_wait_empty_returns_for_an_empty_or_vanished_cgroup(cgroup_root: Path):
+    asyncio.run(cgroups.wait_empty(cgroup_root / "never-made"))
+    (cgroup_root / "empty").mkdir()
+    asyncio.run(cgroups.wait_empty(cgroup_root / "empty"))
+    cgroups.remove_tree(cgroup_root / "empty")
+    assert not (cgroup_root / "empty").exists()

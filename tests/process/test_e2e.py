@@ -1,0 +1,69 @@
+"""End to end with real processes: a warm template of heavy stdlib modules, 100 fibers.
+
+Each fiber reports (on its stdout file) that its modules are the very objects
+the template imported (no re-import), that its parent is the template that
+warmed, which cgroup it sits in (read from /proc/self/cgroup inside it) and
+which device variables it sees; it exits with ``i % 5``. Afterwards nothing
+is left: no process carrying the test's mark, no cgroup under the root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.devices import Device, DeviceChannel
+from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.templates import FiberRequest
+from tests.process.helpers import aio, cgroup_dirs, marked_procs, warm_template
+from tests.process.targets import HEAVY
+
+T = "tests.process.targets"
+N = 100
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
+                                                    cgroup_root: Path):
+    mgr = CgroupManager(cgroup_root)
+    grant = mgr.carve_grant("job-7", Limits(memory=1 << 30, pids=500))
+    assert grant is not None
+    channel = DeviceChannel.of([Device("gpu", 0), Device("gpu", 2, uuid="GPU-2")])
+    t = await warm_template(tmp_path, mark, preload=(*HEAVY, T), warm=f"{T}:warm",
+                             cgroup=grant, channel=channel, uid="job-7")
+
+    async def one(i: int):
+        fiber = await t.fork(FiberRequest(id=f"f{i}", target=f"{T}:observe", args=(i,),
+                                          jti="jti-1", epoch=3))
+        return fiber, await fiber.wait()
+
+    results = []
+    for batch in range(0, N, 20):
+        results += await asyncio.gather(*(one(i) for i in range(batch, batch + 20)))
+    pids = set()
+    for i, (fiber, ex) in enumerate(results):
+        assert ex.exit_code == i % 5, (i, ex)
+        seen = json.loads(fiber.stdout_path.read_text())
+        assert seen["i"] == i and seen["fiber_id"] == f"f{i}"
+        assert seen["warmed_by_parent"] and seen["same_modules"]
+        assert seen["n_modules"] == len(HEAVY)
+        assert seen["cgroup"] == f"/{cgroup_root.name}/grant-job-7/fiber-f{i}"
+        assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,2", "NVIDIA_VISIBLE_DEVICES": "0,GPU-2",
+                               "ROCR_VISIBLE_DEVICES": "0,2", "GPU_DEVICE_ORDINAL": "0,2",
+                               "ZE_AFFINITY_MASK": "0,2"}
+        record = fiber.to_json()
+        assert (record["uid"], record["jti"], record["epoch"]) == ("job-7", "jti-1", 3)
+        assert ex.cpu_time is not None and ex.maxrss
+        pids.add(fiber.pid)
+    assert len(pids) == N and t.fibers == {}
+    # Each fiber's cgroup went with it; only the template's leaf remains.
+    assert cgroup_dirs(grant.path) == [grant.template]
+    await t.stop(1.0)
+    await mgr.remove_grant("job-7")
+    assert marked_procs(mark) == []
+    assert cgroup_dirs(cgroup_root) == []
