@@ -13,7 +13,14 @@ from slurm_fiber.homes.healthpoll import ErrRoundTimeout, HealthPoll, RoundTimeo
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import EventKind, GrantEvent, Home, ReleaseDevices
+from slurm_fiber.homes.seam import (
+    EventKind,
+    GrantEvent,
+    Home,
+    LosesScope,
+    ReleaseDevices,
+    ScopeLostHandler,
+)
 
 __all__ = [
     "MAX_TOKEN_BYTES",
@@ -25,12 +32,14 @@ __all__ = [
     "GrantEvent",
     "HealthPoll",
     "Home",
+    "LosesScope",
     "Problem",
     "ProblemSink",
     "ReadyGate",
     "ReleaseDevices",
     "RoundTimeout",
     "ScopeLossQueue",
+    "ScopeLostHandler",
     "deliver",
     "drive",
     "log_problem",

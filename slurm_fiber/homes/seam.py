@@ -11,7 +11,7 @@ unmodified. ``GrantEvent`` is what a home delivers.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -118,4 +118,23 @@ class Home(Protocol):
 
     async def run(self) -> None:
         """Drive whatever the home needs in the background (polls, watches) until cancelled."""
+        ...
+
+
+# ``handler(reason, removes_grants)``: the core bumps the epoch (ending every
+# fence) and, when ``removes_grants``, also removes every grant of the home.
+ScopeLostHandler = Callable[[str, bool], Awaitable[None]]
+
+
+@runtime_checkable
+class LosesScope(Protocol):
+    """A home whose scope can be lost (its job ends, its Pod is deleted).
+
+    fiberd registers one handler before ``run`` starts; the home delivers
+    each loss once, in order, on the task ``run`` owns (a ScopeLossQueue).
+    Homes without a scope (standalone) do not implement it.
+    """
+
+    def on_scope_lost(self, handler: ScopeLostHandler) -> None:
+        """Set the handler every loss of scope is delivered to. Never raises."""
         ...

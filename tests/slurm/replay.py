@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from slurm_fiber.homes.scopeloss import ScopeLossQueue
+from slurm_fiber.homes.slurm.home import SlurmHome
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -96,15 +96,19 @@ def alive(pid: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def losses(queue: ScopeLossQueue) -> AsyncIterator[list[str]]:
-    """The reasons ``queue`` delivers while the block runs (delivery runs on its own task)."""
+async def losses(home: SlurmHome) -> AsyncIterator[list[str]]:
+    """The reasons ``home`` delivers to its scope-loss handler while the block runs.
+
+    Delivery runs on its own task; every loss of a Slurm job must remove its grants.
+    """
     delivered: list[str] = []
 
-    async def on_lost(reason: str) -> None:
+    async def on_lost(reason: str, removes_grants: bool) -> None:
+        assert removes_grants, "a Slurm job's end must remove its grants"
         delivered.append(reason)
 
-    queue.on_scope_lost(on_lost)
-    delivery = asyncio.create_task(queue.run())
+    home.on_scope_lost(on_lost)
+    delivery = asyncio.create_task(home.scope_loss.run())
     try:
         yield delivered
     finally:

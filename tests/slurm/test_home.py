@@ -29,7 +29,6 @@ from slurm_fiber.homes.slurm.control import (
 )
 from slurm_fiber.homes.slurm.gres import gpu_files
 from slurm_fiber.homes.slurm.home import (
-    SCOPE_LOSS_ACTIONS,
     DevicesRefused,
     JobNotListed,
     SlurmDownError,
@@ -169,7 +168,7 @@ def test_rounds_mark_health_and_a_cancelled_job_is_lost_once(tmp_path: Path,
     home = make_home(tmp_path, clock, replay)
 
     async def main() -> list[str]:
-        async with losses(home.scope_loss) as delivered:
+        async with losses(home) as delivered:
             assert home.health().read().state is HealthState.NEVER
             assert await home.poll.once() is None
             assert home.health().read().fresh and home.lost is None
@@ -183,7 +182,6 @@ def test_rounds_mark_health_and_a_cancelled_job_is_lost_once(tmp_path: Path,
     delivered = asyncio.run(main())
     assert delivered == ["job 6 left RUNNING: CANCELLED"]
     assert home.lost == delivered[0]
-    assert SCOPE_LOSS_ACTIONS == ("bump_epoch", "remove_grants")
 
 
 def test_controller_down_goes_stale_and_recovers(tmp_path: Path, clock: FakeClock) -> None:

@@ -68,7 +68,7 @@ def test_a_running_job_is_fresh_and_scancel_loses_scope_once(
     assert home.job.gpus and home.job.gpu_source == "SLURM_JOB_GPUS"
 
     async def main() -> list[str]:
-        async with losses(home.scope_loss) as delivered:
+        async with losses(home) as delivered:
             await scancel_and_watch(home, slurm_cluster)
         return delivered
 

@@ -11,9 +11,9 @@ It implements ``homes.seam.Home`` for one job on one node:
   be spoofed through Comment). Every call is bounded and killed on cancel.
 - scope loss: once, when the job leaves RUNNING (completing, cancelled,
   timed out, requeued, or no longer listed after it was seen). The job is
-  gone, so everything of it must stop: the fiberd wiring's callback
-  (``scope_loss.on_scope_lost``) must do both ``SCOPE_LOSS_ACTIONS``, bump
-  the epoch (ending every fence) and remove every grant of the job.
+  gone, so everything of it must stop: the loss reaches the handler set
+  with ``on_scope_lost`` (``LosesScope``) with ``removes_grants`` true, so
+  the core bumps the epoch (ending every fence) and removes every grant.
 - devices: the job's GPUs on this node (jobenv), narrowed to the grant's
   kinds, with device files from gres.conf when configured, claimed as
   leases (``DeviceLeases``) so two jobs never drive one device.
@@ -43,7 +43,7 @@ from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices
+from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
 from slurm_fiber.homes.slurm.control import ControlPlane
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
@@ -53,8 +53,6 @@ from slurm_fiber.homes.slurm.scontrol import QueueJob
 
 log = logging.getLogger("slurm_fiber.homes.slurm")
 
-# What the fiberd wiring's scope-loss callback must do for the Slurm home.
-SCOPE_LOSS_ACTIONS = ("bump_epoch", "remove_grants")
 # Job states that are not a loss: the job has not started yet, or Slurm
 # stopped its processes and will resume them in the same allocation.
 WAITING_STATES = frozenset({"PENDING", "CONFIGURING"})
@@ -190,6 +188,14 @@ class SlurmHome:
 
     def health(self) -> SourceHealth:
         return self._health
+
+    def on_scope_lost(self, handler: ScopeLostHandler) -> None:
+        """Deliver the job's end to ``handler(reason, True)``: its grants go with it."""
+
+        async def deliver(reason: str) -> None:
+            await handler(reason, True)
+
+        self.scope_loss.on_scope_lost(deliver)
 
     def cgroup_root(self) -> str | None:
         return None if self.cgroup.path is None else str(self.cgroup.path)
