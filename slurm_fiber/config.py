@@ -297,19 +297,21 @@ _DERIVED = {  # unset path options default to a name inside state_dir
 }
 
 
+def default_text(opt: Option) -> str:
+    """How the option's default reads in help ("STATE_DIR/fiberd.sock", "30", "none")."""
+    if opt.name in _DERIVED:
+        return f"STATE_DIR/{_DERIVED[opt.name]}"
+    return _show(getattr(FiberdConfig(), opt.name))
+
+
 def describe() -> str:
     """Every option with its flag, environment variable, default and meaning (for --help)."""
-    defaults = FiberdConfig()
-    lines = []
-    for opt in OPTIONS:
-        default = (f"STATE_DIR/{_DERIVED[opt.name]}" if opt.name in _DERIVED
-                   else _show(getattr(defaults, opt.name)))
-        lines.append(f"{opt.flag:16} {opt.env:22} [{default}] {opt.help}")
-    return "\n".join(lines)
+    return "\n".join(f"{opt.flag:16} {opt.env:22} [{default_text(opt)}] {opt.help}"
+                     for opt in OPTIONS)
 
 
 def _show(value: object) -> str:
-    if value is None or value == ():
+    if value is None or value == () or value == {}:
         return "none"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -321,18 +323,28 @@ def load_config(
     path: str | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, object] | None = None,
+    *,
+    home_defaults: Mapping[str, object] | None = None,
+    home_source: str = "the home",
 ) -> FiberdConfig:
     """Build fiberd's configuration from defaults, a TOML file, the environment and flags.
 
     ``path`` is the ``--config`` file (else ``FIBERD_CONFIG``, else none);
     ``env`` defaults to ``os.environ``; ``flags`` maps option names to the
-    values given on the command line (None: not given). Blocks to read the
-    file. Raises ConfigError with a one-line reason naming the option and
-    its source; never returns a half-valid configuration.
+    values given on the command line (None: not given). ``home_defaults``
+    are values a home implies (a Slurm job's state dir), above the built-in
+    defaults and below everything else; ``home_source`` names them in
+    refusals. Blocks to read the file. Raises ConfigError with a one-line
+    reason naming the option and its source; never returns a half-valid
+    configuration.
     """
     env = os.environ if env is None else env
     path = path or env.get(CONFIG_ENV) or None
     values: dict[str, tuple[object, str]] = {}  # option -> (parsed value, source)
+    for name, raw in (home_defaults or {}).items():
+        if name not in _BY_NAME:
+            raise _unknown(name, home_source, list(_BY_NAME))
+        values[name] = _parse(_BY_NAME[name], _flag_value(raw), home_source, os.getcwd())
     if path is not None:
         values.update(_from_file(path))
     values.update(_from_env(env))

@@ -58,11 +58,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else the Slurm job's socket "
-               "($SLURM_FIBER_STATE/$SLURM_JOB_ID/fiberd.sock) inside a job, else "
-               "$XDG_RUNTIME_DIR/slurm-fiber/fiberd.sock or /run/slurm-fiber/fiberd.sock.")
+SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else inside a Slurm job the "
+               "job's fiberd on this node (started by `srun --overlap fiberd-run`), else "
+               "$FIBERD_STATE_DIR/fiberd.sock or /var/lib/slurm-fiber/fiberd.sock.")
 SocketOption = typer.Option(None, "--socket", "-S", help=SOCKET_HELP, metavar="PATH")
-GrantOption = typer.Option(None, "--grant", "-g", help="Admitted grant UID to run under.")
+GrantOption = typer.Option(None, "--grant", "-g",
+                           help="Admitted grant UID to run under (default: the only one).")
 TokenOption = typer.Option(None, "--token", "-t", help="File holding a grant token (JWS).",
                            metavar="FILE")
 EnvOption = typer.Option([], "--env", "-e", help="KEY=VALUE added to the fiber's env "

@@ -208,6 +208,12 @@ class Template:
             await self._changed.wait()
         return self.state
 
+    async def wait_change(self, seen: TemplateState) -> TemplateState:
+        """Block until the state is no longer ``seen``; the new state (at once if it differs)."""
+        while self.state is seen:
+            await self._changed.wait()
+        return self.state
+
     async def fork(self, request: FiberRequest) -> Fiber:
         """Fork one fiber and return it running (its pid known, its pidfd open).
 

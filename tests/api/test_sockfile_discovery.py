@@ -50,11 +50,11 @@ def test_a_stale_socket_is_replaced_and_other_files_are_left_alone(tmp_path) -> 
 
 
 def test_discovery_order() -> None:
-    job = {"SLURM_JOB_ID": "42", "SLURM_FIBER_STATE": "/var/sf"}
+    job = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n2", "SLURM_FIBER_STATE_ROOT": "/var/sf"}
     assert str(discover_socket("/x.sock", {"FIBERD_SOCKET": "/y"})) == "/x.sock"
     assert str(discover_socket(None, {"FIBERD_SOCKET": "/y", **job})) == "/y"
-    assert str(discover_socket(None, job)) == "/var/sf/42/fiberd.sock"
-    assert str(discover_socket(None, {"SLURM_JOB_ID": "7"})) == "/run/slurm-fiber/7/fiberd.sock"
-    assert str(discover_socket(None, {"XDG_RUNTIME_DIR": "/run/user/5"})) == \
-        "/run/user/5/slurm-fiber/fiberd.sock"
-    assert str(discover_socket(None, {})) == "/run/slurm-fiber/fiberd.sock"
+    assert str(discover_socket(None, job)) == "/var/sf/nodes/n2/jobs/42/fiberd.sock"
+    assert str(discover_socket(None, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"})) == \
+        "/var/lib/slurm-fiber/nodes/n1/jobs/7/fiberd.sock"
+    assert str(discover_socket(None, {"FIBERD_STATE_DIR": "/srv/f"})) == "/srv/f/fiberd.sock"
+    assert str(discover_socket(None, {})) == "/var/lib/slurm-fiber/fiberd.sock"

@@ -1,39 +1,39 @@
 """Where a client finds fiberd's socket.
 
 Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then, inside
-a Slurm job (``$SLURM_JOB_ID`` set), the job's socket
-``$SLURM_FIBER_STATE/<jobid>/fiberd.sock`` (state dir default
-``/run/slurm-fiber``), then the default socket: ``$XDG_RUNTIME_DIR/slurm-fiber/
-fiberd.sock`` when that variable is set, else ``/run/slurm-fiber/fiberd.sock``.
-The daemon uses the same functions to choose where to listen, so both sides
-agree without configuration.
+a Slurm job (``$SLURM_JOB_ID`` set), the job's socket on this node as the
+node's path convention places it (``<state root>/nodes/<node>/jobs/<job id>/
+fiberd.sock``; state root ``$SLURM_FIBER_STATE_ROOT`` or /var/lib/slurm-fiber,
+node ``$SLURMD_NODENAME`` or the short host name), then a standalone fiberd's
+socket: ``$FIBERD_STATE_DIR/fiberd.sock``, else /var/lib/slurm-fiber/fiberd.sock
+(fiberd's own defaults, so both sides agree without configuration).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-DEFAULT_STATE_DIR = Path("/run/slurm-fiber")
+DEFAULT_STATE_DIR = Path("/var/lib/slurm-fiber")
 SOCKET_NAME = "fiberd.sock"
 
 
-def state_dir(environ: Mapping[str, str]) -> Path:
-    """The node's slurm_fiber state dir: ``$SLURM_FIBER_STATE`` or /run/slurm-fiber."""
-    return Path(environ.get("SLURM_FIBER_STATE") or DEFAULT_STATE_DIR)
-
-
 def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
-    """The socket of the fiberd serving Slurm job ``job_id`` on this node."""
-    return state_dir(environ) / job_id / SOCKET_NAME
+    """The socket of the fiberd serving Slurm job ``job_id`` on this node.
+
+    Raises ValueError when ``$SLURM_FIBER_STATE_ROOT`` is set but not absolute.
+    """
+    from slurm_fiber.homes.slurm.paths import job_paths, state_root
+
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return job_paths(state_root(environ), node, int(job_id)).socket
 
 
 def default_socket_path(environ: Mapping[str, str]) -> Path:
     """The socket of a fiberd outside any job (standalone host)."""
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "slurm-fiber" if runtime else DEFAULT_STATE_DIR
-    return base / SOCKET_NAME
+    return Path(environ.get("FIBERD_STATE_DIR") or DEFAULT_STATE_DIR) / SOCKET_NAME
 
 
 def discover_socket(explicit: str | os.PathLike[str] | None = None,
@@ -44,6 +44,6 @@ def discover_socket(explicit: str | os.PathLike[str] | None = None,
         return Path(explicit)
     if env.get("FIBERD_SOCKET"):
         return Path(env["FIBERD_SOCKET"])
-    if env.get("SLURM_JOB_ID"):
+    if env.get("SLURM_JOB_ID", "").isdigit():
         return job_socket_path(env["SLURM_JOB_ID"], env)
     return default_socket_path(env)

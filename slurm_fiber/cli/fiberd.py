@@ -1,0 +1,109 @@
+"""The ``fiberd`` command: the daemon in the foreground, with its home, until SIGTERM/SIGINT.
+
+Exit codes: 0 after a clean stop (SIGTERM or SIGINT: fibers and templates
+stopped, cgroups and the socket removed), 1 when fiberd refuses to start
+(bad configuration, no trust, an unusable socket path or state) or its home
+fails, 2 for a usage error. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
+from slurm_fiber.config import ConfigError, FiberdConfig
+from slurm_fiber.core.clock import Clock, SystemClock
+from slurm_fiber.daemon import FiberdRefused, ProblemRelay, Running, serve, start_fiberd
+from slurm_fiber.homes.select import BuiltHome, HomeRefused, build_home, close_home
+from slurm_fiber.logs import setup_logging
+
+HELP = """Run fiberd, the per-allocation daemon: it verifies grants, keeps a warm template
+per grant and forks fibers from it on each Clone over a local Unix socket.
+
+Every option can also come from a TOML file (--config) or an environment variable
+(FIBERD_<OPTION>); flags win over the environment, which wins over the file.
+Homes: standalone (a plain host, grants from a directory), slurm (inside a job
+step, run it as `srun --overlap fiberd-run`), kubernetes (the grant Pod).
+
+Exit codes: 0 clean stop on SIGTERM/SIGINT; 1 refused to start or the home
+failed (one line on stderr says why); 2 usage error.
+"""
+
+STARTUP_ERRORS = (ConfigError, HomeRefused, FiberdRefused)
+
+
+def fail(line: str) -> typer.Exit:
+    """Print ``fiberd: line`` to stderr; the Exit(1) to raise."""
+    typer.echo(f"fiberd: {line}", err=True)
+    return typer.Exit(1)
+
+
+@dataclass
+class Fiberd:
+    """A started fiberd: its home and its running parts."""
+
+    built: BuiltHome
+    running: Running
+    config: FiberdConfig
+
+
+@contextlib.asynccontextmanager
+async def started(config: FiberdConfig, environ: Mapping[str, str],
+                  clock: Clock | None = None) -> AsyncIterator[Fiberd]:
+    """Build the home, start fiberd; on exit undo the home (the caller serves or shuts down).
+
+    Raises HomeRefused or FiberdRefused when it cannot start.
+    """
+    clock = clock or SystemClock()
+    relay = ProblemRelay()
+    built = await build_home(config, clock, environ, relay.report)
+    try:
+        running = await start_fiberd(config, built.home, clock, audience=built.audience,
+                                     relay=relay)
+        yield Fiberd(built, running, config)
+    finally:
+        for line in close_home(built.home):
+            typer.echo(f"fiberd: {line}", err=True)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGTERM and SIGINT (on the running loop)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_daemon(config: FiberdConfig, environ: Mapping[str, str]) -> str:
+    """Run fiberd until a stop signal or a home failure; the reason it stopped."""
+    async with started(config, environ) as fiberd:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        return await serve(fiberd.running, fiberd.built.home, stop)
+
+
+def fiberd_command(**flags: Any) -> None:
+    try:
+        config = resolve_config(flags, os.environ)
+        setup_logging(config.log_format, config.log_level)
+        why = asyncio.run(run_daemon(config, os.environ))
+    except STARTUP_ERRORS as err:
+        raise fail(str(err)) from None
+    if why != "stop requested":
+        raise fail(why)
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app.command(help=HELP)(with_parameters(fiberd_command, option_parameters()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

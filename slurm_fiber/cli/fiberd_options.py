@@ -1,0 +1,61 @@
+"""fiberd's command-line options, generated from the configuration's option table.
+
+Every option of ``slurm_fiber.config.OPTIONS`` becomes a ``--flag`` whose help
+names its environment variable, so the table stays the one place an option
+is described. ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags``
+turns the parsed flags into a ``FiberdConfig``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import typer
+
+from slurm_fiber.config import OPTIONS, FiberdConfig, default_text, load_config
+
+KW = inspect.Parameter.KEYWORD_ONLY
+CONFIG_HELP = "TOML file of options (env FIBERD_CONFIG); flags and env override it"
+
+
+def option_parameters() -> list[inspect.Parameter]:
+    """``--config`` and one parameter per configuration option, all optional strings."""
+    params = [inspect.Parameter("config", KW, annotation=str | None, default=typer.Option(
+        None, "--config", metavar="FILE", help=CONFIG_HELP, show_default=False))]
+    for opt in OPTIONS:
+        params.append(inspect.Parameter(opt.name, KW, annotation=str | None, default=typer.Option(
+            None, opt.flag, metavar=opt.name.upper(), show_default=False,
+            help=f"{opt.help} [env {opt.env}; default {default_text(opt)}]")))
+    return params
+
+
+def with_parameters(fn: Callable[..., Any], params: list[inspect.Parameter]) -> Callable[..., Any]:
+    """Give ``fn(**kwargs)`` the signature typer reads its options from."""
+    fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return fn
+
+
+def load_from_flags(flags: Mapping[str, object],
+                    home_defaults: Mapping[str, object] | None = None) -> FiberdConfig:
+    """The configuration from ``--config``, the environment and the option flags in ``flags``.
+
+    Raises ConfigError (one line naming the option and its source).
+    """
+    names = {opt.name for opt in OPTIONS}
+    return load_config(str(flags["config"]) if flags.get("config") else None,
+                       flags={k: v for k, v in flags.items() if k in names},
+                       home_defaults=home_defaults, home_source=f"the {flags.get('home')} home")
+
+
+def resolve_config(flags: Mapping[str, object], environ: Mapping[str, str]) -> FiberdConfig:
+    """Load the configuration, then again with the chosen home's implied defaults.
+
+    Raises ConfigError, or HomeRefused when the home's defaults cannot be had.
+    """
+    from slurm_fiber.homes.select import home_defaults
+
+    first = load_from_flags(flags)
+    implied = home_defaults(first.home, environ)
+    return load_from_flags(flags, implied) if implied else first

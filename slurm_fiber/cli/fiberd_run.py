@@ -1,0 +1,151 @@
+"""The ``fiberd-run`` command: fiberd in the foreground, optionally running one command as a fiber.
+
+Inside a Slurm job step (``srun --overlap fiberd-run``) it runs fiberd with
+the Slurm home and the prolog's grantdir; ``--standalone`` (or no job in the
+environment) uses the standalone home. It never daemonizes: it serves until
+SIGTERM/SIGINT, then stops and waits for every child. With ``-- CMD ...`` it
+waits until a template is warm, runs CMD as a fiber (exec mode, this
+terminal's stdin/stdout/stderr, Ctrl-C forwarded to it), then stops fiberd
+and exits with CMD's status.
+
+Exit codes: CMD's status (128+N when a signal N ended it); without CMD, 0
+after a clean stop; 1 when fiberd cannot start, no template warms within
+``--warm-timeout``, or the Clone misses (its code and reason on stderr);
+2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+import typer
+
+from slurm_fiber.cli.fiberd import (
+    STARTUP_ERRORS,
+    Fiberd,
+    fail,
+    started,
+    stop_on_signals,
+)
+from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
+from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
+from slurm_fiber.core.misses import Miss
+from slurm_fiber.daemon import serve
+from slurm_fiber.logs import setup_logging
+
+HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber once warm.
+
+\b
+  srun --overlap fiberd-run &          in a Slurm batch script: fiberd for this job
+  fiberd-run --standalone -- CMD ...   a plain host: serve, run CMD, stop, exit with its status
+
+Takes every fiberd option (see `fiberd --help`). Exit codes: CMD's status (128+N
+for signal N); without CMD 0 after SIGTERM/SIGINT; 1 fiberd could not start, no
+template warmed in time, or the Clone missed; 2 usage error.
+"""
+
+KW = inspect.Parameter.KEYWORD_ONLY
+
+
+def choose_home(flags: Mapping[str, object], standalone: bool,
+                environ: Mapping[str, str]) -> dict[str, object]:
+    """The flags with the home decided: --standalone, else --home, else slurm inside a job."""
+    out = dict(flags)
+    if standalone:
+        out["home"] = "standalone"
+    elif not out.get("home") and not environ.get("FIBERD_HOME"):
+        out["home"] = "slurm" if environ.get("SLURM_JOB_ID") else "standalone"
+    return out
+
+
+async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool:
+    """Block until a template is warm (True), ``timeout`` passes or ``stop`` is set (False).
+
+    Prints progress to stderr once a second while it waits.
+    """
+    core = fiberd.running.core
+    waited = 0.0
+    while not core.ready():
+        if stop.is_set() or waited >= timeout:
+            return False
+        if waited and waited % 1.0 < 0.05:
+            states = ", ".join(f"{u}: {s}" for u, s in core.status()["templates"].items())
+            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) {waited:.0f} s",
+                       err=True)
+        await asyncio.sleep(0.05)
+        waited = round(waited + 0.05, 2)
+    return True
+
+
+async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
+    """Run ``argv`` as a fiber with this process's stdio; its shell status. SIGINT goes to it."""
+    core = fiberd.running.core
+    request = CloneRequest(peer=Peer(os.getpid(), os.getuid(), os.getgid()),
+                           exec=ExecTarget(tuple(argv), os.getcwd()))
+    outcome = await core.clone(request, Stdio(0, 1, 2))
+    if isinstance(outcome, Miss):
+        typer.echo(f"fiberd-run: clone missed: {outcome.code}: {outcome.reason}", err=True)
+        return 1
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, outcome.fiber.signal, signal.SIGINT)
+    try:
+        return (await outcome.wait()).status
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def run(fiberd_flags: dict[str, object], argv: list[str], warm_timeout: float) -> int:
+    config = resolve_config(fiberd_flags, os.environ)
+    setup_logging(config.log_format, config.log_level)
+    async with started(config, os.environ) as fiberd:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        if not argv:
+            why = await serve(fiberd.running, fiberd.built.home, stop)
+            return 0 if why == "stop requested" else 1
+        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
+        status = 1
+        if await wait_warm(fiberd, warm_timeout, stop):
+            status = await run_command(fiberd, argv)
+        else:
+            typer.echo(f"fiberd-run: no grant template warmed within {warm_timeout:g} s "
+                       f"(grantdir {config.grantdir})", err=True)
+        stop.set()
+        await serving
+        return status
+
+
+def fiberd_run_command(**flags: Any) -> None:
+    argv = list(flags.pop("cmd") or [])
+    warm_timeout = float(flags.pop("warm_timeout"))
+    fiberd_flags = choose_home(flags, bool(flags.pop("standalone")), os.environ)
+    try:
+        status = asyncio.run(run(fiberd_flags, argv, warm_timeout))
+    except STARTUP_ERRORS as err:
+        raise fail(str(err)) from None
+    raise typer.Exit(status)
+
+
+PARAMS = [
+    inspect.Parameter("standalone", KW, annotation=bool, default=typer.Option(
+        False, "--standalone", help="use the standalone home even inside a Slurm job")),
+    inspect.Parameter("warm_timeout", KW, annotation=float, default=typer.Option(
+        120.0, "--warm-timeout", help="seconds to wait for a warm template before running CMD")),
+    *option_parameters(),
+    inspect.Parameter("cmd", KW, annotation=list[str] | None,
+                                    default=typer.Argument(None, metavar="[-- CMD ...]")),
+]
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app.command(help=HELP, context_settings={"allow_interspersed_args": False})(
+    with_parameters(fiberd_run_command, PARAMS))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

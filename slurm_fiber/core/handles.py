@@ -1,0 +1,64 @@
+"""The socket API's view of a running fiber: a ``FiberHandle`` over a core ``Fiber``.
+
+The API speaks in its own ``FiberExit`` (exit code, signal, rusage, a call's
+result or error); the core's ``Fiber`` keeps the raw wait status and the
+call-mode record. ``FiberView`` translates one into the other and nothing
+else: waiting and records are the Fiber's own.
+"""
+
+from __future__ import annotations
+
+from slurm_fiber.core.api.service import FiberExit
+from slurm_fiber.core.fibers import Fiber, FiberState
+from slurm_fiber.core.fibers import FiberExit as CoreExit
+
+LOST_ERROR = {"type": "FiberLost", "message": "the fiber died with its template"}
+SILENT_ERROR = {"type": "FiberDied", "message": "the fiber ended before reporting a result"}
+
+
+def api_exit(fiber_id: str, mode: str, core: CoreExit) -> FiberExit:
+    """The API's exit record for a core exit. Pure; never raises."""
+    rusage: dict[str, object] = {}
+    if core.cpu_time is not None:
+        rusage["cpu_time"] = core.cpu_time
+    if core.maxrss is not None:
+        rusage["maxrss_kib"] = core.maxrss // 1024
+    if core.memory_peak is not None:
+        rusage["memory_peak"] = core.memory_peak
+    result: object = None
+    error: dict[str, object] | None = None
+    if core.state is FiberState.LOST:
+        error = dict(LOST_ERROR)
+    elif mode == "call":
+        record = core.result or {}
+        if record.get("ok") is True:
+            result = record.get("result")
+        else:
+            found = record.get("error")
+            error = dict(found) if isinstance(found, dict) else dict(SILENT_ERROR)
+    return FiberExit(fiber_id=fiber_id, exit_code=core.exit_code, signal=core.signal,
+                     rusage=rusage, result=result, error=error)
+
+
+class FiberView:
+    """A started fiber as ``Service.clone`` returns it. ``record`` adds runtime fields."""
+
+    def __init__(self, fiber: Fiber, extra: dict[str, object] | None = None) -> None:
+        self.fiber = fiber
+        self.extra = extra or {}
+
+    @property
+    def id(self) -> str:
+        return self.fiber.id
+
+    @property
+    def pid(self) -> int:
+        return self.fiber.pid
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.fiber.to_json(), **self.extra}
+
+    async def wait(self) -> FiberExit:
+        """Wait until the fiber and its cgroup are gone; never raises."""
+        core = await self.fiber.wait()
+        return api_exit(self.fiber.id, self.fiber.mode, core)

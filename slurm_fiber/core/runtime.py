@@ -1,0 +1,569 @@
+"""The core runtime: grant decisions carried out with templates, fibers, cgroups and devices.
+
+``Core`` is what the edges call. A home's deliveries reach it through
+``drive`` (it is drive's ``Admitter``: verify, lift, admit, remove); the
+socket API reaches it as its ``Service`` (clone, list, stop, status ...);
+fiberd calls ``bump_epoch``, ``lose_scope``, ``maintain`` and ``shutdown``.
+Every decision is the ``GrantBook``'s (pure, on the injected clock); Core
+only carries it out: an admitted grant gets its devices from the home, a
+grant cgroup and a warm template; a Clone the book allows forks a fiber whose
+deadline is re-asked from the book until it is due; removal, expiry, an epoch
+bump and shutdown stop the fibers concerned and return once they are gone.
+
+Guarantees: every decision is written to the audit log before it is
+answered (a decision that cannot be audited raises instead of being
+answered); a Clone never waits for the control plane; nothing here raises
+into the event loop for a refused input: refusals become misses or
+``AdmitRefused`` with a code and a one-line reason. All methods run on
+fiberd's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_fiber.core.api.service import (
+    CloneRequest,
+    FiberNotFound,
+    JsonMap,
+    Peer,
+    Stdio,
+)
+from slurm_fiber.core.audit import AuditEvent, AuditLog
+from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.decisions import (
+    Admitted,
+    GrantBook,
+    Start,
+    TemplateView,
+    closed_miss,
+    invalid_token_miss,
+)
+from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.fibers import Fiber, enforce_deadline
+from slurm_fiber.core.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.handles import FiberView
+from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.templates import (
+    FiberRequest,
+    ForkFailed,
+    Template,
+    TemplateNotReady,
+    TemplateState,
+    template_env,
+)
+from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
+from slurm_fiber.homes.seam import Home, ReleaseDevices
+
+log = logging.getLogger("slurm_fiber.core.runtime")
+
+DEFAULT_PRUNE_AFTER = 3600.0  # seconds an expired grant stays listed before it is forgotten
+
+
+class AdmitRefused(Exception):
+    """An admission the core refused: ``code`` and a one-line ``reason`` (audited already)."""
+
+    def __init__(self, miss: Miss) -> None:
+        super().__init__(miss.reason)
+        self.miss = miss
+        self.code = miss.code.value
+        self.reason = miss.reason
+
+
+class CloneFailed(Exception):
+    """A Clone the book allowed but the template could not start (one line; audited)."""
+
+
+@dataclass
+class _Grant:
+    """One admitted grant's processes and resources."""
+
+    uid: str
+    spec: FiberSpec
+    template: Template
+    channel: DeviceChannel
+    release: ReleaseDevices
+    cgroup: GrantCgroup | None
+    watcher: asyncio.Task[None] | None = None
+    retired: list[Template] = field(default_factory=list)
+
+
+def _template_view(grant: _Grant | None) -> TemplateView:
+    if grant is None:
+        return TemplateView.absent()
+    template = grant.template
+    match template.state:
+        case TemplateState.READY:
+            return TemplateView.warm()
+        case TemplateState.WARMING | TemplateState.REWARMING:
+            return TemplateView.cold()
+        case TemplateState.WARM_FAILED:
+            err = template.warm_error
+            return TemplateView.failed(f"{err.error}: {err.message}" if err else "unknown error")
+        case _:
+            return TemplateView.absent()
+
+
+class Core:
+    """The runtime of one fiberd. Build it once, on the loop that will use it.
+
+    ``state_dir`` holds template logs and fiber output files. ``grace`` is
+    the SIGTERM → SIGKILL delay for every stop. ``python`` is the
+    interpreter templates run.
+    """
+
+    def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
+                 cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
+                 python: str = sys.executable,
+                 prune_after: float = DEFAULT_PRUNE_AFTER) -> None:
+        self.home = home
+        self.book = book
+        self.verifier = verifier
+        self.audit = audit
+        self.cgroups = cgroups
+        self.clock = clock
+        self.state_dir = state_dir
+        self.grace = grace
+        self.python = python
+        self.prune_after = prune_after
+        self.closing = False
+        self._grants: dict[str, _Grant] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._fibers: dict[str, FiberView] = {}
+        self._ids = itertools.count(1)
+        self._prefix = secrets.token_hex(3)
+        self._nudge = asyncio.Event()
+        self._released: set[str] = set()  # fiber ids whose release is audited
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    # ------------------------------------------------------------ Admitter (drive)
+
+    def verify(self, raw: bytes | str) -> VerifiedToken:
+        """Verify a raw token; a refusal is audited and raised as TokenRefused."""
+        try:
+            return self.verifier.verify(raw)
+        except TokenRefused as err:
+            self._write(AuditEvent.REFUSE, code=MissCode.INVALID_TOKEN.value,
+                        reason=err.reason.value, detail=err.detail)
+            raise
+
+    def lift(self, uid: str) -> bool:
+        """Lift a removal denial (the home delivered the grant again); True when one held."""
+        lifted = self.book.lift(uid)
+        if lifted:
+            self._write(AuditEvent.LIFT, uid=uid, reason="the home delivered the grant again")
+        return lifted
+
+    async def admit(self, vt: VerifiedToken) -> Admitted:
+        """Admit a verified token and warm its grant's template (returns before it is warm).
+
+        Raises AdmitRefused (denied, expired, closed, devices or cgroup
+        refused), audited with its code and reason.
+        """
+        if self.closing:
+            raise self._refuse(vt, closed_miss())
+        outcome = self.book.admit(vt)
+        if isinstance(outcome, Miss):
+            raise self._refuse(vt, outcome)
+        self._write(AuditEvent.ADMIT, uid=vt.uid, jti=vt.jti, issuer=vt.issuer,
+                    lease_end=outcome.lease_end.wall, new_grant=outcome.new_grant,
+                    leeway=vt.leeway_used)
+        async with self._lock(vt.uid):
+            grant = self._grants.get(vt.uid)
+            spec = self.book_spec(vt.uid) or outcome.spec
+            if grant is None or grant.template.state is TemplateState.STOPPED:
+                await self._provision(vt, spec)
+            elif grant.spec != spec:
+                await self._replace_template(grant, spec)
+        self._nudge.set()  # a renewal may move deadlines later
+        return outcome
+
+    async def remove(self, uid: str) -> None:
+        """Remove the grant: deny the UID until its tokens expire, stop its fibers and
+        template, release its devices and cgroup; returns once its fibers are gone."""
+        removed = self.book.remove(uid)
+        self._write(AuditEvent.REMOVE, uid=uid, jtis=list(removed.jtis),
+                    denied_until=removed.until)
+        await self._retire(uid, "removed")
+
+    # ------------------------------------------------------------ epochs, scope, upkeep
+
+    async def bump_epoch(self, reason: str) -> int:
+        """Start a new epoch and stop every fiber of an older one; returns once they are gone."""
+        epoch = self.book.bump_epoch(reason)
+        self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
+        self._nudge.set()
+        for grant in list(self._grants.values()):
+            for fiber in grant.template.fibers.values():
+                if fiber.epoch < epoch:
+                    self._note_release(fiber, "revoked")
+        await asyncio.gather(*(g.template.stop_fibers(self.grace, before_epoch=epoch)
+                               for g in list(self._grants.values())))
+        return epoch
+
+    async def lose_scope(self, reason: str, removes_grants: bool) -> None:
+        """A home lost its scope: bump the epoch and, when ``removes_grants``, remove every
+        grant. The home's ``LosesScope`` handler; never raises but cancellation."""
+        self._write(AuditEvent.SCOPE_LOSS, reason=reason, removes_grants=removes_grants)
+        try:
+            await self.bump_epoch(reason)
+            if removes_grants:
+                for grant in self.book.grants():
+                    await self.remove(grant.uid)
+        except Exception:
+            log.exception("scope loss %r not fully carried out", reason)
+
+    async def expire_due(self) -> list[str]:
+        """Cool the templates of grants whose lease ended, then prune long-expired grants.
+
+        Their fibers were stopped at their deadlines already. Returns the UIDs cooled.
+        """
+        cooled = []
+        for uid in self.book.expired_uids():
+            if uid in self._grants:
+                self._write(AuditEvent.EXPIRE, uid=uid, reason="lease ended")
+                await self._retire(uid, "expired")
+                cooled.append(uid)
+        self.book.prune(self.prune_after)
+        return cooled
+
+    async def maintain(self, every: float = 1.0) -> None:
+        """Run expiry and pruning every ``every`` clock seconds until cancelled."""
+        while True:
+            await self.clock.sleep(every)
+            try:
+                await self.expire_due()
+            except OSError as err:
+                log.error("upkeep failed: %s", err)
+
+    async def shutdown(self) -> None:
+        """Refuse new work, stop every fiber and template, release devices and cgroups.
+
+        Returns once everything is gone. Idempotent.
+        """
+        self.closing = True
+        await asyncio.gather(*(self._retire(uid, "shutdown") for uid in list(self._grants)))
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ Service (socket API)
+
+    async def clone(self, request: CloneRequest, stdio: Stdio) -> FiberView | Miss:
+        """Resolve the grant, decide, and fork a fiber, or say which miss applies.
+
+        Raises CloneFailed when the template cannot fork (audited).
+        """
+        caller = {"caller_uid": request.peer.uid, "caller_pid": request.peer.pid}
+        if self.closing:
+            return self._miss(None, closed_miss(), caller)
+        resolved = await self._resolve(request)
+        if isinstance(resolved, Miss):
+            return self._miss(None, resolved, caller)
+        uid = resolved
+        grant = self._grants.get(uid)
+        running = len(grant.template.fibers) if grant is not None else 0
+        decision = self.book.decide_clone(uid, _template_view(grant), running)
+        if isinstance(decision, Miss):
+            return self._miss(uid, decision, caller)
+        assert grant is not None
+        return await self._start(grant, decision, request, stdio, caller)
+
+    def list_fibers(self) -> Sequence[JsonMap]:
+        return [f.to_json() for f in self._fibers.values()]
+
+    def inspect_fiber(self, fiber_id: str) -> JsonMap:
+        return self._fiber(fiber_id).to_json()
+
+    async def stop_fiber(self, fiber_id: str, grace: float | None, peer: Peer) -> JsonMap:
+        view = self._fiber(fiber_id)
+        self._note_release(view.fiber, "stop_request", caller_uid=peer.uid,
+                           caller_pid=peer.pid)
+        await view.fiber.stop(self.grace if grace is None else grace)
+        return view.to_json()
+
+    def signal_fiber(self, fiber_id: str, signum: int, peer: Peer) -> bool:
+        return self._fiber(fiber_id).fiber.signal(signum)
+
+    def list_grants(self) -> Sequence[JsonMap]:
+        out = []
+        for view in self.book.grants():
+            grant = self._grants.get(view.uid)
+            out.append({
+                "uid": view.uid, "issuer": view.issuer, "jtis": list(view.jtis),
+                "lease_end": view.lease_end.wall, "expired": view.expired,
+                "template": grant.template.to_json() if grant else None,
+                "fibers": len(grant.template.fibers) if grant else 0,
+                "devices": grant.channel.to_json() if grant else [],
+                "limits": _limits_json(view.spec),
+            })
+        return out
+
+    def status(self) -> JsonMap:
+        cgroups = self.cgroups.status.to_json()
+        return {"home": self.home.name(), "pid": os.getpid(), "epoch": self.book.epoch,
+                "closing": self.closing, "grants": len(self.book.grants()),
+                "templates": {uid: g.template.state.value for uid, g in self._grants.items()},
+                "fibers_running": self.fibers_running(), "cgroups": cgroups,
+                "mode": "carved" if cgroups["carved"] else "uncarved",
+                "scope": {c.key: c.value for c in self.home.scope()},
+                "audit_path": str(self.audit.path), "audit_seq": self.audit.seq}
+
+    def health(self) -> JsonMap:
+        reading = self.home.health().read()
+        fence = self.book.fence_end()
+        return {"state": reading.state.value, "age": reading.age,
+                "control_plane": reading.control_plane,
+                "fence_ends_in": None if fence is None else max(0.0, fence - self.clock.mono()),
+                "epoch": self.book.epoch}
+
+    def ready(self) -> bool:
+        return any(g.template.state is TemplateState.READY for g in self._grants.values())
+
+    def fibers_running(self) -> int:
+        return sum(1 for f in self._fibers.values() if f.fiber.running)
+
+    # ------------------------------------------------------------ internals: admission
+
+    def book_spec(self, uid: str) -> FiberSpec | None:
+        """The spec in force for ``uid`` (the newest token's), None when not held."""
+        for view in self.book.grants():
+            if view.uid == uid:
+                return view.spec
+        return None
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def _refuse(self, vt: VerifiedToken, miss: Miss) -> AdmitRefused:
+        self._write(AuditEvent.REFUSE, uid=vt.uid, jti=vt.jti, code=miss.code.value,
+                    reason=miss.reason, detail=miss.detail)
+        return AdmitRefused(miss)
+
+    async def _provision(self, vt: VerifiedToken, spec: FiberSpec) -> None:
+        """Devices, cgroup and a warming template for a newly admitted grant."""
+        try:
+            channel, release = await self.home.devices(vt)
+        except Exception as err:
+            raise self._refuse(vt, Miss(MissCode.WARM_FAILED,
+                                        f"devices for {vt.uid!r} refused: {err}",
+                                        detail="devices_refused")) from None
+        try:
+            cgroup = self.cgroups.carve_grant(vt.uid, spec.limits)
+            template = await self._start_template(vt.uid, spec, channel, cgroup)
+        except OSError as err:
+            await asyncio.to_thread(release)
+            raise self._refuse(vt, Miss(MissCode.WARM_FAILED,
+                                        f"cannot start the template of {vt.uid!r}: {err}",
+                                        detail="template_start")) from None
+        grant = _Grant(vt.uid, spec, template, channel, release, cgroup)
+        self._grants[vt.uid] = grant
+        grant.watcher = self._spawn(self._watch(grant))
+
+    async def _start_template(self, uid: str, spec: FiberSpec, channel: DeviceChannel,
+                              cgroup: GrantCgroup | None) -> Template:
+        env = template_env(os.environ, spec.template, channel)
+        return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
+                                    clock=self.clock, python=self.python)
+
+    async def _replace_template(self, grant: _Grant, spec: FiberSpec) -> None:
+        """A renewal changed the template: warm a new one; the old one stops once its
+        fibers have ended."""
+        old = grant.template
+        grant.template = await self._start_template(grant.uid, spec, grant.channel,
+                                                    grant.cgroup)
+        grant.spec = spec
+        grant.retired.append(old)
+        if grant.watcher is not None:
+            grant.watcher.cancel()
+        grant.watcher = self._spawn(self._watch(grant))
+        self._spawn(self._drain(grant, old))
+
+    async def _drain(self, grant: _Grant, old: Template) -> None:
+        while old.fibers:
+            await asyncio.gather(*(f.wait() for f in list(old.fibers.values())))
+        await old.stop(self.grace)
+        with contextlib.suppress(ValueError):
+            grant.retired.remove(old)
+
+    async def _watch(self, grant: _Grant) -> None:
+        """Publish readiness on every flip of the template between warm and not warm."""
+        template, state, published = grant.template, grant.template.state, False
+        while state is not TemplateState.STOPPED:
+            warm = state is TemplateState.READY
+            if state is TemplateState.WARM_FAILED and template.warm_error is not None:
+                self._write("warm_failed", uid=grant.uid, error=template.warm_error.error,
+                            reason=template.warm_error.message)
+            if warm != published:
+                await self._publish(grant.uid, warm)
+                published = warm
+            state = await template.wait_change(state)
+
+    async def _publish(self, uid: str, ready: bool) -> None:
+        try:
+            await self.home.publish_ready(uid, ready)
+        except Exception as err:  # the home republishes; say it once here
+            log.warning("readiness of %s not published: %s", uid, err)
+
+    async def _retire(self, uid: str, cause: str) -> None:
+        """Stop a grant's fibers and template, release its devices, remove its cgroup."""
+        async with self._lock(uid):
+            grant = self._grants.pop(uid, None)
+            if grant is None:
+                return
+            if grant.watcher is not None:
+                grant.watcher.cancel()
+            for fiber in grant.template.fibers.values():
+                self._note_release(fiber, cause)
+            await asyncio.gather(grant.template.stop(self.grace),
+                                 *(t.stop(self.grace) for t in grant.retired))
+            await asyncio.to_thread(grant.release)
+            try:
+                await self.cgroups.remove_grant(uid)
+            except OSError as err:
+                log.warning("cgroup of %s not removed: %s", uid, err)
+            await self._publish(uid, False)
+
+    # ------------------------------------------------------------ internals: Clone
+
+    async def _resolve(self, request: CloneRequest) -> str | Miss:
+        """The UID a Clone is for: the home's own grant, the carried token, the named UID,
+        else the only grant held."""
+        raw = self.home.own_grant()
+        if raw is None and request.token is not None:
+            raw = request.token.encode()
+        if raw is not None:
+            return await self._admit_inline(raw)
+        if request.grant is not None:
+            return request.grant
+        held = [g.uid for g in self.book.grants()]
+        if len(held) == 1:
+            return held[0]
+        if not held:
+            reading = self.home.health().read()
+            code = MissCode.UNKNOWN_GRANT if reading.fresh else MissCode.SOURCE_STALE
+            return Miss(code, "no grant is admitted here; deliver one or carry a token",
+                        retry_after=None if reading.fresh else 1.0)
+        return Miss(MissCode.UNKNOWN_GRANT,
+                    f"{len(held)} grants are admitted ({', '.join(held[:5])}); name one")
+
+    async def _admit_inline(self, raw: bytes) -> str | Miss:
+        """Verify and (when new) admit a token carried by a Clone; never lifts a denial."""
+        try:
+            vt = self.verify(raw)
+        except TokenRefused as err:
+            return invalid_token_miss(err)
+        held = next((g for g in self.book.grants() if g.uid == vt.uid), None)
+        if held is None or vt.jti not in held.jtis:
+            try:
+                await self.admit(vt)
+            except AdmitRefused as err:
+                return err.miss
+        return vt.uid
+
+    async def _start(self, grant: _Grant, decision: Start, request: CloneRequest,
+                     stdio: Stdio, caller: dict[str, int]) -> FiberView | Miss:
+        fiber_id = f"{self._prefix}-{next(self._ids)}"
+        call, exe = request.call, request.exec
+        fiber_request = FiberRequest(
+            id=fiber_id, mode="call" if call is not None else "exec",
+            target=call.target if call else None, args=call.args if call else (),
+            kwargs=call.kwargs if call else {}, argv=exe.argv if exe else (),
+            cwd=exe.cwd if exe else None, env=request.env,
+            stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,
+            epoch=decision.epoch, deadline=decision.deadline.at)
+        try:
+            fiber = await grant.template.fork(fiber_request)
+        except TemplateNotReady:
+            return self._miss(grant.uid, Miss(MissCode.COLD, f"template of {grant.uid!r} is "
+                                              "re-warming", retry_after=1.0), caller)
+        except ForkFailed as err:
+            self._write("clone_failed", uid=grant.uid, fiber=fiber_id, reason=str(err), **caller)
+            raise CloneFailed(str(err)) from None
+        deadline_wall = self._wall(decision.deadline.at)
+        view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
+        self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
+                    pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
+                    deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
+                    health_age=self.home.health().read().age, **caller)
+        self._fibers[fiber_id] = view
+        self._spawn(self._bound(fiber, decision))
+        fiber.on_done(self._fiber_done)
+        return view
+
+    async def _bound(self, fiber: Fiber, decision: Start) -> None:
+        """Stop the fiber at its live deadline (the book's answer, re-asked as it moves)."""
+        last = decision.deadline
+
+        def due() -> float:
+            nonlocal last
+            last = self.book.deadline(fiber.uid, decision.epoch, decision.started)
+            if self.clock.mono() >= last.at:
+                self._note_release(fiber, last.cause.value)
+            return last.at
+
+        await enforce_deadline(fiber, due, self.clock, self.grace, nudge=self._nudge)
+
+    def _fiber_done(self, fiber: Fiber) -> None:
+        self._fibers.pop(fiber.id, None)
+        self._released.discard(fiber.id)
+        end = fiber.exit
+        with contextlib.suppress(OSError):
+            self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+                        exit=end.to_json() if end else None)
+
+    def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
+        """Audit that fiberd is stopping a running fiber and why (once per fiber)."""
+        if fiber.id in self._released or not fiber.running:
+            return
+        self._released.add(fiber.id)
+        self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+                    cause=cause, **fields)
+
+    def _miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
+        self._write(AuditEvent.MISS, uid=uid, code=miss.code.value, reason=miss.reason,
+                    detail=miss.detail, epoch=self.book.epoch,
+                    health_age=self.home.health().read().age, **caller)
+        return miss
+
+    def _fiber(self, fiber_id: str) -> FiberView:
+        view = self._fibers.get(fiber_id)
+        if view is None:
+            raise FiberNotFound(fiber_id)
+        return view
+
+    # ------------------------------------------------------------ internals: plumbing
+
+    def _wall(self, mono: float) -> float:
+        return self.clock.wall() + (mono - self.clock.mono())
+
+    def _write(self, event: str, **fields: object) -> None:
+        self.audit.write(event, **{k: v for k, v in fields.items() if v is not None})
+
+    def _spawn(self, coro: object) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("runtime task failed: %s", task.exception())
+
+
+def _limits_json(spec: FiberSpec) -> dict[str, object]:
+    limits = spec.limits
+    return {k: v for k, v in (("fibers", limits.fibers), ("memory", limits.memory),
+                              ("pids", limits.pids), ("cpu", limits.cpu),
+                              ("seconds", limits.seconds)) if v is not None}

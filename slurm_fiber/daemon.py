@@ -1,0 +1,177 @@
+"""fiberd: a home, the core, the local socket API and the audit log, wired and run until stopped.
+
+``run_fiberd`` is the daemon's whole life on one asyncio loop: open the audit
+log and the grant book (refusing to start on a corrupt state file), sweep the
+cgroups a dead predecessor left, serve the socket, feed the home's
+deliveries into the core (``drive``), run the home and the core's upkeep, and
+register the core for the home's scope losses. It returns when ``stop`` is
+set (fiberd's CLI sets it on SIGTERM/SIGINT) or when the home's ``run``
+fails, after a clean shutdown: no new Clone is accepted (``closed``), every
+fiber and template is stopped and waited for, devices and cgroups are
+released, the socket is removed, and the audit log records start and stop.
+
+Refusals to start raise ``FiberdRefused`` with one line a person can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_fiber.config import FiberdConfig
+from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
+from slurm_fiber.core.api.sockfile import SocketPathError
+from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.bookstate import StateCorrupt, StateFile
+from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.decisions import GrantBook
+from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.tokens import TokenVerifier
+from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.homes.drive import drive
+from slurm_fiber.homes.problem import Problem, log_problem
+from slurm_fiber.homes.seam import Home, LosesScope
+
+log = logging.getLogger("slurm_fiber.fiberd")
+
+STATE_FILE = "grantbook.json"
+
+
+class FiberdRefused(Exception):
+    """fiberd cannot start as configured (one line naming what to fix)."""
+
+
+class ProblemRelay:
+    """Where a home's problems go: logged always, and audited once the audit log is open.
+
+    Homes are built before the audit log exists, so they get ``relay.report``.
+    """
+
+    def __init__(self) -> None:
+        self.audit: AuditLog | None = None
+
+    def report(self, problem: Problem) -> None:
+        """A home's ProblemSink: never raises."""
+        log_problem(problem)
+        if self.audit is not None:
+            try:
+                self.audit.write("problem", code=problem.code, subject=problem.subject,
+                                 reason=problem.reason)
+            except OSError as err:
+                log.error("audit of %s failed: %s", problem, err)
+
+
+@dataclass
+class Running:
+    """What a started fiberd exposes to its caller (fiberd-run, tests, conformance)."""
+
+    core: Core
+    server: ApiServer
+    audit: AuditLog
+    socket: Path
+
+
+def _trust(config: FiberdConfig) -> TrustStore:
+    if not config.trust:
+        raise FiberdRefused("no issuer is trusted: give --trust ISSUER=JWKS (or trust in the "
+                            "config file), else every grant would be refused")
+    return TrustStore(dict(config.trust), on_problem=lambda line: log.warning("trust: %s", line))
+
+
+def _server_config(config: FiberdConfig) -> ServerConfig:
+    uids = None
+    if config.allowed_uids:
+        uids = frozenset({os.getuid(), 0, *config.allowed_uids})
+    return ServerConfig(path=Path(config.socket), allowed_uids=uids,
+                        allowed_gids=frozenset(config.allowed_gids))
+
+
+def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
+    def write(refusal: Refusal) -> None:
+        peer = refusal.peer
+        audit.write("api_refuse", code=refusal.code, reason=refusal.reason, op=refusal.op,
+                    caller_uid=peer.uid if peer else None, caller_pid=peer.pid if peer else None)
+    return write
+
+
+async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
+                       relay: ProblemRelay | None = None) -> Running:
+    """Open state, build the core and serve the socket; returns once the socket listens.
+
+    The caller runs ``serve`` next (or shuts ``Running`` down itself).
+    Raises FiberdRefused when fiberd cannot start.
+    """
+    state_dir = Path(config.state_dir)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock, scope=home.scope())
+    except OSError as err:
+        raise FiberdRefused(f"cannot open the audit log {config.audit_path}: "
+                            f"{err.strerror or err}") from None
+    if relay is not None:
+        relay.audit = audit
+    health = home.health()
+    try:
+        book = GrantBook(clock, health, fence_ttl=config.fence_ttl if health.control_plane
+                         else None, store=StateFile(state_dir / STATE_FILE))
+    except StateCorrupt as err:
+        audit.close()
+        raise FiberdRefused(f"grant state {state_dir / STATE_FILE} is unreadable ({err}); "
+                            "move it aside to start afresh") from None
+    verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
+    root = home.cgroup_root()
+    cgroups = CgroupManager(Path(root) if root else None)
+    swept = await cgroups.sweep()
+    core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
+                grace=config.grace)
+    server = ApiServer(core, _server_config(config), clock=clock,
+                       audit=_audit_refusal(audit))
+    try:
+        await server.start()
+    except SocketPathError as err:
+        audit.close()
+        raise FiberdRefused(str(err)) from None
+    audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
+                socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
+                swept=[str(p) for p in swept])
+    log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
+             cgroups.status.reason)
+    return Running(core, server, audit, Path(config.socket))
+
+
+async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
+    """Run delivery, the home and upkeep until ``stop`` is set or the home fails; then shut
+    down cleanly. Returns why it stopped (one line)."""
+    core = running.core
+    if isinstance(home, LosesScope):
+        home.on_scope_lost(core.lose_scope)
+    delivery = asyncio.ensure_future(drive(home, core))
+    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain())]
+    stopping = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait([stopping, *background], return_when=asyncio.FIRST_COMPLETED)
+    why = "stop requested"
+    for task in done:
+        if task is not stopping:
+            err = task.exception()
+            why = f"the home stopped: {err}" if err else "the home stopped"
+            log.error("%s", why)
+    await shutdown(running, [delivery, stopping, *background], why)
+    return why
+
+
+async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: str) -> None:
+    """Refuse new Clones, stop every fiber and template, close the socket and the audit log."""
+    running.core.closing = True
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await running.core.shutdown()
+    await running.server.close()
+    running.audit.write("stop", reason=why, pid=os.getpid())
+    running.audit.close()
+    log.info("fiberd stopped: %s", why)

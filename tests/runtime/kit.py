@@ -1,0 +1,132 @@
+"""Runtime test kit: a real issuer, a grantdir, and fiberd run in-process on the test's loop.
+
+``Site`` holds a real EdDSA key and JWKS file, mints grant tokens and drops
+them into (or removes them from) the grantdir of a standalone fiberd.
+``running_fiberd`` starts fiberd exactly as the ``fiberd`` command does
+(``cli.fiberd.started`` + ``daemon.serve``) and stops it cleanly afterwards.
+Every template and fiber carries ``SF_TEST_MARK`` so leak checks find only
+this test's processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_fiber.cli.fiberd import Fiberd, started
+from slurm_fiber.config import FiberdConfig, load_config
+from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
+from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.mint import generate_key, mint
+from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.daemon import serve
+
+REPO = Path(__file__).resolve().parents[2]
+AUDIENCE = "runtime-test"
+PEER = Peer(os.getpid(), os.getuid(), os.getgid())
+
+
+@dataclass
+class Site:
+    """An issuer and the directories of one standalone fiberd."""
+
+    root: Path
+    mark: str
+    key: Any = field(default_factory=generate_key)
+
+    def __post_init__(self) -> None:
+        self.state = self.root / "state"
+        self.grantdir = self.state / "grants"
+        self.grantdir.mkdir(parents=True, mode=0o700)
+        self.state.chmod(0o700)
+        self.jwks = self.root / "site.jwks.json"
+        self.jwks.write_text(json.dumps({"keys": [public_jwk(self.key)]}))
+
+    def token(self, uid: str = "g1", *, ttl: float = 3600, preload: tuple[str, ...] = (),
+              fibers: int | None = None, seconds: float | None = None,
+              audience: str = AUDIENCE) -> str:
+        spec = FiberSpec(
+            template=TemplateSpec(preload=("tests.runtime.targets", *preload),
+                                  env={"SF_TEST_MARK": self.mark, "PYTHONPATH": str(REPO)}),
+            limits=Limits(fibers=fibers, seconds=seconds))
+        now = time.time()
+        return mint(self.key, issuer="site", uid=uid, audience=audience, iat=now,
+                    exp=now + ttl, spec=spec)
+
+    def drop(self, uid: str = "g1", token: str | None = None, **kw: Any) -> str:
+        """Write a grant file atomically (by rename); returns its token."""
+        token = token or self.token(uid, **kw)
+        tmp = self.grantdir / f".{uid}.tmp"
+        tmp.write_text(token)
+        tmp.rename(self.grantdir / f"{uid}.jwt")
+        return token
+
+    def remove(self, uid: str = "g1") -> None:
+        (self.grantdir / f"{uid}.jwt").unlink()
+
+    def config(self, **over: object) -> FiberdConfig:
+        flags: dict[str, object] = {
+            "home": "standalone", "state_dir": str(self.state),
+            "trust": f"site={self.jwks}", "audience": AUDIENCE, "poll_interval": "0.05",
+            "grace": "0.3", "cgroup_root": "none", "audit_fsync": "never",
+        }
+        flags.update(over)
+        return load_config(env={}, flags=flags)
+
+
+@dataclass
+class Live:
+    """A fiberd serving on this loop."""
+
+    fiberd: Fiberd
+    stop: asyncio.Event
+    serving: asyncio.Future[str]
+
+    @property
+    def core(self) -> Core:
+        return self.fiberd.running.core
+
+    async def clone(self, grant: str | None = "g1", *, target: str | None = None,
+                    args: tuple[object, ...] = (), argv: tuple[str, ...] = (),
+                    token: str | None = None) -> Any:
+        request = CloneRequest(
+            peer=PEER, grant=None if token else grant, token=token,
+            call=CallTarget(target, args) if target else None,
+            exec=ExecTarget(argv) if argv else None)
+        return await self.core.clone(request, Stdio())
+
+
+@contextlib.asynccontextmanager
+async def running_fiberd(site: Site, **over: object) -> AsyncIterator[Live]:
+    """fiberd started from ``site.config(**over)``; stopped (and asserted clean) on exit."""
+    config = site.config(**over)
+    async with started(config, {}) as fiberd:
+        stop = asyncio.Event()
+        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
+        live = Live(fiberd, stop, serving)
+        try:
+            yield live
+        finally:
+            stop.set()
+            assert await serving == "stop requested"
+
+
+async def until(predicate: Callable[[], bool], within: float = 15.0) -> None:
+    """Poll ``predicate`` every 20 ms until true; fail after ``within`` seconds."""
+    end = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def warm(live: Live, uid: str = "g1") -> None:
+    """Wait until ``uid``'s template is ready."""
+    await until(lambda: live.core.status()["templates"].get(uid) == "ready")  # type: ignore[union-attr]
