@@ -13,6 +13,7 @@ import struct
 import threading
 import time
 
+import pytest
 from tests_api_helpers import read_replies
 
 from slurm_fiber.core.api.client import FiberdClient
@@ -85,7 +86,9 @@ def malformed(path, kind: int) -> None:
         os.close(w)
 
 
-def test_fifty_clients_hammering(served) -> None:
+@pytest.mark.parametrize("runtime", ["served", "fiberd_served"])
+def test_fifty_clients_hammering(runtime: str, request: pytest.FixtureRequest) -> None:
+    served = request.getfixturevalue(runtime)
     path = served.path
     valid_clone(path)  # warm every lazy path once before counting
     malformed(path, 4)

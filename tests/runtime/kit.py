@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import json
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,53 @@ async def until(predicate: Callable[[], bool], within: float = 15.0) -> None:
 async def warm(live: Live, uid: str = "g1") -> None:
     """Wait until ``uid``'s template is ready."""
     await until(lambda: live.core.status()["templates"].get(uid) == "ready")  # type: ignore[union-attr]
+
+
+@dataclass
+class ThreadFiberd:
+    """A warm fiberd serving on its own loop in a background thread (for blocking clients).
+
+    Shaped like the socket tests' ``Served``: ``path``, ``server``, ``service`` (the Core)
+    and ``on_loop`` to read state on the daemon's loop.
+    """
+
+    path: Path
+    live: Live
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def server(self) -> Any:
+        return self.live.fiberd.running.server
+
+    @property
+    def service(self) -> Core:
+        return self.live.core
+
+    def on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(30)
+
+
+@contextlib.contextmanager
+def fiberd_in_thread(site: Site, **over: object) -> Iterator[ThreadFiberd]:
+    """Drop a grant, start fiberd on a loop in a thread, wait until warm; stop it afterwards."""
+    site.drop()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    context = running_fiberd(site, **over)
+
+    async def up() -> Live:
+        live = await context.__aenter__()
+        await warm(live)
+        return live
+
+    try:
+        live = asyncio.run_coroutine_threadsafe(up(), loop).result(60)
+        yield ThreadFiberd(site.state / "fiberd.sock", live, loop)
+        asyncio.run_coroutine_threadsafe(context.__aexit__(None, None, None), loop).result(60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
