@@ -230,7 +230,8 @@ class KubernetesHome:
     def _lose(self, loss: ScopeLoss) -> None:
         if self._pod_over:
             return  # the grants went with the Pod: nothing left to bump or remove
-        self._pod_over = loss.removes_grants
+        if loss.removes_grants:
+            self._pod_over = True
         self._removes.setdefault(loss.reason, loss.removes_grants)
         if self.scope_loss.lose(loss.reason):
             log.warning("kubernetes home: scope lost: %s", loss.reason)
