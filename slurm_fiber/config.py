@@ -28,6 +28,7 @@ the working directory (environment and flags).
 | cgroup_root | delegate | delegate (a subtree of fiberd's own cgroup), a cgroup v2 path, or none |
 | devices | (none) | static devices ``kind:index[:path[:uuid]]``, e.g. ``gpu:0:/dev/nvidia0`` |
 | ready_file | STATE_DIR/ready.json | readiness JSON, replaced atomically; none: no file |
+| ready_condition | slurm-fiber.io/template-warm | kubernetes: the readiness gate's condition type |
 | allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
@@ -46,6 +47,7 @@ import grp
 import math
 import os
 import pwd
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +95,7 @@ class FiberdConfig:
     cgroup_root: str | None = "delegate"
     devices: tuple[Device, ...] = ()
     ready_file: str | None = ""
+    ready_condition: str = "slurm-fiber.io/template-warm"
     allowed_uids: tuple[int, ...] = ()
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
@@ -166,6 +169,20 @@ def _cgroup_root(value: object) -> str | None:
     if text.lower() == "delegate":
         return "delegate"
     return _path(text)
+
+
+_CONDITION_TYPE = re.compile(
+    r"^(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def _condition_type(value: object) -> str:
+    """A Kubernetes condition type: a qualified name, ``[dns.prefix/]name``."""
+    text = _text(value)
+    if not _CONDITION_TYPE.match(text):
+        raise _Refused(f"must be a Kubernetes qualified name like example.com/ready, got {value!r}")
+    return text
 
 
 def _items(value: object) -> list[object]:
@@ -279,6 +296,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("devices", _devices, "static devices kind:index[:path[:uuid]], comma-separated"),
     Option("ready_file", _optional(_path), "readiness JSON, replaced atomically (none: no file)",
            paths=True),
+    Option("ready_condition", _condition_type,
+           "kubernetes home: the Pod condition type its readiness gate names"),
     Option("allowed_uids", _ids(lambda n: pwd.getpwnam(n).pw_uid, "user"),
            "users (ids or names) besides fiberd's own allowed on the socket"),
     Option("allowed_gids", _ids(lambda n: grp.getgrnam(n).gr_gid, "group"),

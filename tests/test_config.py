@@ -106,6 +106,10 @@ def test_none_switches_off_optional_things() -> None:
         ('socket = ""\n', "socket", "empty string"),
         ("audience = 5\n", "audience", "must be a string"),
         ("trust = 5\n", "trust", "must be a list"),
+        ('ready_condition = "has space"\n', "ready_condition", "qualified name"),
+        ('ready_condition = "a/b/c"\n', "ready_condition", "qualified name"),
+        ('ready_condition = "Upper.example/x"\n', "ready_condition", "qualified name"),
+        ('ready_condition = "x-"\n', "ready_condition", "qualified name"),
     ],
 )
 def test_a_bad_file_value_names_the_option_and_file_key(
@@ -138,6 +142,13 @@ def test_unknown_keys_variables_and_flags_are_refused_with_a_suggestion(tmp_path
 def test_an_unreadable_or_invalid_file_is_refused(tmp_path: Path) -> None:
     assert "cannot read the file" in refusal(path=str(tmp_path / "missing.toml"), env={}).reason
     assert "is not valid TOML" in refusal(path=write(tmp_path, "x = = 1\n"), env={}).reason
+
+
+def test_the_ready_condition_is_a_kubernetes_condition_type() -> None:
+    assert load_config(env={}).ready_condition == "slurm-fiber.io/template-warm"
+    for good in ("Ready", "example.com/grant.warm_1", "a.b-c.d/X"):
+        assert load_config(env={"FIBERD_READY_CONDITION": good}).ready_condition == good
+    assert refusal(env={"FIBERD_READY_CONDITION": "x" * 64}).option == "ready_condition"
 
 
 def test_fence_ttl_may_not_be_shorter_than_stale_ttl() -> None:

@@ -9,7 +9,10 @@ leaf child named ``_fiberd`` (a name no grant UID can take, since UIDs start
 with a letter or digit) and hands out the parent to carve. Already in a
 ``_fiberd`` leaf (a restart), it carves that leaf's parent and moves
 nothing. In the hierarchy's root, which belongs to the whole host, it first
-creates ``slurm-fiber.<pid>`` and delegates that instead.
+creates ``slurm-fiber.<pid>`` and delegates that instead, unless the caller
+says the root is its own (``root_is_ours``): a container sees its own cgroup
+as "/" of its cgroup namespace (or as the root of the cgroup2 mount it was
+given), and then carves that root itself, the nested-delegation pattern.
 
 A placement without a root always carries a one-line reason; nothing here
 raises for a machine that lacks a usable cgroup v2. ``Delegation.undo``
@@ -108,13 +111,16 @@ def resolve_cgroup_root(
     *,
     mountinfo_path: str = PROC_MOUNTINFO,
     cgroup_path: str = PROC_CGROUP,
+    root_is_ours: bool = False,
 ) -> Placement:
     """Turn the ``cgroup_root`` setting into a placement; never raises.
 
     ``None``: run uncarved. A path: used when it is a cgroup v2 directory.
     ``"delegate"``: a subtree of this process's own cgroup; this moves the
     whole process (all its threads) into a leaf, so call it once, early,
-    from fiberd itself. Blocks briefly on /proc and cgroupfs.
+    from fiberd itself. ``root_is_ours``: the mounted hierarchy's root is
+    this container's own cgroup (see ``delegate``). Blocks briefly on /proc
+    and cgroupfs.
     """
     if setting is None:
         return Placement(None, "cgroup_root is none: fiberd runs uncarved")
@@ -125,7 +131,7 @@ def resolve_cgroup_root(
         cgroup = _read(cgroup_path)
     except OSError as err:
         return Placement(None, f"cannot read this process's cgroups: {err.strerror}")
-    return delegate(mountinfo, cgroup)
+    return delegate(mountinfo, cgroup, root_is_ours=root_is_ours)
 
 
 def _configured(path: str) -> Placement:
@@ -138,8 +144,13 @@ def _configured(path: str) -> Placement:
     return Placement(path, f"cgroup_root {path} from configuration")
 
 
-def delegate(mountinfo: str, proc_cgroup: str) -> Placement:
-    """Delegate a subtree of this process's cgroup, given the two /proc texts; never raises."""
+def delegate(mountinfo: str, proc_cgroup: str, *, root_is_ours: bool = False) -> Placement:
+    """Delegate a subtree of this process's cgroup, given the two /proc texts; never raises.
+
+    A process in the mounted hierarchy's root carves a ``slurm-fiber.<pid>``
+    child of it, or with ``root_is_ours`` (a container, whose cgroup
+    namespace root is its own cgroup) the root itself.
+    """
     mount = unified_mount(mountinfo)
     if mount is None:
         return Placement(None, "no cgroup v2 (unified) hierarchy is mounted")
@@ -153,11 +164,13 @@ def delegate(mountinfo: str, proc_cgroup: str) -> Placement:
             None, f"this process's cgroup {cgroup} is outside the mounted hierarchy {mount_point}"
         )
     here = os.path.join(mount_point, relative) if relative else mount_point
+    ours = root_is_ours and not relative
     try:
-        delegation = _carve(here, is_root=not relative)
+        delegation = _carve(here, is_root=not relative and not ours)
     except OSError as err:
         return Placement(None, f"cannot delegate a cgroup under {here}: {err.strerror}")
-    return Placement(delegation.root, f"delegated from fiberd's own cgroup {here}", delegation)
+    whose = "the container's cgroup namespace root" if ours else "fiberd's own cgroup"
+    return Placement(delegation.root, f"delegated from {whose} {here}", delegation)
 
 
 def _relative(cgroup: str, mount_root: str) -> str | None:

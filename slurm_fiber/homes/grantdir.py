@@ -16,10 +16,18 @@ starting with "." are never read, so a writer can write ``.name.tmp`` and
 rename it into place. A directory writable by group or others, or owned by
 someone other than the expected owner or root, is refused.
 
-With ``follow_symlinks`` it reads a Kubernetes Secret volume (``name.jwt ->
-..data/name.jwt``, ``..data -> ..2024_xx`` swapped atomically): symlinks are
-followed when they resolve inside the directory, so one rotated token yields
-exactly one GRANT_ADDED.
+With ``follow_symlinks``, symlinks are followed when they resolve inside the
+directory. ``secret_volume`` reads a Kubernetes Secret volume as the kubelet's
+AtomicWriter lays it out (``name.jwt -> ..data/name.jwt``, ``..data ->
+..2026_12_03_06_12_36.123``, swapped atomically by renaming ``..data_tmp``):
+a symlink is followed only when it resolves inside the directory ``..data``
+names now, and a link the swap left pointing at a key the new ``..data``
+lacks (the kubelet removes it next) is "in flux": it keeps holding its last
+UID and is not reported. So one rotated token yields exactly one
+GRANT_ADDED and a rotation never yields a spurious GRANT_REMOVED. Since the
+kubelet mounts such a volume as a tmpfs of mode 1777, bind-mounted
+read-only into the container, a directory writable by group or others is
+accepted there only when its filesystem is mounted read-only.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from slurm_fiber.homes.seam import GrantEvent
 MAX_TOKEN_BYTES = 64 * 1024
 GRANT_SUFFIX = ".jwt"
 _DIR_SUBJECT = "."  # the subject of problems with the directory itself
+DATA_LINK = "..data"  # the kubelet's symlink to a Secret volume's current payload
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -74,6 +83,13 @@ class _Gone(Exception):
     """The file vanished between listing and reading."""
 
 
+class _InFlux:
+    """A Secret volume's link to a key the current ``..data`` lacks: mid-swap, not a problem."""
+
+
+_IN_FLUX = _InFlux()
+
+
 def unverified_uid(token: bytes) -> str | None:
     """The ``sub`` a JWT-shaped token names, unverified; None when it names no valid UID."""
     try:
@@ -88,13 +104,28 @@ def _stat_version(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
 
 
+def _inside(root: str, path: str) -> bool:
+    """Whether ``path`` lies strictly below ``root`` (both absolute, resolved)."""
+    return path != root and os.path.commonpath([root, path]) == root
+
+
+def _mounted_read_only(path: str) -> bool:
+    """Whether the filesystem holding ``path`` is mounted read-only (False when unknown)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class GrantDir:
     """One polled grant directory. Not thread-safe; poll it from one task.
 
     ``owner`` is the uid expected to own the directory and its files
     (default: this process's effective uid; root is always accepted).
     ``on_problem`` receives each skipped file or directory problem once
-    until it changes; it must not raise.
+    until it changes; it must not raise. ``secret_volume`` reads a
+    Kubernetes Secret volume (see the module text; it implies following
+    symlinks, only into ``..data``).
     """
 
     def __init__(
@@ -105,6 +136,7 @@ class GrantDir:
         *,
         on_problem: ProblemSink = log_problem,
         follow_symlinks: bool = False,
+        secret_volume: bool = False,
         owner: int | None = None,
     ) -> None:
         if interval <= 0:
@@ -112,14 +144,18 @@ class GrantDir:
         self.path = os.fspath(path)
         self.clock = clock
         self.interval = interval
-        self.follow_symlinks = follow_symlinks
+        self.follow_symlinks = follow_symlinks or secret_volume
+        self.secret_volume = secret_volume
         self.owner = os.geteuid() if owner is None else owner
         self._on_problem = on_problem
         self._files: dict[str, _Held] = {}
         self._reported: dict[str, tuple[str, object]] = {}
 
     def check(self) -> None:
-        """Raise GrantDirRefused unless the directory exists and only its owner can write it."""
+        """Raise GrantDirRefused unless the directory exists and only its owner can write it.
+
+        A Secret volume may be writable by anyone when it is mounted read-only.
+        """
         try:
             st = os.stat(self.path)
         except OSError as err:
@@ -128,7 +164,9 @@ class GrantDir:
             ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise GrantDirRefused("grantdir_not_dir", f"grantdir {self.path} is not a directory")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
+            self.secret_volume and _mounted_read_only(self.path)
+        ):
             raise GrantDirRefused(
                 "grantdir_writable",
                 f"grantdir {self.path} is writable by group or others "
@@ -171,6 +209,8 @@ class GrantDir:
             except _Gone:
                 continue
             present.add(name)
+            if reading is _IN_FLUX:
+                continue
             if isinstance(reading, _Bad):
                 self._report(name, reading)
                 continue
@@ -222,7 +262,7 @@ class GrantDir:
         where = self.path if subject == _DIR_SUBJECT else os.path.join(self.path, subject)
         self._on_problem(Problem(bad.code, where, bad.reason))
 
-    def _read(self, name: str) -> bytes | _Bad:
+    def _read(self, name: str) -> bytes | _Bad | _InFlux:
         """The content of one grant file, or why it was skipped; raises _Gone if it vanished."""
         full = os.path.join(self.path, name)
         try:
@@ -238,22 +278,44 @@ class GrantDir:
             return _Bad("symlink", reason, _stat_version(st))
         return self._read_link(full)
 
-    def _read_link(self, full: str) -> bytes | _Bad:
-        """Follow a symlink that stays inside the directory; one retry across a swap."""
-        root = os.path.realpath(self.path)
+    def _read_link(self, full: str) -> bytes | _Bad | _InFlux:
+        """Follow a link that stays inside the directory (or ``..data``); one retry across a swap.
+
+        A link to nothing is "dangling", or in a Secret volume in flux; a link
+        that resolves outside is "symlink_escapes".
+        """
+        outcome: _Bad | _InFlux = _IN_FLUX
         for _ in range(2):
+            root = self._link_root()
+            if root is None:
+                return _Bad("symlink_escapes", f"{DATA_LINK} points outside the grantdir", None)
             target = os.path.realpath(full)
-            if os.path.commonpath([root, target]) != root or target == root:
-                return _Bad("symlink_escapes", f"points outside the grantdir, to {target}", target)
+            if not _inside(root, target):
+                where = f"the volume's {DATA_LINK}" if self.secret_volume else "the grantdir"
+                outcome = _Bad("symlink_escapes", f"points outside {where}, to {target}", target)
+                continue  # a swap between resolving the root and the link: look again
             try:
                 return self._read_file(target, os.lstat(target))
             except (_Gone, FileNotFoundError):
+                dangling = _Bad("dangling", "is a symlink to nothing", target)
+                outcome = _IN_FLUX if self.secret_volume else dangling
                 continue
             except OSError as err:
                 return _Bad("unreadable", f"cannot be followed: {err.strerror}", err.errno)
         if not os.path.lexists(full):
             raise _Gone
-        return _Bad("dangling", "is a symlink to nothing", target)
+        return outcome
+
+    def _link_root(self) -> str | None:
+        """Where followed links must resolve: the directory, or the Secret's current ``..data``.
+
+        None when ``..data`` itself resolves outside the directory.
+        """
+        root = os.path.realpath(self.path)
+        if not self.secret_volume:
+            return root
+        data = os.path.realpath(os.path.join(root, DATA_LINK))
+        return data if _inside(root, data) else None
 
     def _read_file(self, path: str, st: os.stat_result) -> bytes | _Bad:
         if stat.S_ISDIR(st.st_mode):

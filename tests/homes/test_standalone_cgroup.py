@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import uuid
@@ -183,3 +185,51 @@ def test_a_configured_cgroup_v2_directory_is_used_as_given(test_cgroup: Path) ->
     assert home.cgroup_reason() == f"cgroup_root {test_cgroup} from configuration"
     assert home.close() == []
     assert test_cgroup.exists()
+
+
+IN_NAMESPACE = """
+import json, sys
+from slurm_fiber.homes.cgroupdelegate import resolve_cgroup_root
+
+def where():
+    return open("/proc/self/cgroup").read().split("0::", 1)[1].split()[0]
+
+placement = resolve_cgroup_root("delegate", root_is_ours=True)
+print(json.dumps({"root": placement.root, "reason": placement.reason, "cgroup": where()}),
+      flush=True)
+sys.stdin.readline()
+print(json.dumps({"failures": placement.delegation.undo(), "cgroup": where()}), flush=True)
+"""
+
+
+@pytest.mark.machine_may_lack("root, unshare(1) and a writable cgroup v2 hierarchy")
+def test_a_container_carves_its_cgroup_namespace_root_itself(
+    mount: str, test_cgroup: Path
+) -> None:
+    """As in a container: a cgroup namespace rooted at the test's cgroup, cgroup2 mounted in it."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1)")
+    script = (f"read go; exec unshare --cgroup --mount --propagation private sh -c "
+              f"'umount \"$0\" && mount -t cgroup2 cgroup2 \"$0\" && exec \"$1\" -c \"$2\"' "
+              f"{shlex.quote(mount)} {shlex.quote(sys.executable)} {shlex.quote(IN_NAMESPACE)}")
+    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        (test_cgroup / "cgroup.procs").write_text(str(proc.pid))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        got = json.loads(proc.stdout.readline())
+        assert got["cgroup"] == f"/{SELF_LEAF}", "the container sees itself as / and its leaf"
+        assert got["root"] == mount, "in the container's view, the root of its cgroup2 mount"
+        assert got["reason"].startswith("delegated from the container's cgroup namespace root")
+        assert _procs(test_cgroup) == [] and _procs(test_cgroup / SELF_LEAF) == [str(proc.pid)]
+        assert [p.name for p in test_cgroup.iterdir() if p.is_dir()] == [SELF_LEAF]
+        proc.stdin.write("undo\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"failures": [], "cgroup": "/"}
+        assert _procs(test_cgroup) == [str(proc.pid)]
+        assert not (test_cgroup / SELF_LEAF).exists()
+    finally:
+        proc.kill()
+        proc.wait()

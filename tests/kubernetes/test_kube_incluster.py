@@ -69,3 +69,26 @@ def test_file_refusals(
         path.write_text(str(content))
     with pytest.raises(InClusterError, match=says):
         load_in_cluster(pod_env, service_account)
+
+
+def test_env_overrides_name_the_server_and_the_credentials(
+    pod_env: dict[str, str], service_account: Path, tmp_path: Path
+) -> None:
+    base = {k: v for k, v in pod_env.items() if not k.startswith("KUBERNETES_SERVICE")}
+    moved = tmp_path / "elsewhere"
+    service_account.rename(moved)
+    env = {**base, "SLURM_FIBER_KUBE_SERVER": "https://api.example:6443/",
+           "SLURM_FIBER_KUBE_SERVICE_ACCOUNT_DIR": str(moved)}
+    config = load_in_cluster(env, tmp_path / "no-such-dir")
+    assert config.server == "https://api.example:6443"
+    assert (config.token_file, config.ca_file) == (moved / "token", moved / "ca.crt")
+    (moved / "namespace").write_text("other")  # not cross-checked with a token from elsewhere
+    files = {**base, "SLURM_FIBER_KUBE_SERVER": "https://api.example:6443",
+             "SLURM_FIBER_KUBE_TOKEN_FILE": str(moved / "token"),
+             "SLURM_FIBER_KUBE_CA_FILE": str(moved / "ca.crt")}
+    config = load_in_cluster(files, tmp_path / "no-such-dir")
+    assert (config.token_file, config.ca_file) == (moved / "token", moved / "ca.crt")
+    with pytest.raises(InClusterError, match="is not an https:// URL"):
+        load_in_cluster({**files, "SLURM_FIBER_KUBE_SERVER": "http://api.example"}, moved)
+    with pytest.raises(InClusterError, match="does not exist"):
+        load_in_cluster({**files, "SLURM_FIBER_KUBE_TOKEN_FILE": str(tmp_path / "nope")}, moved)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from slurm_fiber.config import load_config
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes import incluster
 from slurm_fiber.homes.kubernetes.api import KubeApi
@@ -32,7 +33,8 @@ def the(kind: str, name: str) -> dict[str, Any]:
 def test_pod_manifest_carries_what_load_in_cluster_reads() -> None:
     pod = the("Pod", "grant-pod.yaml")
     (container,) = pod["spec"]["containers"]
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in container["env"] if "valueFrom" in e}
     assert env == {
         incluster.ENV_POD_NAME: "metadata.name",
         incluster.ENV_POD_NAMESPACE: "metadata.namespace",
@@ -52,6 +54,17 @@ def test_pod_manifest_carries_what_load_in_cluster_reads() -> None:
     assert all(key.endswith(".jwt") for key in secret["stringData"])
     assert pod["spec"]["serviceAccountName"] == the("ServiceAccount", "rbac.yaml")["metadata"][
         "name"]
+
+
+def test_pod_manifest_configures_fiberd_for_its_secret_and_readiness_gate() -> None:
+    pod = the("Pod", "grant-pod.yaml")
+    (container,) = pod["spec"]["containers"]
+    settings = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = load_config(env=settings, flags={"home": container["command"][2]})
+    (mount,) = container["volumeMounts"]
+    assert config.home == "kubernetes"
+    assert config.grantdir == mount["mountPath"] and mount["readOnly"] is True
+    assert pod["spec"]["readinessGates"] == [{"conditionType": config.ready_condition}]
 
 
 def test_role_grants_exactly_what_the_home_calls(

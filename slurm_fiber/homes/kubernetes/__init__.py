@@ -6,6 +6,11 @@ account, CA, namespace and the Pod's identity from the downward API),
 status condition, read a ResourceClaim), ``views`` (the API's JSON reduced
 to what the home decides on), ``scope`` (scope claims and scope-loss
 detection), ``claimdevices`` (a DRA allocation as core Devices),
-``reading`` (one poll round: Pod and claims read and judged), and
+``reading`` (one poll round: Pod and claims read and judged), ``home``
+(``KubernetesHome`` and ``build_kubernetes_home``, which fiberd calls), and
 ``fake``, an in-memory API server for tests.
 """
+
+from slurm_fiber.homes.kubernetes.home import KubernetesHome, build_kubernetes_home
+
+__all__ = ["KubernetesHome", "build_kubernetes_home"]

@@ -9,6 +9,17 @@ the Pod's own identity through the downward API (``SLURM_FIBER_POD_NAME``,
 act on, anything missing or inconsistent. The token is re-read from its file
 by the client whenever the server answers 401, so kubelet's token rotation
 needs no restart.
+
+Overrides, for tests and for running fiberd against an API server from
+outside a Pod (the downward-API variables are still required):
+
+- ``SLURM_FIBER_KUBE_SERVER``: the API server's ``https://`` URL, instead of
+  ``KUBERNETES_SERVICE_HOST``/``_PORT``;
+- ``SLURM_FIBER_KUBE_SERVICE_ACCOUNT_DIR``: the directory holding ``token``,
+  ``ca.crt`` and ``namespace``, instead of the service account volume;
+- ``SLURM_FIBER_KUBE_TOKEN_FILE`` and ``SLURM_FIBER_KUBE_CA_FILE``: the
+  bearer token and the CA bundle, file by file. With a token file from
+  elsewhere, the service account's ``namespace`` file is not cross-checked.
 """
 
 from __future__ import annotations
@@ -27,6 +38,10 @@ ENV_POD_NAMESPACE = "SLURM_FIBER_POD_NAMESPACE"
 ENV_POD_UID = "SLURM_FIBER_POD_UID"
 ENV_NODE_NAME = "SLURM_FIBER_NODE_NAME"
 ENV_SERVICE_ACCOUNT = "SLURM_FIBER_SERVICE_ACCOUNT"
+ENV_SERVER = "SLURM_FIBER_KUBE_SERVER"
+ENV_SERVICE_ACCOUNT_DIR = "SLURM_FIBER_KUBE_SERVICE_ACCOUNT_DIR"
+ENV_TOKEN_FILE = "SLURM_FIBER_KUBE_TOKEN_FILE"
+ENV_CA_FILE = "SLURM_FIBER_KUBE_CA_FILE"
 
 
 class InClusterError(Exception):
@@ -67,18 +82,17 @@ def load_in_cluster(
 ) -> InClusterConfig:
     """Read the container's in-cluster configuration; blocks only on small file reads.
 
-    ``env`` defaults to the process environment. Raises InClusterError naming
-    the variable or file that is missing, empty or inconsistent.
+    ``env`` defaults to the process environment; its ``SLURM_FIBER_KUBE_*``
+    overrides (see the module text) win over ``service_account_dir`` and the
+    service variables. Raises InClusterError naming the variable or file
+    that is missing, empty or inconsistent.
     """
     env = os.environ if env is None else env
-    host = _required(env, "KUBERNETES_SERVICE_HOST", "not running in a Pod?")
-    port = _required(env, "KUBERNETES_SERVICE_PORT", "not running in a Pod?")
-    if not port.isdigit():
-        raise InClusterError(f"KUBERNETES_SERVICE_PORT={port!r} is not a port number")
-    if ":" in host:
-        host = f"[{host}]"
-    token_file = service_account_dir / "token"
-    ca_file = service_account_dir / "ca.crt"
+    server = _server(env)
+    if env.get(ENV_SERVICE_ACCOUNT_DIR, "").strip():
+        service_account_dir = Path(env[ENV_SERVICE_ACCOUNT_DIR].strip())
+    token_file = _path_override(env, ENV_TOKEN_FILE) or service_account_dir / "token"
+    ca_file = _path_override(env, ENV_CA_FILE) or service_account_dir / "ca.crt"
     if not _read(token_file):
         raise InClusterError(f"{token_file} is empty: is the service account token mounted?")
     if not _read(ca_file):
@@ -91,13 +105,35 @@ def load_in_cluster(
         node=env.get(ENV_NODE_NAME) or None,
         service_account=env.get(ENV_SERVICE_ACCOUNT) or None,
     )
-    sa_namespace = _read(service_account_dir / "namespace")
+    own_token = _path_override(env, ENV_TOKEN_FILE) is None
+    sa_namespace = _read(service_account_dir / "namespace") if own_token else ""
     if sa_namespace and sa_namespace != pod.namespace:
         raise InClusterError(
             f"{ENV_POD_NAMESPACE}={pod.namespace!r} but the service account's namespace is "
             f"{sa_namespace!r}: fix the downward API env"
         )
-    return InClusterConfig(f"https://{host}:{port}", ca_file, token_file, pod)
+    return InClusterConfig(server, ca_file, token_file, pod)
+
+
+def _server(env: Mapping[str, str]) -> str:
+    """The API server's URL: the override, else the kubelet's service variables."""
+    override = env.get(ENV_SERVER, "").strip().rstrip("/")
+    if override:
+        if not override.startswith("https://") or len(override) <= len("https://"):
+            raise InClusterError(f"{ENV_SERVER}={override!r} is not an https:// URL")
+        return override
+    host = _required(env, "KUBERNETES_SERVICE_HOST", "not running in a Pod?")
+    port = _required(env, "KUBERNETES_SERVICE_PORT", "not running in a Pod?")
+    if not port.isdigit():
+        raise InClusterError(f"KUBERNETES_SERVICE_PORT={port!r} is not a port number")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def _path_override(env: Mapping[str, str], name: str) -> Path | None:
+    value = env.get(name, "").strip()
+    return Path(value) if value else None
 
 
 def _required(env: Mapping[str, str], name: str, hint: str) -> str:

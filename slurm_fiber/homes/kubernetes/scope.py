@@ -1,7 +1,8 @@
 """The grant Pod's scope: what the home asserts about where it runs, and when that stops being true.
 
 ``scope_claims`` turns a Pod reading into the core's scope claims
-(namespace, service account, Pod, Pod UID, node, one per DRA claim).
+(namespace, service account, Pod, Pod UID, node, one per DRA claim);
+``identity_claims`` gives those the downward API names, before any reading.
 ``ScopeTracker.observe`` compares each reading of the Pod and its claims
 with what fiberd started under and returns the losses found: the Pod is
 being deleted (``deletionTimestamp``), is gone, or is another Pod of the
@@ -54,13 +55,24 @@ class ScopeLoss:
 
 def scope_claims(pod: PodView) -> list[ScopeClaim]:
     """The scope claims a Pod reading supports, in a fixed order (absent fields left out)."""
+    return _claims(pod.namespace, pod.service_account, pod.name, pod.uid, pod.node, pod.claims)
+
+
+def identity_claims(identity: PodIdentity) -> list[ScopeClaim]:
+    """The scope claims the downward API alone supports, before the Pod was ever read."""
+    return _claims(identity.namespace, identity.service_account, identity.name, identity.uid,
+                   identity.node, ())
+
+
+def _claims(namespace: str, service_account: str | None, pod: str, uid: str, node: str | None,
+            claims: tuple[str, ...]) -> list[ScopeClaim]:
     pairs = [
-        ("namespace", pod.namespace),
-        ("service_account", pod.service_account),
-        ("pod", pod.name),
-        ("pod_uid", pod.uid),
-        ("node", pod.node),
-        *(("resource_claim", claim) for claim in pod.claims),
+        ("namespace", namespace),
+        ("service_account", service_account),
+        ("pod", pod),
+        ("pod_uid", uid),
+        ("node", node),
+        *(("resource_claim", claim) for claim in claims),
     ]
     return [ScopeClaim(PREFIX + key, value) for key, value in pairs if value]
 

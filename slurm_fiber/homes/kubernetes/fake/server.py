@@ -316,14 +316,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         code, document = answer
+        # Recorded before the answer leaves, so a client that has its answer finds it in seen.
+        self.server.fake._record(
+            Seen(self.command, self.path, headers.get("content-type", ""), code)
+        )
         payload = json.dumps(document).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
-        self.server.fake._record(
-            Seen(self.command, self.path, headers.get("content-type", ""), code)
-        )
 
     do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _handle
