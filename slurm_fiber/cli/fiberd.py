@@ -70,7 +70,7 @@ async def started(config: FiberdConfig, environ: Mapping[str, str],
                                      relay=relay)
         yield Fiberd(built, running, config)
     finally:
-        for line in close_home(built.home):
+        for line in await close_home(built.home):
             typer.echo(f"fiberd: {line}", err=True)
 
 

@@ -10,7 +10,6 @@ core never learns which home it runs in: every home goes through the same
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,7 +70,19 @@ async def build_home(config: FiberdConfig, clock: Clock, environ: Mapping[str, s
                          STANDALONE_AUDIENCE.format(host=socket.gethostname()))
     if config.home == "slurm":
         return await _slurm(config, clock, environ, on_problem)
-    raise HomeRefused(f"home {config.home!r} is not available in this build")
+    return await _kubernetes(config, clock, environ, on_problem)
+
+
+async def _kubernetes(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
+                      on_problem: ProblemSink) -> BuiltHome:
+    from slurm_fiber.homes.kubernetes import build_kubernetes_home
+    from slurm_fiber.homes.kubernetes.incluster import InClusterError
+
+    try:
+        home = await build_kubernetes_home(config, clock, environ, on_problem=on_problem)
+    except InClusterError as err:
+        raise HomeRefused(f"--home kubernetes runs in a grant Pod: {err}") from None
+    return BuiltHome(home, config.audience or home.audience())
 
 
 async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
@@ -94,11 +105,14 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
     return BuiltHome(home, config.audience or f"slurm:{job.cluster}:{job.job_id}")
 
 
-def close_home(home: Home) -> list[str]:
-    """Undo what building the home did (e.g. cgroup delegation); one line per failure."""
-    close = getattr(home, "close", None)
-    if close is None:
-        return []
-    with contextlib.suppress(Exception):
-        return list(close())
-    return ["closing the home failed"]
+async def close_home(home: Home) -> list[str]:
+    """Undo what building the home did (cgroup delegation, API clients); one line per
+    failure. Never raises."""
+    try:
+        aclose = getattr(home, "aclose", None)
+        if aclose is not None:
+            return list(await aclose())
+        close = getattr(home, "close", None)
+        return list(close()) if close is not None else []
+    except Exception as err:
+        return [f"closing the {home.name()} home failed: {err}"]

@@ -53,8 +53,9 @@ class Site:
 
     def token(self, uid: str = "g1", *, ttl: float = 3600, preload: tuple[str, ...] = (),
               fibers: int | None = None, seconds: float | None = None,
-              audience: str = AUDIENCE) -> str:
+              audience: str = AUDIENCE, devices: tuple[str, ...] = ()) -> str:
         spec = FiberSpec(
+            devices=devices,
             template=TemplateSpec(preload=("tests.runtime.targets", *preload),
                                   env={"SF_TEST_MARK": self.mark, "PYTHONPATH": str(REPO)}),
             limits=Limits(fibers=fibers, seconds=seconds))
@@ -106,10 +107,12 @@ class Live:
 
 
 @contextlib.asynccontextmanager
-async def running_fiberd(site: Site, **over: object) -> AsyncIterator[Live]:
-    """fiberd started from ``site.config(**over)``; stopped (and asserted clean) on exit."""
+async def running_fiberd(site: Site, environ: dict[str, str] | None = None,
+                         **over: object) -> AsyncIterator[Live]:
+    """fiberd started from ``site.config(**over)`` with the home's ``environ``; stopped (and
+    asserted clean) on exit."""
     config = site.config(**over)
-    async with started(config, {}) as fiberd:
+    async with started(config, environ or {}) as fiberd:
         stop = asyncio.Event()
         serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
         live = Live(fiberd, stop, serving)

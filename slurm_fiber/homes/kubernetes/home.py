@@ -268,14 +268,16 @@ class KubernetesHome:
 
 
 async def build_kubernetes_home(
-    config: FiberdConfig, clock: Clock, environ: Mapping[str, str]
+    config: FiberdConfig, clock: Clock, environ: Mapping[str, str], *,
+    on_problem: ProblemSink = log_problem,
 ) -> KubernetesHome:
     """The home of the grant Pod whose container environment is ``environ``.
 
     Reads the in-cluster configuration (``incluster``: service account,
     downward API, and the ``SLURM_FIBER_KUBE_*`` overrides) and takes the
     rest from ``config``: grantdir (the Secret's mount), poll_interval,
-    stale_ttl, devices, cgroup_root and ready_condition. Runs one API round
+    stale_ttl, devices, cgroup_root and ready_condition; ``on_problem`` gets
+    the Secret volume's problems. Runs one API round
     at once, so scope and devices are known before fiberd serves when the
     API server answers; one that does not answer only leaves the health
     unmarked. Blocks on small file reads (in a thread) and at most one poll
@@ -292,6 +294,7 @@ async def build_kubernetes_home(
         devices=config.devices,
         cgroup=config.cgroup_root,
         condition_type=config.ready_condition,
+        on_problem=on_problem,
     )
     await home.poll.once()
     return home
