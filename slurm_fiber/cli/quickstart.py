@@ -152,7 +152,7 @@ def run(preloads: tuple[str, ...], clones: int, cold_runs: int, cgroup_root: str
     left = finish(site, keep)
     if left:
         raise SiteFailed(f"still running after fiberd stopped: pids {left} (kept {root})")
-    return {"preloads": list(preloads), **figures, "clones_per_mode": clones,
+    return {"run_id": site.run_id, "preloads": list(preloads), **figures, "clones_per_mode": clones,
             "warm_seconds": round(warm, 3), "mode": status.get("mode"),
             "cgroups": status.get("cgroups"), "audit_path": str(site.audit_path),
             "kept": str(root), "kept_everything": keep, "left_running": left}

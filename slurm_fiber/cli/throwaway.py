@@ -159,11 +159,13 @@ class Site:
             time.sleep(0.1)
 
     def warm_error(self) -> str:
-        """The template's warm error as the grant listing reports it."""
+        """The template's warm error (``Error: message``) as the grant listing reports it."""
         grants = self.request("list_grants").get("grants")
         for grant in grants if isinstance(grants, list) else []:
-            if isinstance(grant, dict) and grant.get("uid") == GRANT:
-                return json.dumps(grant.get("template"))
+            template = grant.get("template") if isinstance(grant, dict) else None
+            error = template.get("warm_error") if isinstance(template, dict) else None
+            if isinstance(error, dict):
+                return f"{error.get('error')}: {error.get('message')}"
         return "unknown error"
 
     def stop(self, within: float = 30.0) -> int | None:
