@@ -88,3 +88,11 @@ def test_a_template_that_cannot_warm_fails_in_one_line_and_stops_everything() ->
 @pytest.mark.parametrize("args", [["--preload", "decimal"], ["--clones", "0"]])
 def test_usage_errors_exit_2(args: list[str]) -> None:
     assert quickstart(*args).returncode == 2
+
+
+def test_without_a_cgroup_root_it_runs_uncarved_and_says_so() -> None:
+    out = quickstart("--cgroup-root", "none", "--clones", "2", "--cold-runs", "1")
+    assert out.returncode == 0, out.stderr
+    assert "cgroups: uncarved (" in out.stdout and "nothing of this run is left" in out.stdout
+    audit = Path(out.stdout.split("audit log: ")[1].split("\n")[0])
+    subprocess.run(["rm", "-rf", str(audit.parent)], check=True)
