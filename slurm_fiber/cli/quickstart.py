@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -79,11 +79,11 @@ class WarmProgress:
             say(f"template {GRANT!r}: {state} ({seconds:.1f} s)")
 
 
-def measure(site: Site, cold_runs: int, clones: int) -> dict[str, object]:
+def measure(site: Site, cold_runs: int, clones: int) -> dict[str, Any]:
     """Cold starts and Clones on the warm site; the figures. Raises MeasureFailed."""
     say(f"timing a cold start, {cold_runs} runs of python -c {import_line(site.preloads)!r}")
     cold = percentiles(cold_start(site.preloads, cold_runs))
-    figures: dict[str, object] = {"cold_start": {**cold, "runs": cold_runs}}
+    figures: dict[str, Any] = {"cold_start": {**cold, "runs": cold_runs}}
     for mode in MODES:
         say(f"running {clones} {mode}-mode clones through {site.socket}")
         clone = percentiles(clone_round_trips(site.socket, mode, clones, grant=GRANT))
@@ -92,24 +92,22 @@ def measure(site: Site, cold_runs: int, clones: int) -> dict[str, object]:
     return figures
 
 
-def table(figures: dict[str, object]) -> str:
-    """The human summary of a successful run."""
+def table(figures: dict[str, Any]) -> str:
+    """The human summary of a successful run (``figures`` as ``run`` returns them)."""
     rows = [("cold start: python -c \"import <preloads>\"", figures["cold_start"], "")]
     for mode, what in (("call", CALL_TARGET), ("exec", " ".join(EXEC_ARGV))):
-        f = figures[f"clone_{mode}"]
-        rows.append((f"Clone, {mode} mode ({what})", f,
-                     f"{f['speedup_p50']:.0f}x faster"))  # type: ignore[index]
-    lines = [f"{'':46}{'p50':>10}{'p99':>11}", *(
-        f"{name:46}{f['p50_ms']:>7.1f} ms{f['p99_ms']:>8.1f} ms  {note}".rstrip()  # type: ignore[index]
-        for name, f, note in rows)]
-    cg = figures["cgroups"]
+        clone = figures[f"clone_{mode}"]
+        rows.append((f"Clone, {mode} mode ({what})", clone,
+                     f"{clone['speedup_p50']:.0f}x faster"))
+    lines = [f"{'':46}{'p50':>10}{'p99':>11}"]
+    lines += [f"{name:46}{f['p50_ms']:>7.1f} ms{f['p99_ms']:>8.1f} ms  {note}".rstrip()
+              for name, f, note in rows]
     lines += [
         "",
-        f"preloads ({len(figures['preloads'])}): "  # type: ignore[arg-type]
-        f"{', '.join(figures['preloads'])}",  # type: ignore[arg-type]
+        f"preloads ({len(figures['preloads'])}): {', '.join(figures['preloads'])}",
         f"template warmed in {figures['warm_seconds']:.2f} s; "
         f"{figures['clones_per_mode']} clones per mode through fiberd's socket",
-        f"cgroups: {figures['mode']} ({cg['reason']})",  # type: ignore[index]
+        f"cgroups: {figures['mode']} ({figures['cgroups']['reason']})",
         f"audit log: {figures['audit_path']}",
         f"  read it: slurm-fiber audit --path {figures['audit_path']}",
         "fiberd stopped cleanly; nothing of this run is left running",
@@ -133,7 +131,7 @@ def finish(site: Site, keep: bool) -> list[int]:
 
 
 def run(preloads: tuple[str, ...], clones: int, cold_runs: int, cgroup_root: str,
-        warm_timeout: float, keep: bool) -> dict[str, object]:
+        warm_timeout: float, keep: bool) -> dict[str, Any]:
     """The whole quickstart; its figures. Raises SiteFailed or MeasureFailed (site kept)."""
     root = Path(tempfile.mkdtemp(prefix="slurm-fiber-quickstart-"))
     say(f"a throwaway issuer and grant in {root}")
@@ -152,8 +150,8 @@ def run(preloads: tuple[str, ...], clones: int, cold_runs: int, cgroup_root: str
     left = finish(site, keep)
     if left:
         raise SiteFailed(f"still running after fiberd stopped: pids {left} (kept {root})")
-    return {"run_id": site.run_id, "preloads": list(preloads), **figures, "clones_per_mode": clones,
-            "warm_seconds": round(warm, 3), "mode": status.get("mode"),
+    return {"run_id": site.run_id, "preloads": list(preloads), **figures,
+            "clones_per_mode": clones, "warm_seconds": round(warm, 3), "mode": status.get("mode"),
             "cgroups": status.get("cgroups"), "audit_path": str(site.audit_path),
             "kept": str(root), "kept_everything": keep, "left_running": left}
 
@@ -186,4 +184,3 @@ def quickstart(
         typer.echo(f"quickstart: failed: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(figures) if as_json else table(figures))
-    sys.stdout.flush()
