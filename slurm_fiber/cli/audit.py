@@ -38,21 +38,18 @@ CHUNK = 1 << 16
 COLUMNS = (("time", 24), ("seq", 7), ("event", 14), ("uid", 16), ("fiber", 12), ("code", 14))
 LEADING = {name for name, _ in COLUMNS} | {"reason", "scope"}
 
-HELP = """Read fiberd's audit log: one aligned line per decision.
-
-The log is --path FILE, else STATE_DIR/audit.jsonl for --state-dir (defaults:
-$FIBERD_AUDIT_PATH, then $FIBERD_STATE_DIR/audit.jsonl, then
-/var/lib/slurm-fiber/audit.jsonl). Columns: time (UTC), seq, event, uid, fiber,
-code, then the other fields as key=value and the reason last.
-
-\b
-  slurm-fiber audit --path /tmp/slurm-fiber-quickstart-x/audit.jsonl
-  slurm-fiber audit --follow --event miss --event refuse
-  slurm-fiber audit --json --since 1200 | jq .
-
-Junk or torn lines are reported once on stderr and skipped. Exit codes: 0 read
-(also when Ctrl-C ends --follow); 1 the log cannot be read; 2 usage error.
-"""
+HELP = (
+    "Read fiberd's audit log: one aligned line per decision.\n\n"
+    'The log is --path FILE, else STATE_DIR/audit.jsonl for --state-dir (defaults: '
+    '$FIBERD_AUDIT_PATH, then $FIBERD_STATE_DIR/audit.jsonl, then '
+    '/var/lib/slurm-fiber/audit.jsonl). Columns: time (UTC), seq, event, uid, fiber, code, '
+    'then the other fields as key=value and the reason last.\n\n'
+    '  slurm-fiber audit --path /tmp/slurm-fiber-quickstart-x/audit.jsonl\n'
+    '  slurm-fiber audit --follow --event miss --event refuse\n'
+    '  slurm-fiber audit --json --since 1200 | jq .\n\n'
+    'Junk or torn lines are reported once on stderr and skipped. Exit codes: 0 read (also '
+    'when Ctrl-C ends --follow); 1 the log cannot be read; 2 usage error.'
+)
 
 
 @dataclass

@@ -47,18 +47,16 @@ DEFAULT_PRELOADS = (
     "unittest",
 )
 
-HELP = """Run the main job here, with nothing set up: a throwaway issuer and grant,
-a real fiberd (standalone home) whose warm template preloads slow-to-import modules,
-then Clones through its socket timed against a cold `python -c "import ..."`.
-
-Prints progress on stderr while the template warms, then a table: cold start vs
-Clone p50/p99 (call mode and exec mode), the ratio, the cgroup mode and where the
-audit log is (read it with `slurm-fiber audit --path FILE`). fiberd is stopped at
-the end and nothing of the run is left running. Only the audit log is kept,
-unless --keep.
-
-Exit codes: 0 success; 1 failed (one line says why); 2 usage error.
-"""
+HELP = (
+    'Run the main job here, with nothing set up: a throwaway issuer and grant, a real fiberd '
+    '(standalone home) whose warm template preloads slow-to-import modules, then Clones '
+    'through its socket timed against a cold `python -c "import ..."`.\n\n'
+    'Prints progress on stderr while the template warms, then a table: cold start vs Clone '
+    'p50/p99 (call mode and exec mode), the ratio, the cgroup mode and where the audit log is '
+    '(read it with `slurm-fiber audit --path FILE`). fiberd is stopped at the end and nothing '
+    'of the run is left running. Only the audit log is kept, unless --keep.\n\n'
+    'Exit codes: 0 success; 1 failed (one line says why); 2 usage error.'
+)
 
 
 def say(line: str) -> None:

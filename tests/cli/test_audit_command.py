@@ -152,6 +152,11 @@ def test_follow_picks_up_appended_records_and_waits_for_a_torn_line(log: Path) -
         log.write_text('{"seq":1,"time":2,"event":"start"}\n')  # truncated and rewritten
         assert "the log was truncated" in follower.lines(2, 1)[0]
         assert json.loads(follower.lines(1, 1)[0]) == {"seq": 1, "time": 2, "event": "start"}
+        fresh = log.with_name("fresh.jsonl")  # replaced by rename, as a rotation does
+        fresh.write_text('{"seq":1,"time":3,"event":"start"}\n')
+        fresh.rename(log)
+        assert "the log was replaced" in follower.lines(2, 1)[0]
+        assert json.loads(follower.lines(1, 1)[0])["time"] == 3
     finally:
         code, err = follower.stop()
     assert code == 0 and b"Traceback" not in err
