@@ -1,9 +1,12 @@
 """Baselines for bench/clone.py: the cold start and the raw fork floor, same preloads.
 
-``cold_start(preloads, n)``: wall seconds of ``sys.executable -c "import <preloads>"``
-(the venv's own interpreter, never a PATH shim). ``fork_floor(preloads, n)``:
+``cold_start(preloads, n)`` (from ``slurm_fiber.cli.latency``, shared with the
+quickstart): wall seconds of ``sys.executable -c "import <preloads>"`` (the
+venv's own interpreter, never a PATH shim). ``fork_floor(preloads, n)``:
 in a child interpreter that has imported the preloads and frozen its heap,
-the wall seconds of fork → child ``os._exit(0)`` → ``waitpid``. Both block;
+the wall seconds of fork → child ``os._exit(0)`` → ``waitpid``.
+``forkserver_start(preloads, n)``: multiprocessing's forkserver Process
+start + join with the preloads given explicitly. All block;
 run them from a script, not from fiberd. ``python bench/fork_floor.py
 [-n N] MODULE...`` prints one JSON line with the p50/p99 of each.
 """
@@ -15,7 +18,8 @@ import json
 import statistics
 import subprocess
 import sys
-import time
+
+from slurm_fiber.cli.latency import cold_start, percentiles
 
 _FLOOR = """
 import gc, json, os, sys, time
@@ -34,29 +38,44 @@ print(json.dumps(out))
 """
 
 
-def cold_start(preloads: list[str], n: int) -> list[float]:
-    """Seconds per cold ``python -c "import ..."``, n runs."""
-    code = "import " + ", ".join(preloads) if preloads else "pass"
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True)
-        out.append(time.perf_counter() - t)
-    return out
+_FORKSERVER = """
+import json, multiprocessing, os, sys, time
+ctx = multiprocessing.get_context("forkserver")
+ctx.set_forkserver_preload(sys.argv[2:])
+out = []
+for i in range(int(sys.argv[1]) + 1):  # the first start launches the server: not counted
+    p = ctx.Process(target=os.getpid)  # a builtin: pickled by name, nothing to import
+    t = time.perf_counter()
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        sys.exit(f"a forkserver Process exited with {p.exitcode}")
+    out.append(time.perf_counter() - t)
+print(json.dumps(out[1:]))
+"""
 
 
-def fork_floor(preloads: list[str], n: int) -> list[float]:
-    """Seconds per raw fork+exit+wait from a process holding ``preloads``, n runs."""
-    done = subprocess.run([sys.executable, "-c", _FLOOR, str(n), *preloads], check=True,
+def _samples(program: str, preloads: list[str], n: int) -> list[float]:
+    """Run ``program`` in a fresh ``python -c`` (no __main__ file for children to re-import)
+    with argv ``n preloads...``; the JSON list of seconds it prints."""
+    done = subprocess.run([sys.executable, "-c", program, str(n), *preloads], check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout)
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    """p50 and p99 in milliseconds."""
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50_ms": round(statistics.median(samples) * 1000, 3),
-            "p99_ms": round(cuts[98] * 1000, 3)}
+def fork_floor(preloads: list[str], n: int) -> list[float]:
+    """Seconds per raw fork+exit+wait from a process holding ``preloads``, n runs."""
+    return _samples(_FLOOR, preloads, n)
+
+
+def forkserver_start(preloads: list[str], n: int) -> list[float]:
+    """Seconds per multiprocessing forkserver Process start+join, ``preloads`` given as an
+    explicit list (``set_forkserver_preload(['__main__'])`` preloads nothing on 3.11), n runs.
+
+    Measured from a ``python -c`` program: started from a script, every child
+    would re-import that script as ``__mp_main__`` and time its imports too.
+    """
+    return _samples(_FORKSERVER, preloads, n)
 
 
 def main() -> None:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import typer
 
+from slurm_fiber.cli.audit import HELP as AUDIT_HELP
+from slurm_fiber.cli.audit import audit_command
+from slurm_fiber.cli.quickstart import HELP as QUICKSTART_HELP
+from slurm_fiber.cli.quickstart import quickstart
 from slurm_fiber.cli.tokens import keys_app, token_app
 from slurm_fiber.lease.cli import app as lease_app
 
@@ -22,6 +26,8 @@ app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 app.add_typer(token_app, name="token")
 app.add_typer(lease_app, name="lease")
+app.command("quickstart", help=QUICKSTART_HELP)(quickstart)
+app.command("audit", help=AUDIT_HELP)(audit_command)
 
 
 def main() -> None:

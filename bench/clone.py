@@ -1,0 +1,175 @@
+"""Clone latency against its baselines, all in one run, with the same preloads (issue 3).
+
+Four paths, measured in interleaved rounds so a busy moment of the shared
+machine falls on all of them alike:
+
+  (a) cold start: ``python -c "import <preloads>"`` with the venv's own interpreter;
+  (b) the floor: raw fork → child ``os._exit(0)`` → ``waitpid`` from an interpreter
+      holding the preloads, heap frozen (bench/fork_floor.py);
+  (c) ``multiprocessing`` forkserver ``Process`` start + join, the preloads given
+      as an explicit list (``set_forkserver_preload``), target a no-op builtin, from
+      a ``python -c`` program (from a script, each child would re-import it);
+  (d) a Clone round trip through a real fiberd's socket (standalone home, the
+      quickstart's throwaway site, one grant whose template holds the preloads):
+      request → fiber forked, run, reaped → exit event received, one client
+      connection; call mode (``json:dumps``) and exec mode (``true``).
+
+Targets: Clone p50 ≤ 1.5x the floor's p50, and ≥ 20x faster than (a) when
+(a) takes ≥ 200 ms. The report says for each mode whether they were met.
+``--plot FILE`` draws the latency CDFs as a PNG (needs the ``plot`` extra).
+Ends with one JSON line of figures. Leaves nothing running (checked).
+
+    .venv/bin/python bench/clone.py [-n 300] [--cold-runs 15] [--plot cdf.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from fork_floor import fork_floor, forkserver_start
+
+from slurm_fiber.cli.latency import (
+    MODES,
+    clone_round_trips,
+    cold_start,
+    import_line,
+    percentiles,
+    ratio,
+)
+from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
+from slurm_fiber.cli.throwaway import GRANT, Site
+
+FLOOR_FACTOR = 1.5  # Clone p50 at most this many times the floor's p50
+COLD_FACTOR = 20.0  # Clone p50 at least this many times faster than the cold start
+COLD_MIN_MS = 200.0  # ... for a cold import at least this slow
+
+
+def split(total: int, rounds: int) -> list[int]:
+    """``total`` samples spread over ``rounds`` (at least one per round)."""
+    return [max(1, total // rounds + (i < total % rounds)) for i in range(rounds)]
+
+
+def measure(site: Site, n: int, cold_runs: int, rounds: int) -> dict[str, list[float]]:
+    """Samples (seconds) of every path, taken in interleaved rounds."""
+    samples: dict[str, list[float]] = {k: [] for k in ("cold_start", "fork_floor",
+                                                       "forkserver", "clone_call",
+                                                       "clone_exec")}
+    for k, (cold_n, n_i) in enumerate(zip(split(cold_runs, rounds), split(n, rounds),
+                                          strict=True)):
+        print(f"round {k + 1}/{rounds}: {cold_n} cold starts, {n_i} samples of each other path",
+              file=sys.stderr)
+        samples["cold_start"] += cold_start(site.preloads, cold_n)
+        samples["fork_floor"] += fork_floor(list(site.preloads), n_i)
+        samples["forkserver"] += forkserver_start(list(site.preloads), n_i)
+        for mode in MODES:
+            samples[f"clone_{mode}"] += clone_round_trips(site.socket, mode, n_i, grant=GRANT,
+                                                          warmup=3 if k == 0 else 0)
+    return samples
+
+
+def report(samples: dict[str, list[float]]) -> dict[str, object]:
+    """The figures: percentiles per path, ratios vs the floor and the cold start, targets."""
+    figures: dict[str, object] = {k: {**percentiles(v), "n": len(v)} for k, v in samples.items()}
+    floor = statistics.median(samples["fork_floor"])
+    cold = statistics.median(samples["cold_start"])
+    targets: dict[str, object] = {}
+    for mode in MODES:
+        clone = statistics.median(samples[f"clone_{mode}"])
+        over_floor, speedup = ratio(clone, floor), ratio(cold, clone)
+        targets[mode] = {
+            "p50_over_floor": over_floor, "floor_target_met": over_floor <= FLOOR_FACTOR,
+            "faster_than_cold": speedup, "cold_target_met": speedup >= COLD_FACTOR,
+        }
+    targets["forkserver_over_floor"] = ratio(statistics.median(samples["forkserver"]), floor)
+    targets["cold_over_floor"] = ratio(cold, floor)
+    targets["cold_start_is_slow_enough"] = cold * 1000 >= COLD_MIN_MS
+    figures["targets"] = targets
+    return figures
+
+
+def print_table(figures: dict[str, object]) -> None:
+    names = {"cold_start": "(a) cold start", "fork_floor": "(b) raw fork floor",
+             "forkserver": "(c) mp forkserver Process", "clone_call": "(d) Clone, call mode",
+             "clone_exec": "(d) Clone, exec mode"}
+    floor = figures["fork_floor"]["p50_ms"]  # type: ignore[index]
+    cold = figures["cold_start"]["p50_ms"]  # type: ignore[index]
+    print(f"{'path':30}{'p50 ms':>10}{'p99 ms':>10}{'x floor':>10}{'cold /':>10}")
+    for key, name in names.items():
+        f = figures[key]
+        p50 = f["p50_ms"]  # type: ignore[index]
+        print(f"{name:30}{p50:>10.2f}{f['p99_ms']:>10.2f}"  # type: ignore[index]
+              f"{ratio(p50, floor):>10.1f}{ratio(cold, p50):>10.1f}")
+    targets = figures["targets"]
+    for mode in MODES:
+        t = targets[mode]  # type: ignore[index]
+        print(f"Clone {mode}: p50 = {t['p50_over_floor']}x the floor "
+              f"({'meets' if t['floor_target_met'] else 'MISSES'} <= {FLOOR_FACTOR}x); "
+              f"{t['faster_than_cold']}x faster than cold "
+              f"({'meets' if t['cold_target_met'] else 'MISSES'} >= {COLD_FACTOR:g}x)")
+    if not targets["cold_start_is_slow_enough"]:  # type: ignore[index]
+        print(f"note: the cold start took under {COLD_MIN_MS:g} ms here; add preloads")
+
+
+def plot(samples: dict[str, list[float]], path: Path) -> None:
+    """Latency CDFs of every path, log time axis, as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, values in samples.items():
+        xs = sorted(v * 1000 for v in values)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=f"{key} (p50 {statistics.median(xs):.1f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms, log scale)")
+    ax.set_ylabel("fraction of starts")
+    ax.set_title("start latency CDF, same preloads, one run")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=300, help="samples per path but (a)")
+    parser.add_argument("--cold-runs", type=int, default=15, help="samples of (a)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--preload", action="append", metavar="MODULE",
+                        help="a module to preload (repeatable; default: the quickstart's)")
+    parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
+    parser.add_argument("--plot", type=Path, metavar="FILE", help="write the CDFs as a PNG")
+    opts = parser.parse_args()
+    preloads = tuple(opts.preload or DEFAULT_PRELOADS)
+    rounds = max(1, min(opts.rounds, opts.n, opts.cold_runs))
+    print(f"preloads: {import_line(preloads)}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="slurm-fiber-bench-") as tmp:
+        site = Site.create(Path(tmp), preloads)
+        try:
+            site.start(opts.cgroup_root)
+            site.wait_warm(120, lambda state, s: None)
+            mode = site.request("status").get("mode")
+            samples = measure(site, opts.n, opts.cold_runs, rounds)
+        finally:
+            site.stop()
+        left = site.leftovers()
+    figures = {"bench": "clone", "preloads": list(preloads), "cgroups": mode, **report(samples),
+               "left_running": left}
+    print_table(figures)
+    if opts.plot:
+        plot(samples, opts.plot)
+        print(f"CDF plot: {opts.plot}")
+    print(json.dumps(figures))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
