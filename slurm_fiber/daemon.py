@@ -99,6 +99,12 @@ def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
     return write
 
 
+def _cgroup_reason(home: Home) -> str:
+    """The home's ``cgroup_reason()`` line (homes that have one), else a default."""
+    reason = getattr(home, "cgroup_reason", None)
+    return str(reason()) if reason is not None else f"the {home.name()} home gives no cgroup root"
+
+
 async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
                        relay: ProblemRelay | None = None) -> Running:
     """Open state, build the core and serve the socket; returns once the socket listens.
@@ -125,7 +131,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()
-    cgroups = CgroupManager(Path(root) if root else None)
+    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home))
     swept = await cgroups.sweep()
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace)

@@ -271,9 +271,10 @@ class CgroupManager:
     returns None and removal does nothing. Not thread-safe; used on the loop.
     """
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None, why_none: str = "no cgroup root given") -> None:
+        """``why_none``: the home's reason when it gives no root (shown in status and audit)."""
         self.root = root
-        self.status = _probe(root)
+        self.status = _probe(root, why_none)
         self._root_enabled: set[str] | None = None
 
     @property
@@ -331,10 +332,10 @@ async def kill_and_remove(cgroup: Path) -> None:
     remove_tree(cgroup)
 
 
-def _probe(root: Path | None) -> CgroupStatus:
+def _probe(root: Path | None, why_none: str) -> CgroupStatus:
     suffix = "; running uncarved: processes tracked by pidfd, limits not enforced"
     if root is None:
-        return CgroupStatus(False, "no cgroup root given" + suffix, None)
+        return CgroupStatus(False, why_none + suffix, None)
     if not (root / "cgroup.controllers").is_file():
         return CgroupStatus(False, f"{root} is not a cgroup v2 directory" + suffix, root)
     probe = root / f".probe-{os.getpid()}"

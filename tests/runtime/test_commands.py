@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from slurm_fiber.core.api.client import FiberdClient
 from tests.process.helpers import marked_procs, wait_marked
@@ -25,6 +28,19 @@ def flags(site: Site, **over: str) -> list[str]:
 
 def env() -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+
+
+@contextlib.contextmanager
+def fiberd(site: Site, **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """A ``fiberd`` process for ``site``; SIGKILLed (with its group) if a test leaves it."""
+    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site)], env=env(), text=True,
+                            start_new_session=True, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def wait_socket(site: Site, proc: subprocess.Popen[str], within: float = 20.0) -> Path:
@@ -69,29 +85,27 @@ def test_fiberd_refuses_to_start_without_trust_in_one_line(site: Site) -> None:
 
 def test_sigterm_stops_fibers_and_templates_and_removes_the_socket(site: Site) -> None:
     site.drop()
-    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site)], env=env(),
-                            stderr=subprocess.PIPE, text=True)
-    sock = wait_socket(site, proc)
-    wait_ready(sock)
-    start_long_fiber(sock)
-    assert len(wait_marked(site.mark, 2)) == 2  # template + fiber
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
-    assert not sock.exists() and not marked_procs(site.mark)
-    assert "fiberd stopped: stop requested" in proc.stderr.read()  # type: ignore[union-attr]
+    with fiberd(site, stderr=subprocess.PIPE) as proc:
+        sock = wait_socket(site, proc)
+        wait_ready(sock)
+        start_long_fiber(sock)
+        assert len(wait_marked(site.mark, 2)) == 2  # template + fiber
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not sock.exists() and not marked_procs(site.mark)
+        assert "fiberd stopped: stop requested" in proc.stderr.read()  # type: ignore[union-attr]
 
 
 def test_a_sigkilled_fiberd_leaves_no_template_or_fiber(site: Site) -> None:
     site.drop()
-    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site)], env=env(),
-                            stderr=subprocess.DEVNULL)
-    sock = wait_socket(site, proc)
-    wait_ready(sock)
-    start_long_fiber(sock)
-    assert len(wait_marked(site.mark, 2)) == 2
-    proc.kill()
-    proc.wait(10)
-    assert wait_marked(site.mark, 0, within=10) == []
+    with fiberd(site, stderr=subprocess.DEVNULL) as proc:
+        sock = wait_socket(site, proc)
+        wait_ready(sock)
+        start_long_fiber(sock)
+        assert len(wait_marked(site.mark, 2)) == 2
+        proc.kill()  # fiberd alone: its templates and fibers must follow by themselves
+        proc.wait(10)
+        assert wait_marked(site.mark, 0, within=10) == []
 
 
 def test_fiberd_run_runs_the_command_as_a_fiber_and_exits_with_its_status(site: Site) -> None:

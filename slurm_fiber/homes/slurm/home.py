@@ -200,7 +200,6 @@ class SlurmHome:
     def cgroup_root(self) -> str | None:
         return None if self.cgroup.path is None else str(self.cgroup.path)
 
-    @property
     def cgroup_reason(self) -> str:
         """Why ``cgroup_root`` is what it is (one line)."""
         return self.cgroup.reason
