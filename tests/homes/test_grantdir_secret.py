@@ -16,8 +16,8 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import GrantDirRefused
+from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
 
-from .atomicwriter import atomic_write, write_secret
 from .helpers import token
 from .test_grantdir import Dir
 

@@ -16,7 +16,7 @@ import pytest
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.homes.kubernetes.fake import PODS, RESOURCE_CLAIMS, FakeApiServer, resource_claim
-from tests.homes.atomicwriter import atomic_write
+from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
 from tests.process.helpers import aio, marked_procs
 from tests.runtime.kit import Site, running_fiberd, until, warm
 

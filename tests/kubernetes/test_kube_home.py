@@ -29,9 +29,9 @@ from slurm_fiber.homes.kubernetes.fake import (
     grant_pod,
     resource_claim,
 )
+from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
 from slurm_fiber.homes.kubernetes.home import DevicesUnknown, KubernetesHome
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
-from tests.homes.atomicwriter import atomic_write, write_secret
 from tests.homes.helpers import token
 from tests.kubernetes.conftest import GPUS, NAMESPACE, POD
 

@@ -5,7 +5,8 @@ ResourceClaims in a ``Store`` with the real server's patch, concurrency and
 deletion rules; ``grant_pod`` and ``resource_claim`` build the objects a
 control plane would have created. Start it, point an in-cluster
 configuration at it (``write_service_account`` and ``in_cluster_env``), and
-the home's real client code runs against it unchanged.
+the home's real client code runs against it unchanged. ``write_secret``
+updates a Secret volume on disk the way the kubelet does (the ``..data`` swap).
 """
 
 from slurm_fiber.homes.kubernetes.fake.objects import (
@@ -14,6 +15,7 @@ from slurm_fiber.homes.kubernetes.fake.objects import (
     grant_pod,
     resource_claim,
 )
+from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
 from slurm_fiber.homes.kubernetes.fake.server import FakeApiServer, Seen
 from slurm_fiber.homes.kubernetes.fake.store import PODS, RESOURCE_CLAIMS, ApiStatus, Store
 
@@ -26,6 +28,8 @@ __all__ = [
     "FakeApiServer",
     "Seen",
     "Store",
+    "atomic_write",
     "grant_pod",
     "resource_claim",
+    "write_secret",
 ]

@@ -1,5 +1,8 @@
 """The kubelet's AtomicWriter, step by step: how a Secret volume's files change on disk.
 
+Part of the fake: what the kubelet would do to the grant Pod's Secret volume
+when a control plane updates the Secret, for tests and grant-conform.
+
 ``atomic_write(volume, payload)`` updates ``volume`` the way the kubelet's
 ``pkg/volume/util/atomic_writer.go`` does for a Secret: the payload goes into
 a new ``..<UTC timestamp>.<random>`` directory, a ``..data_tmp`` symlink to
