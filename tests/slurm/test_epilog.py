@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -182,26 +181,38 @@ def test_a_state_dir_with_an_unmovable_audit_log_is_kept(site: Site,
     assert "kept" in out.stderr and (paths.state_dir / "audit.jsonl").exists()
 
 
-@pytest.mark.machine_may_lack("a Python interpreter non-root users may run")
-def test_processes_that_survive_sigkill_drain_the_node_and_are_named(
-        site: Site, spawned: list[subprocess.Popen[bytes]], test_user: JobUser) -> None:
-    """The epilog, run by a user who cannot signal the job's fiberd, must say it survived."""
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.fixture
+def frozen() -> Iterator[subprocess.Popen[bytes]]:
+    """A process frozen in a cgroup v1 freezer: SIGKILL cannot end it until it is thawed."""
+    if not os.access(FREEZER / "tasks", os.W_OK):
+        pytest.skip(f"no writable cgroup v1 freezer at {FREEZER}")
+    cgroup = FREEZER / f"sf-test-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    proc = subprocess.Popen(["sleep", "300"])
     try:
-        usable = subprocess.run([sys.executable, "-c", "pass"], user=test_user.uid,
-                                capture_output=True).returncode == 0
-    except OSError:
-        usable = False
-    if not usable:
-        pytest.skip(f"{sys.executable} cannot be run by uid {test_user.uid}")
+        (cgroup / "tasks").write_text(f"{proc.pid}\n")
+        (cgroup / "freezer.state").write_text("FROZEN\n")
+        yield proc
+    finally:
+        (cgroup / "freezer.state").write_text("THAWED\n")
+        proc.kill()
+        proc.wait()
+        cgroup.rmdir()
+
+
+@pytest.mark.machine_may_lack("a cgroup v1 freezer to hold a process through SIGKILL")
+def test_processes_that_survive_sigkill_drain_the_node_and_are_named(
+        site: Site, frozen: subprocess.Popen[bytes]) -> None:
     env = job_env(site, 69, 0, 0, "root")
+    site.configure("step_seconds = 1.0")
     assert run_hook("prolog", env).returncode == 0
-    fiberd = subprocess.Popen(["sleep", "300"])
-    spawned.append(fiberd)
     paths = job_paths(site.state_root, "n1", 69)
-    os.chmod(paths.state_dir, 0o755)
-    start = round(psutil.Process(fiberd.pid).create_time(), 2)
-    write_record(paths.state_dir, FiberdRecord(fiberd.pid, start, "s", None, 0))
-    out = run_hook("epilog", env, as_user=(test_user.uid, test_user.gid))
+    start = round(psutil.Process(frozen.pid).create_time(), 2)
+    write_record(paths.state_dir, FiberdRecord(frozen.pid, start, "s", None, 0))
+    out = run_hook("epilog", env)
     assert out.returncode == 1
-    assert f"processes: survived SIGKILL: pid {fiberd.pid} (sleep 300" in out.stderr
-    assert fiberd.poll() is None
+    assert f"processes: survived SIGKILL: pid {frozen.pid} (sleep 300" in out.stderr
+    assert frozen.poll() is None
