@@ -28,7 +28,6 @@ import socket
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.homes.slurm.home import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource
 from slurm_fiber.lease import Caller, LeaseError, Leases, Party, ProcessRef, Refusal
@@ -129,6 +128,10 @@ class NodeLeases:
 
     def claim(self, resource: str) -> None:
         """Claim ``resource`` for the job (idempotent); DevicesRefused when it cannot be had."""
+        # Imported here: home.py pulls in asyncio and jwt, which the prolog (this module's
+        # other user, on every job start) does not need.
+        from slurm_fiber.homes.slurm.home import DevicesRefused
+
         try:
             self.leases.claim(resource, self.caller, f"fiberd of slurm job {self.job.job_id}",
                               steal_stale=True)
