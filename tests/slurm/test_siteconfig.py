@@ -114,3 +114,10 @@ def test_fatal_checks_survive_a_broken_key(tmp_path: Path) -> None:
     assert fatal_checks(env) == {"config"}
     assert fatal_checks(write(tmp_path, "fatal = [")) == set()  # unreadable: never fatal
     assert fatal_checks({"SLURM_FIBER_CONFIG": str(tmp_path / "none.toml")}) == set()
+
+
+def test_the_contrib_example_is_a_valid_site_config() -> None:
+    example = Path(__file__).resolve().parents[2] / "contrib" / "slurm.conf.d" / "slurm-fiber.toml"
+    config = load_site_config({"SLURM_FIBER_CONFIG": str(example)})
+    assert config.issuer == "mycluster" and config.fatal == set() and config.step_seconds == 2.0
+    assert config.grant.limits.fibers == 16 and "mycluster" in config.trust
