@@ -25,6 +25,7 @@ and then names them; any other problem is reported and the exit is 0.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -58,25 +59,37 @@ def remove_path(path: Path) -> bool:
 def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
     """Move the job's audit log out of its state dir; where it went (None: there was none).
 
-    Only a regular file is kept; a later run for the same job gets a
-    numbered name. Raises OSError when it cannot be moved.
+    The job user owns the state dir, so what is moved is checked after the
+    move, through a descriptor that never follows a link: only a regular
+    file with one link is kept (root's, mode 0600); anything else is
+    dropped. A later run for the same job gets a numbered name. Raises
+    OSError when it cannot be moved.
     """
     source = paths.state_dir / AUDIT_NAME
-    try:
-        if not stat.S_ISREG(os.lstat(source).st_mode):
-            return None
-    except FileNotFoundError:
+    if not os.path.lexists(source):
         return None
     audit_dir = node_dir(state_root, job.node) / "audit"
     audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = audit_dir / f"job-{job.job_id}.jsonl"
     n = 0
-    while target.exists():
+    while os.path.lexists(target):
         n += 1
         target = audit_dir / f"job-{job.job_id}.{n}.jsonl"
     os.rename(source, target)
-    os.chown(target, 0, 0)
-    os.chmod(target, 0o600)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        target.unlink()
+        raise OSError(errno.EINVAL, "not a regular file; dropped", str(source)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            target.unlink()
+            raise OSError(errno.EINVAL, "not a regular file of one link; dropped", str(source))
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
     return target
 
 
@@ -160,7 +173,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
     if kept is not None:
         hook.note("audit", f"kept the audit log as {kept}")
-    if "audit" in hook.failed:
+    if "audit" in hook.failed and os.path.lexists(paths.state_dir / AUDIT_NAME):
         hook.report("state_dir", f"kept {paths.state_dir}: its audit log could not be moved")
     elif hook.step("state_dir", lambda: remove_path(paths.state_dir)):
         hook.note("state_dir", f"removed {paths.state_dir}")

@@ -216,3 +216,19 @@ def test_processes_that_survive_sigkill_drain_the_node_and_are_named(
     assert out.returncode == 1
     assert f"processes: survived SIGKILL: pid {frozen.pid} (sleep 300" in out.stderr
     assert frozen.poll() is None
+
+
+def test_an_audit_log_swapped_for_a_link_is_dropped_not_followed(site: Site,
+                                                                 test_user: JobUser) -> None:
+    env = job_env(site, 70, test_user.uid, test_user.gid, test_user.name)
+    assert run_hook("prolog", env).returncode == 0
+    victim = site.root / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    paths = job_paths(site.state_root, "n1", 70)
+    (paths.state_dir / "audit.jsonl").symlink_to(victim)  # what the job user could plant
+    out = run_hook("epilog", env)
+    assert out.returncode == 0 and "job 70: audit: " in out.stderr and "dropped" in out.stderr
+    assert victim.stat().st_mode & 0o777 == 0o644 and victim.read_text() == "precious\n"
+    assert not paths.state_dir.exists()
+    assert list((site.state_root / "nodes" / "n1" / "audit").iterdir()) == []
