@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import uuid
 from pathlib import Path
@@ -65,13 +66,34 @@ def own_dir(parent_fd: int, name: str, uid: int, gid: int) -> int:
     return fd
 
 
+def clear_foreign(parent_fd: int, name: str, uid: int) -> bool:
+    """Remove ``name`` in ``parent_fd`` unless it is a directory of ``uid`` (or root's, a
+    prolog's first step): another user's leftovers under a reused job id. True if removed."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0):
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=parent_fd)
+    else:
+        os.unlink(name, dir_fd=parent_fd)
+    return True
+
+
 def make_job_dirs(paths: JobPaths, uid: int, gid: int) -> None:
-    """Create the job's state dir and grantdir owned by uid:gid (0700). Idempotent."""
+    """Create the job's state dir and grantdir owned by uid:gid (0700). Idempotent.
+
+    A state dir left by another user under the same job id (an epilog that
+    never ran) is removed first, so none of its grants can reach this job.
+    """
     jobs = paths.state_dir.parent
     for parent in (*reversed(jobs.parents[:3]), jobs):
         check_parent(parent)
     jobs_fd = os.open(jobs, DIR_FLAGS)
     try:
+        clear_foreign(jobs_fd, paths.state_dir.name, uid)
         state_fd = own_dir(jobs_fd, paths.state_dir.name, uid, gid)
         try:
             os.close(own_dir(state_fd, paths.grantdir.name, uid, gid))

@@ -212,3 +212,19 @@ def test_job_party_names_cluster_and_job() -> None:
                         "SLURM_JOB_USER": "root", "SLURM_JOB_PARTITION": "p",
                         "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": "c"})
     assert job_party(job).session == "slurm-job:c:5"
+
+
+def test_another_users_leftovers_under_a_reused_job_id_are_cleared(site: Site,
+                                                                   test_user: JobUser) -> None:
+    root_env = job_env(site, 51, 0, 0, "root")
+    assert run_hook("prolog", root_env).returncode == 0  # root's job 51; its epilog never ran
+    paths = job_paths(site.state_root, "n1", 51)
+    (paths.grantdir / "stale.jwt").write_text("a token of the old job")
+    os.chown(paths.state_dir, 65534, 65534)  # a job of another user left it
+    env = job_env(site, 51, test_user.uid, test_user.gid, test_user.name)
+    assert run_hook("prolog", env).returncode == 0
+    assert sorted(p.name for p in paths.grantdir.iterdir()) == ["job-51.jwt"]
+    assert owned(paths.state_dir, test_user.uid, 0o700)
+    (paths.state_dir / "keep").write_text("the job's own")
+    assert run_hook("prolog", env).returncode == 0  # its own dir: kept
+    assert (paths.state_dir / "keep").exists()
