@@ -8,6 +8,7 @@ to act (a job to start, its epilog to finish), polled every 0.1 s.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -221,7 +222,12 @@ def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
     try:
         variables = exports(bare_host("env", env=env).stdout)
         config = Path(variables["SLURM_FIBER_CONFIG"])
+        status = json.loads(bare_host("status", "--json", env=env).stdout)
+        assert status["site_config"] == str(config)
         good = config.read_text()
+        site = load_site_config({"SLURM_FIBER_CONFIG": str(config)})
+        assert site.issuer == "cfgtest" and site.issuer_key is not None
+        assert site.issuer_key.stat().st_mode & 0o777 == 0o600
         cluster_env = os.environ | variables
         work = workdir(tmp_path)
 
@@ -248,3 +254,4 @@ def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
                        capture_output=True, timeout=30)
         down = bare_host("down", env=env)
     assert down.returncode == 0, down.stderr
+    assert site.cgroup_parent is None or not site.cgroup_parent.exists()
