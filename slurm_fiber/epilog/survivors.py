@@ -10,9 +10,11 @@ as "all processes of the user":
   must run as the job's uid) and every descendant of it;
 - processes of the job's uid whose environment names this job on this node
   of this cluster (``SLURM_JOB_ID``, ``SLURMD_NODENAME``,
-  ``SLURM_CLUSTER_NAME``, and ``SLURM_CONF`` when both sides have one): the
-  templates and fibers a crashed fiberd left orphaned where no cgroup
-  holds them (proctrack/linuxproc).
+  ``SLURM_CLUSTER_NAME``, and ``SLURM_CONF`` when the epilog has one:
+  slurmstepd sets it in every task's environment, even with
+  ``--export=NONE``, and it tells apart clusters that share a host and a
+  name): the templates and fibers a crashed fiberd left orphaned where no
+  cgroup holds them (proctrack/linuxproc).
 
 ``stop_job_processes`` SIGKILLs them all (``cgroup.kill`` for cgroups),
 waits a bounded time and returns the ones that provably survived (still
@@ -105,8 +107,7 @@ def environ_names_job(environ: bytes, job: SlurmJob, slurm_conf: str | None) -> 
               b"SLURM_CLUSTER_NAME": job.cluster}
     if any(pairs.get(key) != value.encode() for key, value in wanted.items()):
         return False
-    theirs = pairs.get(b"SLURM_CONF")
-    return slurm_conf is None or theirs is None or theirs == slurm_conf.encode()
+    return slurm_conf is None or pairs.get(b"SLURM_CONF") == slurm_conf.encode()
 
 
 def environ_members(job: SlurmJob, slurm_conf: str | None,

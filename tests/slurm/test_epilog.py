@@ -120,7 +120,8 @@ def test_orphans_whose_environment_names_the_job_are_stopped(
         site: Site, test_user: JobUser, spawned: list[subprocess.Popen[bytes]]) -> None:
     env = job_env(site, 65, test_user.uid, test_user.gid, test_user.name)
     assert run_hook("prolog", env).returncode == 0
-    marker = {"SLURM_JOB_ID": "65", "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": "citest"}
+    marker = {"SLURM_JOB_ID": "65", "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": "citest",
+              "SLURM_CONF": "/etc/slurm/slurm.conf"}
 
     def start(uid: int, environ: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin", **environ},
@@ -132,6 +133,7 @@ def test_orphans_whose_environment_names_the_job_are_stopped(
     other_job = start(test_user.uid, marker | {"SLURM_JOB_ID": "66"})
     other_node = start(test_user.uid, marker | {"SLURMD_NODENAME": "n2"})
     other_cluster = start(test_user.uid, marker | {"SLURM_CONF": "/other/slurm.conf"})
+    no_conf = start(test_user.uid, {k: v for k, v in marker.items() if k != "SLURM_CONF"})
     other_user = start(0, marker)
     out = run_hook("epilog", env | {"SLURM_CONF": "/etc/slurm/slurm.conf"})
     assert out.returncode == 0, out.stderr
@@ -140,7 +142,8 @@ def test_orphans_whose_environment_names_the_job_are_stopped(
     while orphan.poll() is None:
         assert time.monotonic() < deadline, "the orphan survived"
         time.sleep(0.02)
-    assert all(p.poll() is None for p in (other_job, other_node, other_cluster, other_user))
+    assert all(p.poll() is None
+               for p in (other_job, other_node, other_cluster, no_conf, other_user))
 
 
 @pytest.mark.machine_may_lack("a writable cgroup v2 hierarchy")
@@ -232,3 +235,16 @@ def test_an_audit_log_swapped_for_a_link_is_dropped_not_followed(site: Site,
     assert victim.stat().st_mode & 0o777 == 0o644 and victim.read_text() == "precious\n"
     assert not paths.state_dir.exists()
     assert list((site.state_root / "nodes" / "n1" / "audit").iterdir()) == []
+
+
+def test_environ_matching_is_exact() -> None:
+    from slurm_fiber.epilog.survivors import environ_names_job
+    from slurm_fiber.homes.slurm.jobenv import SlurmJob
+
+    job = SlurmJob(job_id=7, uid=0, gid=0, user="root", partition="p", node="n1", cluster="c")
+    env = b"A=1\0SLURM_JOB_ID=7\0SLURMD_NODENAME=n1\0SLURM_CLUSTER_NAME=c\0SLURM_CONF=/s\0"
+    assert environ_names_job(env, job, "/s") and environ_names_job(env, job, None)
+    assert not environ_names_job(env, job, "/other")
+    assert not environ_names_job(env.replace(b"JOB_ID=7", b"JOB_ID=77"), job, "/s")
+    assert not environ_names_job(env.replace(b"SLURM_CONF=/s\0", b""), job, "/s")
+    assert not environ_names_job(b"\xff\0garbage", job, None)
