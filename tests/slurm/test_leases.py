@@ -26,6 +26,7 @@ from slurm_fiber.homes.slurm.leases import (
     release_job,
 )
 from slurm_fiber.homes.slurm.paths import job_paths
+from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.lease import LeaseError, ProcessRef
 
 TTL = 3600.0
@@ -44,8 +45,8 @@ def prolog(root: Path, j: SlurmJob, clock: FakeClock) -> list[str]:
 
 
 def fiberd(root: Path, j: SlurmJob, clock: FakeClock) -> NodeLeases:
-    return NodeLeases(job_paths(root, j.node, j.job_id), j, clock, ttl=TTL,
-                      process=ProcessRef(os.getpid()))
+    site = SiteConfig(state_root=root, lease_ttl=TTL)
+    return NodeLeases.for_job(site, j, clock, ProcessRef(os.getpid()))
 
 
 def test_the_prolog_grants_and_the_jobs_fiberd_claims(tmp_path: Path, clock: FakeClock) -> None:

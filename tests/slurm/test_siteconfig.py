@@ -121,3 +121,23 @@ def test_the_contrib_example_is_a_valid_site_config() -> None:
     config = load_site_config({"SLURM_FIBER_CONFIG": str(example)})
     assert config.issuer == "mycluster" and config.fatal == set() and config.step_seconds == 2.0
     assert config.grant.limits.fibers == 16 and "mycluster" in config.trust
+
+
+def test_the_slurm_homes_settings_come_from_the_site(tmp_path: Path) -> None:
+    from slurm_fiber.homes.slurm.siteconfig import home_config
+
+    gres = tmp_path / "gres.conf"
+    gres.write_text("AutoDetect=off\nNodeName=n[1-2] Name=gpu File=/dev/nvidia[0-1]\n")
+    text = f'state_root = "/srv/sf"\ngres_conf = "{gres}"\npublish_comment = true\n'
+    settings = home_config(load_site_config(write(tmp_path, text)), "n2", poll_every=2.0)
+    assert settings.state_root == Path("/srv/sf") and settings.publish_comment
+    assert dict(settings.gpu_files) == {0: "/dev/nvidia0", 1: "/dev/nvidia1"}
+    assert settings.poll_every == 2.0
+    assert dict(home_config(load_site_config(write(tmp_path, "")), "n1").gpu_files) == {}
+    env = write(tmp_path, text)
+    gres.write_text("NodeName=n[1- Name=gpu File=/dev/x\n")
+    with pytest.raises(SiteConfigError, match="gres_conf"):
+        home_config(load_site_config(env), "n1")
+    gres.unlink()
+    with pytest.raises(SiteConfigError, match="No such file"):
+        home_config(load_site_config(env), "n1")

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
-from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource
+from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
+from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.lease import Caller, LeaseError, Leases, Party, ProcessRef, Refusal
 from slurm_fiber.lease.stale import AUDIT_FILE
 
@@ -125,6 +126,13 @@ class NodeLeases:
         self.leases = node_leases(paths, clock, ttl)
         self.caller = Caller(job_party(job), name=f"slurm job {job.job_id} ({job.user})",
                              process=process)
+
+    @classmethod
+    def for_job(cls, config: SiteConfig, job: SlurmJob, clock: Clock,
+                process: ProcessRef | None) -> NodeLeases:
+        """The job's leases on its node under the site's state root and lease TTL."""
+        return cls(job_paths(config.state_root, job.node, job.job_id), job, clock,
+                   ttl=config.lease_ttl, process=process)
 
     def claim(self, resource: str) -> None:
         """Claim ``resource`` for the job (idempotent); DevicesRefused when it cannot be had."""

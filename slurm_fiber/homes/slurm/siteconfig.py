@@ -44,11 +44,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
+
+if TYPE_CHECKING:
+    from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
 DEFAULT_CONFIG = Path("/etc/slurm-fiber/slurm-fiber.toml")
@@ -224,3 +227,27 @@ def load_site_config(environ: Mapping[str, str]) -> SiteConfig:
             raise SiteConfigError(f"{STATE_ROOT_ENV}={override[:200]!r} must be an absolute path")
         values["state_root"] = Path(override)
     return SiteConfig(**values, source=None if doc is None else path)
+
+
+def home_config(config: SiteConfig, node: str, **settings: Any) -> SlurmHomeConfig:
+    """The Slurm home's settings for ``node`` under this site (fiberd-run's call).
+
+    State root and ``publish_comment`` come from the site, GPU device files
+    from its ``gres_conf`` (none when unset); ``settings`` set the home's
+    other fields (poll intervals). Blocks on reading gres.conf; raises
+    SiteConfigError when it cannot be read or parsed.
+    """
+    from slurm_fiber.homes.slurm.gres import gpu_files
+    from slurm_fiber.homes.slurm.home import SlurmHomeConfig  # asyncio and jwt: not for hooks
+    from slurm_fiber.homes.slurm.jobenv import SlurmParseError
+
+    files: dict[int, str] = {}
+    if config.gres_conf is not None:
+        try:
+            files = gpu_files(config.gres_conf.read_text(errors="replace"), node)
+        except OSError as err:
+            raise SiteConfigError(f"gres_conf {config.gres_conf}: {err.strerror}") from None
+        except SlurmParseError as err:
+            raise SiteConfigError(f"gres_conf {config.gres_conf}: {err.reason}") from None
+    return SlurmHomeConfig(state_root=config.state_root, publish_comment=config.publish_comment,
+                           gpu_files=files, **settings)
