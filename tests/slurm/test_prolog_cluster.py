@@ -255,3 +255,16 @@ def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
         down = bare_host("down", env=env)
     assert down.returncode == 0, down.stderr
     assert site.cgroup_parent is None or not site.cgroup_parent.exists()
+
+
+def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster) -> None:
+    site = site_of(slurm_cluster)
+    check = (f'd={site.state_root}/nodes/$SLURMD_NODENAME/jobs/$SLURM_JOB_ID; '
+             'test -s "$d/grants/job-$SLURM_JOB_ID.jwt" && echo "$SLURMD_NODENAME $SLURM_JOB_ID"')
+    out = slurm_cluster.srun("-N2", "--gres=gpu:1", "sh", "-c", check)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.split("\n")[:2])
+    assert [line.split()[0] for line in lines] == ["n1", "n2"], out.stdout
+    job = int(lines[0].split()[1])
+    for node in ("n1", "n2"):
+        eventually(lambda node=node: nothing_left(site, node, job), f"job {job} left on {node}")
