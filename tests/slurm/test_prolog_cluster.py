@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -268,3 +269,54 @@ def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster) -> 
     job = int(lines[0].split()[1])
     for node in ("n1", "n2"):
         eventually(lambda node=node: nothing_left(site, node, job), f"job {job} left on {node}")
+
+
+CLAIMING_JOB = """#!/bin/sh
+cd "{work}"
+PYTHONPATH="{path}" /usr/bin/python3 - > "claim-$SLURM_JOB_ID.tmp" 2>&1 <<'PY'
+import os
+from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.homes.slurm.jobenv import job_from_env
+from slurm_fiber.homes.slurm.leases import NodeLeases
+from slurm_fiber.homes.slurm.paths import gpu_resource
+from slurm_fiber.homes.slurm.siteconfig import load_site_config
+from slurm_fiber.lease.stale import process_ref
+job = job_from_env(os.environ)
+leases = NodeLeases.for_job(load_site_config(os.environ), job, SystemClock(),
+                            process_ref(os.getppid()))
+for gpu in job.gpus:
+    leases.claim(gpu_resource(job.node, gpu))
+    print("claimed", gpu_resource(job.node, gpu))
+PY
+mv "claim-$SLURM_JOB_ID.tmp" "claim-$SLURM_JOB_ID"
+i=0; while [ ! -f release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+"""
+
+
+@pytest.mark.machine_may_lack("a system python3 of the venv's version the job user may run")
+def test_the_job_user_claims_its_granted_gpu_and_the_epilog_frees_it(
+        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
+    """What fiberd does as the job user, done by the job itself: the lease area lets it."""
+    version = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    if version != str(sys.version_info[:2]):
+        pytest.skip(f"/usr/bin/python3 is {version}, not {sys.version_info[:2]}")
+    site = site_of(slurm_cluster)
+    work = workdir(tmp_path)
+    checkout = Path(__file__).resolve().parents[2]
+    path = f"{checkout}:{Path(sys.executable).parent.parent}/lib/python3.11/site-packages"
+    job = slurm_cluster.submit(CLAIMING_JOB.format(work=work, path=path), "-w", "n1",
+                               "--gres=gpu:1", "-t", "2", *as_user(test_user), workdir=work)
+    try:
+        eventually(lambda: (work / f"claim-{job}").exists(), f"job {job} did not claim")
+        said = (work / f"claim-{job}").read_text()
+        assert said.startswith("claimed gpu:n1:"), said
+        resource = said.split()[1]
+        holder = leases_of(site, "n1").dir.get(resource)
+        assert holder is not None and holder.party().session == f"slurm-job:citest:{job}"
+        lease = job_paths(site.state_root, "n1", job).lease_dir / resource
+        assert lease.stat().st_uid == test_user.uid
+    finally:
+        (work / "release").touch()
+        slurm_cluster.wait_done(job)
+    eventually(lambda: nothing_left(site, "n1", job), f"job {job}'s lease remains")
