@@ -132,7 +132,14 @@ def test_a_corrupt_state_document_is_a_lease_failure(tmp_path: Path, clock: Fake
 def test_the_lease_area_is_shared_with_job_users(tmp_path: Path) -> None:
     paths = job_paths(tmp_path, "n1", 7)
     prepare_lease_area(paths)
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    victim.chmod(0o600)
+    (paths.lease_dir / "audit.jsonl").unlink()
+    (paths.lease_dir / "audit.jsonl").symlink_to(victim)  # planted by a job user
     prepare_lease_area(paths)
+    assert victim.stat().st_mode & 0o777 == 0o600
+    assert not (paths.lease_dir / "audit.jsonl").is_symlink()
     assert paths.lease_state.parent == paths.lease_dir
     assert paths.lease_dir.stat().st_mode & 0o777 == 0o777
     lock = paths.lease_state.with_name("state.json.lock")

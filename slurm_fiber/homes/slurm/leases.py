@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
@@ -57,14 +58,20 @@ def node_leases(paths: JobPaths, clock: Clock, ttl: float) -> Leases:
 def prepare_lease_area(paths: JobPaths) -> None:
     """Create the lease dir and its lock and audit files writable by job users (root only).
 
-    Idempotent. Raises OSError when the area cannot be created.
+    Idempotent. The dir is writable by everyone, so a lock or audit file that
+    is anything but a regular file (a planted symlink) is replaced, never
+    followed. Raises OSError when the area cannot be created.
     """
     lease_dir: Path = paths.lease_dir
     lease_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(lease_dir, SHARED_DIR_MODE)
     lock = paths.lease_state.with_name(paths.lease_state.name + ".lock")
     for shared in (lock, lease_dir / AUDIT_FILE):
-        fd = os.open(shared, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, SHARED_FILE_MODE)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.lstat(shared).st_mode):
+                os.unlink(shared)
+        fd = os.open(shared, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     SHARED_FILE_MODE)
         try:
             os.fchmod(fd, SHARED_FILE_MODE)
         finally:
