@@ -32,9 +32,16 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurm_fiber.core import cgroups
+from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.epilog import survivors
+from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
+from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
+from slurm_fiber.homes.slurm.leases import node_leases, release_job
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
+from slurm_fiber.prolog.cgroup import job_cgroup
 from slurm_fiber.prolog.cli import hook_main
 from slurm_fiber.prolog.hook import Hook
 
@@ -95,10 +102,7 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
 
 def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
                environ: Mapping[str, str], delegated: Path | None) -> list[str]:
-    from slurm_fiber.epilog import survivors
-    from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
-    from slurm_fiber.homes.slurm.fiberdrecord import read_record
-
+    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL."""
     record, _ = read_record(paths.state_dir)
     roots = [delegated] if delegated is not None else []
     if record is not None:
@@ -121,9 +125,6 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
 
 
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.core.clock import SystemClock
-    from slurm_fiber.homes.slurm.leases import node_leases, release_job
-
     if not paths.lease_dir.exists():
         return True
     released, dropped = release_job(node_leases(paths, SystemClock(), config.lease_ttl), job)
@@ -133,8 +134,6 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _cgroup(delegated: Path) -> bool:
-    from slurm_fiber.core import cgroups
-
     cgroups.remove_tree(delegated)
     return True
 
@@ -161,8 +160,6 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     paths = job_paths(config.state_root, job.node, job.job_id)
     delegated = None
     if config.delegate_cgroup:
-        from slurm_fiber.prolog.cgroup import job_cgroup
-
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
     hook.step("grants", lambda: remove_path(paths.grantdir))
     alive = hook.step("processes",

@@ -23,8 +23,8 @@ harmless (idempotent).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.homes.slurm.siteconfig import (
@@ -33,12 +33,11 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
+from slurm_fiber.prolog.cgroup import delegate, job_cgroup
 from slurm_fiber.prolog.cli import hook_main
+from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
 from slurm_fiber.prolog.hook import Hook
 from slurm_fiber.prolog.statedir import make_job_dirs, write_file
-
-if TYPE_CHECKING:
-    from slurm_fiber.prolog.grants import TokenFile
 
 NAME = "slurm-fiber-prolog"
 GRANT_FILE_MODE = 0o600
@@ -53,17 +52,11 @@ def _place(hook: Hook, paths: JobPaths, job: SlurmJob, files: list[TokenFile]) -
 
 
 def _mint(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.core.clock import SystemClock
-    from slurm_fiber.prolog.grants import mint_job_token
-
     _place(hook, paths, job, [mint_job_token(config, job, SystemClock())])
     return True
 
 
 def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.core.clock import SystemClock
-    from slurm_fiber.prolog.grants import spooled_tokens
-
     found, problems = spooled_tokens(config, job, SystemClock())
     for problem in problems:
         hook.warn("spool", problem)
@@ -72,8 +65,6 @@ def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bo
 
 
 def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.prolog.cgroup import delegate, job_cgroup
-
     path = job_cgroup(config, job.node, job.job_id)
     if path is None:
         raise OSError(2, "no cgroup2 mount on this node to delegate from")
@@ -85,7 +76,8 @@ def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.core.clock import SystemClock
+    # The lease package (and psutil) only for jobs with GPUs; jwt only when minting
+    # (grants imports it inside its functions): the prolog delays every job start.
     from slurm_fiber.homes.slurm.leases import grant_job_gpus, node_leases, prepare_lease_area
 
     prepare_lease_area(paths)
