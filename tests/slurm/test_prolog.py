@@ -23,6 +23,7 @@ from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.mint import mint
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.homes.slurm.cgroup_root import delegated_root
 from slurm_fiber.homes.slurm.leases import job_party
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.lease import Leases
@@ -189,6 +190,8 @@ def test_a_delegated_cgroup_is_given_to_the_job_user(site: Site, test_user: JobU
         assert os.stat(cgroup / "cgroup.kill").st_uid == 0  # only the delegation files
         record = job_paths(site.state_root, "n1", 50).cgroup_file
         assert record.read_text() == f"{cgroup}\n" and owned(record, 0, 0o644)
+        choice = delegated_root(record, CGROUP2, 50)  # what the Slurm home makes of it
+        assert choice is not None and choice.path == cgroup, choice
     finally:
         for path in (parent / "n1" / "job_50", parent / "n1", parent):
             if path.exists():
