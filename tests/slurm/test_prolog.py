@@ -23,6 +23,7 @@ from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.mint import mint
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.homes import EventKind, GrantDir
 from slurm_fiber.homes.slurm.cgroup_root import delegated_root
 from slurm_fiber.homes.slurm.leases import job_party
 from slurm_fiber.homes.slurm.paths import job_paths
@@ -63,6 +64,12 @@ def test_the_prolog_places_the_jobs_token_in_dirs_the_job_user_owns(
     assert grant.uid == "job-41" and grant.spec.devices == ("gpu",)  # type: ignore[attr-defined]
     assert abs(grant.exp - (time.time() + 86400)) < 60  # type: ignore[attr-defined]
     assert not list(paths.state_dir.parent.parent.glob("leases"))  # no GPUs, no lease area
+    problems: list[object] = []
+    events = GrantDir(paths.grantdir, FakeClock(), on_problem=problems.append,
+                      owner=test_user.uid).poll()  # what the job's Slurm home reads
+    assert [(e.kind, e.token) for e in events] == [(EventKind.GRANT_ADDED,
+                                                    token_file.read_bytes())]
+    assert problems == []
 
 
 def test_the_token_ends_at_the_jobs_end_when_slurm_says_it(site: Site,
