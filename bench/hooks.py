@@ -4,7 +4,9 @@ Each round runs, for one fresh job id, the real console scripts under
 ``env -i`` with a 22.05 prolog/epilog environment (no PATH, no HOME) and a
 site config in a temporary directory: a job of a non-root-owned uid with
 one GPU, a minted token, a lease grant, and no cgroup delegation (pass
-``--delegate`` to add it where cgroup v2 is writable). The baseline is
+``--delegate`` to add it where cgroup v2 is writable). A second site
+without an issuer key (no minting, so no pyjwt import) is timed in the same
+rounds ("prolog_no_mint"), to show what minting costs. The baseline is
 ``python -c pass`` with the same interpreter, in the same rounds,
 interleaved. The prolog delays every job start (target p50 <= 150 ms each);
 the figures also give each hook's cost above the bare interpreter start, the
@@ -33,13 +35,15 @@ BIN = Path(sys.executable).parent
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 
 
-def site(root: Path, delegate: bool) -> Path:
+def site(root: Path, delegate: bool, mint: bool = True) -> Path:
     """Write a site (key, JWKS, config) under ``root``; the config path."""
+    root.mkdir(mode=0o755, exist_ok=True)
     key = generate_key()
     save_private_key(key, root / "site.key")
     (root / "site.jwks.json").write_text(json.dumps({"keys": [public_jwk(key)]}))
-    lines = ['issuer = "bench"', f'issuer_key = "{root / "site.key"}"',
-             f'state_root = "{root / "state"}"']
+    lines = ['issuer = "bench"', f'state_root = "{root / "state"}"']
+    if mint:
+        lines.append(f'issuer_key = "{root / "site.key"}"')
     if delegate:
         lines += ["delegate_cgroup = true", f'cgroup_parent = "{CGROUP2}/sf-bench-{os.getpid()}"']
     lines += ["[trust]", f'bench = "{root / "site.jwks.json"}"', "[grant]", 'devices = ["gpu"]']
@@ -79,11 +83,13 @@ def main() -> None:
     parser.add_argument("--delegate", action="store_true",
                         help="also delegate a cgroup v2 subtree per job (needs root)")
     opts = parser.parse_args()
-    samples: dict[str, list[float]] = {"baseline": [], "prolog": [], "epilog": []}
+    samples: dict[str, list[float]] = {"baseline": [], "prolog": [], "epilog": [],
+                                       "prolog_no_mint": []}
     with tempfile.TemporaryDirectory(prefix="sf-bench-hooks-") as tmp:
         root = Path(tmp)
         os.chmod(root, 0o755)
         config = site(root, opts.delegate)
+        lean = site(root / "lean", delegate=False, mint=False)
         baseline = ["/usr/bin/env", "-i", sys.executable, "-c", "pass"]
         for job_id in range(1, opts.runs + 1):
             samples["baseline"].append(timed(baseline))
@@ -91,6 +97,9 @@ def main() -> None:
                 argv = ["/usr/bin/env", "-i", *job_env(config, job_id, f"{hook}_slurmd"),
                         str(BIN / f"slurm-fiber-{hook}")]
                 samples[hook].append(timed(argv))
+            argv = ["/usr/bin/env", "-i", *job_env(lean, job_id, "prolog_slurmd"),
+                    str(BIN / "slurm-fiber-prolog")]
+            samples["prolog_no_mint"].append(timed(argv))
         if opts.delegate:
             parent = CGROUP2 / f"sf-bench-{os.getpid()}"
             for leftover in (parent / "n1", parent):
@@ -98,7 +107,7 @@ def main() -> None:
                     leftover.rmdir()
     figures = {name: percentiles(values) for name, values in samples.items()}
     base = figures["baseline"]["p50_ms"]
-    for hook in ("prolog", "epilog"):
+    for hook in ("prolog", "epilog", "prolog_no_mint"):
         figures[hook]["above_baseline_p50_ms"] = round(figures[hook]["p50_ms"] - base, 1)
         figures[hook]["meets_target"] = figures[hook]["p50_ms"] <= TARGET_P50_S * 1000
         print(f"{hook}: p50 {figures[hook]['p50_ms']} ms, p99 {figures[hook]['p99_ms']} ms "
