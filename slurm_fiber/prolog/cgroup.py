@@ -49,7 +49,10 @@ def delegate(path: Path, uid: int, gid: int) -> None:
     Raises OSError when the cgroup cannot be created or given away (no
     cgroup2 there, read-only, not root).
     """
+    missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
     path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o755)  # slurmd's umask must not hide the subtree from the user
     if not (path / "cgroup.procs").exists():
         raise FileNotFoundError(2, "not a cgroup v2 directory (no cgroup.procs)", str(path))
     os.chown(path, uid, gid, follow_symlinks=False)

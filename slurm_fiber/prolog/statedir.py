@@ -34,9 +34,13 @@ class UnsafePath(OSError):
 
 
 def check_parent(path: Path) -> None:
-    """Create ``path`` (root, 0755) if missing; refuse it unless a root-owned dir not
-    writable by group or others."""
-    path.mkdir(mode=ROOT_DIR_MODE, parents=True, exist_ok=True)
+    """Create ``path`` (root, 0755 whatever slurmd's umask) if missing; refuse it unless a
+    root-owned dir not writable by group or others."""
+    try:
+        path.mkdir(mode=ROOT_DIR_MODE, parents=True)
+        os.chmod(path, ROOT_DIR_MODE)
+    except FileExistsError:
+        pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePath(f"{path} is not a directory (a symlink?)")

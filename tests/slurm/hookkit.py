@@ -69,12 +69,13 @@ def job_env(site: Site, job_id: int, uid: int, gid: int, user: str, *, node: str
 
 
 def run_hook(kind: str, env: dict[str, str], *args: str,
-             as_user: tuple[int, int] | None = None,
+             as_user: tuple[int, int] | None = None, umask: int = 0o022,
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run slurm-fiber-<kind> under `env -i` with exactly ``env`` (no PATH, no HOME),
-    as root or as ``as_user`` (uid, gid)."""
+    as root or as ``as_user`` (uid, gid), with ``umask``."""
     argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()),
             str(VENV_BIN / f"slurm-fiber-{kind}"), *args]
     ids = {} if as_user is None else {"user": as_user[0], "group": as_user[1],
                                       "extra_groups": []}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **ids)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask,
+                          **ids)

@@ -189,8 +189,9 @@ def test_a_delegated_cgroup_is_given_to_the_job_user(site: Site, test_user: JobU
     site.configure("delegate_cgroup = true", f'cgroup_parent = "{parent}"')
     env = job_env(site, 50, test_user.uid, test_user.gid, test_user.name)
     try:
-        assert run_hook("prolog", env).returncode == 0
+        assert run_hook("prolog", env, umask=0o077).returncode == 0
         cgroup = parent / "n1" / "job_50"
+        assert stat.S_IMODE(os.stat(parent / "n1").st_mode) == 0o755
         assert os.stat(cgroup).st_uid == test_user.uid
         for name in ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
             assert os.stat(cgroup / name).st_uid == test_user.uid
@@ -238,3 +239,15 @@ def test_another_users_leftovers_under_a_reused_job_id_are_cleared(site: Site,
     (paths.state_dir / "keep").write_text("the job's own")
     assert run_hook("prolog", env).returncode == 0  # its own dir: kept
     assert (paths.state_dir / "keep").exists()
+
+
+def test_a_strict_umask_still_lets_the_job_user_reach_its_dirs(site: Site,
+                                                               test_user: JobUser) -> None:
+    env = job_env(site, 52, test_user.uid, test_user.gid, test_user.name, gpus="0")
+    assert run_hook("prolog", env, umask=0o077).returncode == 0
+    paths = job_paths(site.state_root, "n1", 52)
+    for parent in (site.state_root, site.state_root / "nodes", paths.state_dir.parent.parent,
+                   paths.state_dir.parent):
+        assert owned(parent, 0, 0o755), parent
+    assert owned(paths.grantdir, test_user.uid, 0o700)
+    assert stat.S_IMODE(paths.lease_dir.stat().st_mode) == 0o777
