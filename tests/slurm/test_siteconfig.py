@@ -141,3 +141,13 @@ def test_the_slurm_homes_settings_come_from_the_site(tmp_path: Path) -> None:
     gres.unlink()
     with pytest.raises(SiteConfigError, match="No such file"):
         home_config(load_site_config(env), "n1")
+
+
+def test_the_module_docstring_example_loads(tmp_path: Path) -> None:
+    from slurm_fiber.homes.slurm import siteconfig
+
+    doc = siteconfig.__doc__ or ""
+    example = doc.split("Example::")[1].split("The prolog checks")[0]
+    text = "\n".join(line[4:] for line in example.splitlines())
+    config = load_site_config(write(tmp_path, text))
+    assert config.issuer == "citest" and config.grant.limits.fibers == 8

@@ -13,7 +13,7 @@ a missing file named by the variable is a refusal. Example::
     spool_dir = "/var/spool/slurm-fiber"      # <spool>/<cluster>/<job id>/*.jwt
     gres_conf = "/etc/slurm/gres.conf"        # GPU device files (optional)
     delegate_cgroup = false                   # site opt-in: a cgroup subtree per job
-    cgroup_parent = ""                        # where job subtrees go (default: see below)
+    # cgroup_parent = "/sys/fs/cgroup/sf"     # where job subtrees go (default: see below)
     publish_comment = false                   # readiness also in the job's Comment
     fatal = []                                # prolog checks that drain the node
     step_seconds = 2.0                        # time bound of each hook step
@@ -29,7 +29,8 @@ a missing file named by the variable is a refusal. Example::
     limits = { fibers = 8, seconds = 600 }
 
 The prolog checks named in ``fatal`` are ``config``, ``job``, ``state_dir``,
-``tokens``, ``spool``, ``leases`` and ``cgroup`` (``CHECKS``). Relative paths
+``tokens``, ``spool``, ``leases`` and ``cgroup`` (``CHECKS``). The default
+``cgroup_parent`` is ``<cgroup2 mount>/slurm-fiber`` (prolog/cgroup). Relative paths
 are taken from the file's directory. Every refusal is one ``SiteConfigError``
 line naming the key; unknown keys are refused so a typo is never a silent
 default. Pure apart from reading the one file.
