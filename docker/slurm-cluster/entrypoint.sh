@@ -1,11 +1,16 @@
 #!/bin/sh
 # Container entry point: `keygen`, `slurmctld` or `slurmd <nodename>`.
-# The munge key lives in the shared volume /munge-key, made once by `keygen`.
+# The munge key and the slurm_fiber site issuer key (site/) live in the shared volume
+# /munge-key, made once by `keygen`; /etc/slurm-fiber/slurm-fiber.toml points at them.
 set -eu
 role=${1:?usage: entrypoint.sh keygen|slurmctld|slurmd NODE}
 if [ "$role" = keygen ]; then
   [ -s /munge-key/munge.key ] || mungekey --create --keyfile=/munge-key/munge.key --bits=1024
   chmod 0400 /munge-key/munge.key
+  if [ ! -s /munge-key/site/citest.jwks.json ]; then
+    /opt/slurm_fiber/.venv/bin/slurm-fiber keys gen --issuer citest --out /munge-key/site
+  fi
+  for key in /munge-key/site/citest-*.key; do ln -sf "$(basename "$key")" /munge-key/site/citest.key; done
   exit 0
 fi
 install -o munge -g munge -m 0400 /munge-key/munge.key /etc/munge/munge.key

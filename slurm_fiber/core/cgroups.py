@@ -30,7 +30,6 @@ and work on any directory tree, so the limit logic is testable on a fake one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import hashlib
@@ -40,8 +39,12 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_fiber.core.grant import Limits
+
+if TYPE_CHECKING:
+    import asyncio
 
 CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
@@ -158,6 +161,8 @@ async def wait_empty(cgroup: Path, recheck: float = 0.5) -> None:
     """
     if not populated(cgroup):
         return
+    import asyncio  # here, not at the top: the Slurm epilog uses the file helpers only
+
     loop = asyncio.get_running_loop()
     with _inotify(cgroup / "cgroup.events") as fd:
         while populated(cgroup):

@@ -1,14 +1,17 @@
 """The `slurm_cluster` fixture: the bare-host 2-node Slurm cluster, running or brought up here.
 
 It uses a cluster that is already up (read through `bare-host status --json`
-and `bare-host env`), or, as root on Debian, runs `bare-host up --no-hooks`
-and `down` at the end of the session. When neither works it skips with the
-reason (CI turns that skip into a failure, as intended).
+and `bare-host env`), or, as root on Debian, runs `bare-host up` (with the
+slurm_fiber prolog and epilog wired in) and `down` at the end of the
+session. When neither works it skips with the reason (CI turns that skip
+into a failure, as intended). `test_user` is a non-root account for jobs
+whose ownership matters (created with useradd when absent).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,11 +41,16 @@ def exports(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """A running cluster: ``env`` for client commands, its run dir and node names."""
+    """A running cluster: ``env`` for client commands, its run dir and node names.
+
+    ``site_config`` is the slurm_fiber site config its prolog and epilog use
+    (None when it was brought up with --no-hooks).
+    """
 
     env: dict[str, str]
     run_dir: Path
     nodes: tuple[str, ...]
+    site_config: Path | None = None
 
     def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command with the cluster's SLURM_CONF; blocks until it exits."""
@@ -126,7 +134,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         reason = _can_bring_up()
         if reason:
             pytest.skip(f"no Slurm cluster up and cannot start one: {reason}")
-        up = bare_host("up", "--no-hooks", timeout=600)
+        up = bare_host("up", timeout=600)
         if up.returncode != 0:
             pytest.skip(f"bare-host up failed: {up.stderr.strip()[-2000:]}")
         started_here = True
@@ -135,7 +143,35 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         env=os.environ | variables,
         run_dir=Path(variables["SLURM_FIBER_CLUSTER_DIR"]),
         nodes=tuple(variables["SLURM_FIBER_CLUSTER_NODES"].split()),
+        site_config=Path(variables["SLURM_FIBER_CONFIG"]) if "SLURM_FIBER_CONFIG" in variables
+        else None,
     )
     yield cluster
     if started_here:
         bare_host("down")
+
+
+TEST_USER = "sfjob"
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """A non-root account jobs can run as: name, uid, gid."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@pytest.fixture(scope="session")
+def test_user() -> JobUser:
+    """The non-root job user (useradd once, idempotent); skips when not root."""
+    if os.geteuid() != 0:
+        pytest.skip("creating the job test user needs root")
+    try:
+        entry = pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                        TEST_USER], capture_output=True)  # a parallel run may win the race
+        entry = pwd.getpwnam(TEST_USER)
+    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid)

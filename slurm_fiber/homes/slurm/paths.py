@@ -12,7 +12,7 @@ cannot disagree. The layout, under the state root (default
         ready.json                       readiness, written by the Slurm home
         cgroup                           the cgroup subtree the prolog delegated (one line)
     nodes/<node>/leases/                 the node's lease dir (GPU leases, one per device)
-    nodes/<node>/lease-state.json        the node's lease state document
+        state.json                       its lease state document (the lease CLI's default)
 
 Paths are per node name because several slurmd may share one host (the test
 cluster runs n1 and n2 on 127.0.0.1), and their GPU 0s are different
@@ -79,7 +79,7 @@ def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:
         ready_file=state / "ready.json",
         cgroup_file=state / "cgroup",
         lease_dir=here / "leases",
-        lease_state=here / "lease-state.json",
+        lease_state=here / "leases" / "state.json",
     )
 
 

@@ -1,0 +1,185 @@
+"""slurm-fiber-epilog: removes what a finished Slurm job left of slurm_fiber on a node.
+
+slurmd runs it as root on every node of the job, after the job's tracked
+processes are gone, with no PATH and no HOME. It reads the job from its
+environment and the site config, like the prolog. Steps, each bounded by
+``step_seconds`` and reported as one line (stderr and syslog) when it fails:
+
+1. ``grants``: remove the job's grantdir, so a fiberd still running sees its
+   grants go.
+2. ``processes``: SIGKILL every process of the job that survived: the
+   delegated cgroup, the fiberd of the record and its descendants, orphans
+   whose environment names the job (epilog/survivors); never "all
+   processes of the user".
+3. ``leases``: release the job's GPU leases and drop its unclaimed grants.
+4. ``cgroup``: remove the job's delegated cgroup subtree.
+5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
+   ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
+6. ``state_dir``: remove the job's state dir.
+
+Every step copes with a missing piece (a half-done prolog, a crashed
+fiberd, a second run), so the epilog is idempotent. It exits 1, which
+drains the node, only when processes of the job provably survive SIGKILL,
+and then names them; any other problem is reported and the exit is 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_fiber.core import cgroups
+from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.epilog import survivors
+from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
+from slurm_fiber.homes.slurm.fiberdrecord import read_record
+from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
+from slurm_fiber.homes.slurm.leases import node_leases, release_job
+from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
+from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
+from slurm_fiber.prolog.cgroup import job_cgroup
+from slurm_fiber.prolog.cli import hook_main
+from slurm_fiber.prolog.hook import Hook
+
+NAME = "slurm-fiber-epilog"
+AUDIT_NAME = "audit.jsonl"
+WAIT_SHARE = 0.6  # of a step's time bound, spent waiting for killed processes to go
+
+
+def remove_path(path: Path) -> bool:
+    """Remove ``path`` whatever it is (a link is unlinked, never followed); False if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return True
+
+
+def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
+    """Move the job's audit log out of its state dir; where it went (None: there was none).
+
+    The job user owns the state dir, so what is moved is checked after the
+    move, through a descriptor that never follows a link: only a regular
+    file with one link is kept (root's, mode 0600); anything else is
+    dropped. A later run for the same job gets a numbered name. Raises
+    OSError when it cannot be moved.
+    """
+    source = paths.state_dir / AUDIT_NAME
+    if not os.path.lexists(source):
+        return None
+    audit_dir = node_dir(state_root, job.node) / "audit"
+    audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = audit_dir / f"job-{job.job_id}.jsonl"
+    n = 0
+    while os.path.lexists(target):
+        n += 1
+        target = audit_dir / f"job-{job.job_id}.{n}.jsonl"
+    os.rename(source, target)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        target.unlink()
+        raise OSError(errno.EINVAL, "not a regular file; dropped", str(source)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            target.unlink()
+            raise OSError(errno.EINVAL, "not a regular file of one link; dropped", str(source))
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return target
+
+
+def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
+               environ: Mapping[str, str], delegated: Path | None) -> list[str]:
+    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL."""
+    record, _ = read_record(paths.state_dir)
+    roots = [delegated] if delegated is not None else []
+    if record is not None:
+        mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+        root = survivors.trusted_root(record, delegated, mount, job.job_id)
+        if root is not None and root not in roots:
+            roots.append(root)
+    slurm_conf = environ.get("SLURM_CONF") or None
+
+    def discover() -> list[survivors.JobProcess]:
+        found = survivors.environ_members(job, slurm_conf)
+        return found + (survivors.record_tree(record, job) if record is not None else [])
+
+    killed, alive = survivors.stop_job_processes(discover, roots,
+                                                 config.step_seconds * WAIT_SHARE)
+    if killed:
+        hook.warn("processes", f"killed {len(killed)} leftover process(es): "
+                  + "; ".join(survivors.describe(p) for p in killed[:5]))
+    return [survivors.describe(p) for p in alive]
+
+
+def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    if not paths.lease_dir.exists():
+        return True
+    released, dropped = release_job(node_leases(paths, SystemClock(), config.lease_ttl), job)
+    if released or dropped:
+        hook.note("leases", f"released {released}, dropped grants of {dropped}")
+    return True
+
+
+def _cgroup(delegated: Path) -> bool:
+    cgroups.remove_tree(delegated)
+    return True
+
+
+def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
+    """Run every epilog step for the job in ``environ``; the exit code (see module doc).
+
+    Blocks on file I/O and on killed processes going away, each step bounded
+    by the site's ``step_seconds``. Never raises for a problem of the job,
+    the node or the config.
+    """
+    try:
+        config = load_site_config(environ)
+    except SiteConfigError as err:
+        hook.report("config", f"{err}; nothing cleaned up")
+        return 0
+    hook.step_seconds = config.step_seconds
+    try:
+        job = job_from_env(environ)
+    except SlurmParseError as err:
+        hook.report("job", err.reason)
+        return 0
+    hook.job = job.job_id
+    paths = job_paths(config.state_root, job.node, job.job_id)
+    delegated = None
+    if config.delegate_cgroup:
+        delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
+    hook.step("grants", lambda: remove_path(paths.grantdir))
+    alive = hook.step("processes",
+                      lambda: _processes(hook, config, paths, job, environ, delegated))
+    hook.step("leases", lambda: _leases(hook, config, paths, job))
+    if delegated is not None:
+        hook.step("cgroup", lambda: _cgroup(delegated))
+    kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
+    if kept is not None:
+        hook.note("audit", f"kept the audit log as {kept}")
+    if "audit" in hook.failed and os.path.lexists(paths.state_dir / AUDIT_NAME):
+        hook.report("state_dir", f"kept {paths.state_dir}: its audit log could not be moved")
+    elif hook.step("state_dir", lambda: remove_path(paths.state_dir)):
+        hook.note("state_dir", f"removed {paths.state_dir}")
+    if alive:
+        hook.report("processes", "survived SIGKILL: " + "; ".join(alive))
+        return 1
+    return 0
+
+
+def main() -> None:
+    """The ``slurm-fiber-epilog`` console script."""
+    hook_main(NAME, __doc__ or NAME, run_epilog)

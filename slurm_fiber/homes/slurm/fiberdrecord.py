@@ -1,0 +1,127 @@
+"""The record a job's fiberd leaves in the job's state dir, so the epilog can find what survived.
+
+fiberd-run writes ``<state dir>/fiberd.json`` once it listens (``write_record``)
+and removes it when it stops cleanly (``remove_record``). The record names
+the fiberd process (pid and start time, so a reused pid is never mistaken
+for it), its socket, the cgroup subtree it carves (None when uncarved) and
+its uid. The epilog reads it (``read_record``) to stop a fiberd that outlived
+its job and, through the cgroup root, everything it started; a record that
+is missing, truncated or junk reads as None with the reason, never raises.
+Writing is atomic (temporary file, fsync, rename), so a reader sees a whole
+record or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+RECORD_NAME = "fiberd.json"
+MAX_RECORD_BYTES = 8192
+START_TOLERANCE = 0.02  # psutil create_time has 1/CLK_TCK resolution
+
+
+@dataclass(frozen=True)
+class FiberdRecord:
+    """fiberd as it recorded itself: ``start`` is its process start time (Unix seconds)."""
+
+    pid: int
+    start: float
+    socket: str
+    cgroup_root: str | None
+    uid: int
+
+    def is_running(self) -> bool:
+        """Whether the recorded process still runs (same pid, same start time, not a zombie)."""
+        try:
+            proc = psutil.Process(self.pid)
+            same = abs(proc.create_time() - self.start) <= START_TOLERANCE
+            return same and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def record_path(state_dir: Path) -> Path:
+    """Where the record of the job whose state dir is ``state_dir`` lives."""
+    return state_dir / RECORD_NAME
+
+
+def this_process(socket: Path, cgroup_root: Path | None) -> FiberdRecord:
+    """The record for the calling process (fiberd-run) with its socket and cgroup root."""
+    pid = os.getpid()
+    return FiberdRecord(pid=pid, start=round(psutil.Process(pid).create_time(), 2),
+                        socket=str(socket), uid=os.geteuid(),
+                        cgroup_root=None if cgroup_root is None else str(cgroup_root))
+
+
+def write_record(state_dir: Path, record: FiberdRecord) -> None:
+    """Replace the record in ``state_dir`` atomically (mode 0644). Raises OSError."""
+    data = json.dumps(asdict(record), sort_keys=True).encode() + b"\n"
+    target = record_path(state_dir)
+    tmp = state_dir / f".{RECORD_NAME}.{uuid.uuid4().hex[:8]}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_record(state_dir: Path) -> None:
+    """Remove the record (a missing one is fine). Raises OSError for other failures."""
+    record_path(state_dir).unlink(missing_ok=True)
+
+
+def _int(doc: dict[str, object], key: str, low: int) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**32:
+        raise ValueError(f"{key} is not an id")
+    return value
+
+
+def parse_record(raw: bytes) -> FiberdRecord:
+    """A record from its bytes. Pure; raises ValueError (one line) for anything else."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("not a JSON document") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    start, sock, root = doc.get("start"), doc.get("socket"), doc.get("cgroup_root")
+    if isinstance(start, bool) or not isinstance(start, int | float) or start < 0:
+        raise ValueError("start is not a time")
+    if not isinstance(sock, str) or not isinstance(root, str | None):
+        raise ValueError("socket or cgroup_root is not a path")
+    if root is not None and (not os.path.isabs(root) or "\0" in root):
+        raise ValueError("cgroup_root is not an absolute path")
+    return FiberdRecord(pid=_int(doc, "pid", 1), start=float(start), socket=sock,
+                        cgroup_root=root, uid=_int(doc, "uid", 0))
+
+
+def read_record(state_dir: Path) -> tuple[FiberdRecord | None, str | None]:
+    """(the record, None), or (None, why there is none). Blocks on one small read; never raises."""
+    path = record_path(state_dir)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            raw = os.read(fd, MAX_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        return None, f"{path}: {err.strerror}"
+    if len(raw) > MAX_RECORD_BYTES:
+        return None, f"{path}: larger than {MAX_RECORD_BYTES} bytes"
+    try:
+        return parse_record(raw), None
+    except ValueError as err:
+        return None, f"{path}: {err}"

@@ -1,0 +1,49 @@
+"""The command line of both hooks: bare and fast under slurmd, typer when a person runs it.
+
+slurmd runs a hook with no arguments, so that path imports nothing it does
+not need (typer alone costs tens of milliseconds on every job start). With
+any argument the typer command takes over: ``--help`` explains the hook,
+``--verbose`` prints what each step did, ``--json`` ends with one JSON
+object (the job, the exit code, the failed steps and their reasons),
+``--no-syslog`` keeps syslog out of a manual run. Exit codes: 0 ok (or only
+non-fatal problems), 1 the node must drain (a fatal check failed, or
+processes survived), 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+
+from slurm_fiber.prolog.hook import Hook
+
+HookRun = Callable[[Mapping[str, str], Hook], int]
+
+
+def hook_main(name: str, help_text: str, run: HookRun) -> None:
+    """Run hook ``name``: ``run(environ, hook)`` gives the exit code. Never returns."""
+    if len(sys.argv) <= 1:
+        sys.exit(run(os.environ, Hook(name)))
+    import typer
+
+    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+    @app.command(help=help_text)
+    def command(
+        verbose: bool = typer.Option(False, "--verbose", "-v",
+                                     help="Also print what each step did."),
+        as_json: bool = typer.Option(False, "--json",
+                                     help="End with one JSON object: job, exit, failed steps."),
+        no_syslog: bool = typer.Option(False, "--no-syslog",
+                                       help="Write to stderr only (manual runs, tests)."),
+    ) -> None:
+        hook = Hook(name, verbose=verbose, use_syslog=not no_syslog)
+        code = run(os.environ, hook)
+        if as_json:
+            typer.echo(json.dumps({"hook": name, "job": hook.job, "exit": code,
+                                   "failed": hook.failed, "notes": hook.notes}))
+        raise typer.Exit(code)
+
+    app(prog_name=name)

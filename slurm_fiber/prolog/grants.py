@@ -1,0 +1,130 @@
+"""The grant tokens the prolog places in a job's grantdir: minted here, or imported from a spool.
+
+- Minted (the site sets ``issuer`` and ``issuer_key``): one token, UID (sub)
+  ``job-<id>``, audience ``slurm:<cluster>:<id>`` (``job_audience``), issued
+  now and ending at the job's end (``SLURM_JOB_END_TIME`` when Slurm
+  exports it, else ``token_lifetime`` from now; the epilog removes it at the
+  job's end either way), carrying the site's ``grant`` spec. File
+  ``job-<id>.jwt``.
+- Imported (the site sets ``spool_dir``): every ``*.jwt`` a control plane
+  dropped in ``<spool_dir>/<cluster>/<id>/``, verified first with the site's
+  trust table for the job's audience; an invalid one is skipped with a
+  one-line reason. File ``spool-<name>.jwt``, so it never replaces the
+  minted one.
+
+Everything here is a pure function of the config, the job and the clock,
+except reading the key and the spool (small, bounded, link-free reads).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.homes.slurm.jobenv import SlurmJob
+from slurm_fiber.homes.slurm.siteconfig import SiteConfig
+
+SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
+MAX_SPOOL_FILES = 64
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """A token to place in the grantdir as ``name``."""
+
+    name: str
+    data: bytes
+
+
+def job_audience(job: SlurmJob) -> str:
+    """The audience of ``job``'s tokens: ``slurm:<cluster>:<job id>``."""
+    return f"slurm:{job.cluster}:{job.job_id}"
+
+
+def job_grant_uid(job: SlurmJob) -> str:
+    """The UID (sub) of the token the prolog mints for ``job``."""
+    return f"job-{job.job_id}"
+
+
+def mint_job_token(config: SiteConfig, job: SlurmJob, clock: Clock) -> TokenFile:
+    """Sign ``job``'s token with the site key. Raises ValueError/OSError (one line) on failure.
+
+    Blocks on reading the key file.
+    """
+    from slurm_fiber.core.mint import load_private_key, mint  # jwt: only when minting
+
+    if config.issuer_key is None:
+        raise ValueError("the site config names no issuer_key")
+    now = clock.wall()
+    end = job.end_time if job.end_time is not None else now + config.token_lifetime
+    if end <= now:
+        raise ValueError(f"the job's end time {end} has passed; nothing to mint")
+    key = load_private_key(config.issuer_key)
+    token = mint(key, issuer=config.issuer, uid=job_grant_uid(job),
+                 audience=job_audience(job), iat=now, exp=end, spec=config.grant)
+    return TokenFile(f"{job_grant_uid(job)}.jwt", token.encode())
+
+
+def spool_dir(config: SiteConfig, job: SlurmJob) -> Path | None:
+    """Where a control plane drops ``job``'s tokens, or None when the site has no spool."""
+    if config.spool_dir is None:
+        return None
+    return config.spool_dir / job.cluster / str(job.job_id)
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    fd = os.open(path, READ_FLAGS)
+    try:
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
+def spooled_tokens(config: SiteConfig, job: SlurmJob,
+                   clock: Clock) -> tuple[list[TokenFile], list[str]]:
+    """The job's spooled tokens that verify, and one line per file skipped.
+
+    A missing spool directory gives nothing and no complaint. Raises OSError
+    only when the directory exists but cannot be listed.
+    """
+    from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused, TokenVerifier
+    from slurm_fiber.core.trust import TrustStore
+
+    where = spool_dir(config, job)
+    if where is None:
+        return [], []
+    try:
+        names = sorted(os.listdir(where))
+    except FileNotFoundError:
+        return [], []
+    problems: list[str] = []
+    trust = TrustStore(config.trust, on_problem=problems.append)
+    verifier = TokenVerifier(trust, job_audience(job), clock)
+    found: list[TokenFile] = []
+    for name in names[:MAX_SPOOL_FILES]:
+        match = SPOOL_NAME.fullmatch(name)
+        if match is None:
+            if not name.startswith("."):
+                problems.append(f"{where / name}: skipped, not a <name>.jwt file")
+            continue
+        try:
+            data = _read_small(where / name, MAX_TOKEN_BYTES)
+            verifier.verify(data)
+        except TokenRefused as err:
+            problems.append(f"{where / name}: skipped, {err.reason}: {err.detail}")
+            continue
+        except (OSError, ValueError) as err:
+            reason = err.strerror if isinstance(err, OSError) else str(err)
+            problems.append(f"{where / name}: skipped, {reason}")
+            continue
+        found.append(TokenFile(f"spool-{match.group(1)}.jwt", data))
+    if len(names) > MAX_SPOOL_FILES:
+        problems.append(f"{where}: only the first {MAX_SPOOL_FILES} files were read")
+    return found, problems

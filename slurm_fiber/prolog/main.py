@@ -1,0 +1,122 @@
+"""slurm-fiber-prolog: prepares a Slurm job's slurm_fiber state on a node, at allocation.
+
+slurmd runs it as root on every allocated node (``PrologFlags=Alloc``),
+with no PATH and no HOME; it reads the job from its environment only (no
+slurmctld calls) and the site config (siteconfig). Steps, each bounded by
+``step_seconds`` and reported as one line (stderr and syslog) when it fails:
+
+1. ``config``: load the site config; a broken one stops the prolog here.
+2. ``job``: the job from the environment (jobenv).
+3. ``state_dir``: the job's state dir and grantdir, owned by the job user,
+   mode 0700 (statedir); the steps below need it.
+4. ``tokens``: mint the job's token with the site key (grants).
+5. ``spool``: import the job's spooled tokens that verify (grants).
+6. ``cgroup``: with ``delegate_cgroup``, a cgroup subtree delegated to the
+   job user, recorded in the state dir (cgroup).
+7. ``leases``: grant the job's GPUs on this node to the job (homes/slurm/leases).
+
+Exit status: 0, unless a failed step is one the site lists in ``fatal``
+(then 1, and slurmd drains the node). Running it again for the same job is
+harmless (idempotent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
+from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
+from slurm_fiber.homes.slurm.siteconfig import (
+    SiteConfig,
+    SiteConfigError,
+    fatal_checks,
+    load_site_config,
+)
+from slurm_fiber.prolog.cgroup import delegate, job_cgroup
+from slurm_fiber.prolog.cli import hook_main
+from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
+from slurm_fiber.prolog.hook import Hook
+from slurm_fiber.prolog.statedir import make_job_dirs, write_file
+
+NAME = "slurm-fiber-prolog"
+GRANT_FILE_MODE = 0o600
+RECORD_FILE_MODE = 0o644
+
+
+def _place(hook: Hook, paths: JobPaths, job: SlurmJob, files: list[TokenFile]) -> None:
+    for token in files:
+        write_file(paths.grantdir, token.name, token.data, uid=job.uid, gid=job.gid,
+                   mode=GRANT_FILE_MODE)
+        hook.note("tokens", f"placed {paths.grantdir / token.name}")
+
+
+def _mint(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    _place(hook, paths, job, [mint_job_token(config, job, SystemClock())])
+    return True
+
+
+def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    found, problems = spooled_tokens(config, job, SystemClock())
+    for problem in problems:
+        hook.warn("spool", problem)
+    _place(hook, paths, job, found)
+    return True
+
+
+def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    path = job_cgroup(config, job.node, job.job_id)
+    if path is None:
+        raise OSError(2, "no cgroup2 mount on this node to delegate from")
+    delegate(path, job.uid, job.gid)
+    write_file(paths.state_dir, paths.cgroup_file.name, f"{path}\n".encode(), uid=0, gid=0,
+               mode=RECORD_FILE_MODE)
+    hook.note("cgroup", f"delegated {path} to uid {job.uid}")
+    return True
+
+
+def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    # The lease package (and psutil) only for jobs with GPUs; jwt only when minting
+    # (grants imports it inside its functions): the prolog delays every job start.
+    from slurm_fiber.homes.slurm.leases import grant_job_gpus, node_leases, prepare_lease_area
+
+    prepare_lease_area(paths)
+    granted = grant_job_gpus(node_leases(paths, SystemClock(), config.lease_ttl), job)
+    hook.note("leases", f"granted {' '.join(granted)} to the job")
+    return True
+
+
+def run_prolog(environ: Mapping[str, str], hook: Hook) -> int:
+    """Run every prolog step for the job in ``environ``; the exit code (see module doc).
+
+    Blocks on file I/O, each step bounded by the site's ``step_seconds``.
+    Never raises for a problem of the job, the node or the config.
+    """
+    try:
+        config = load_site_config(environ)
+    except SiteConfigError as err:
+        hook.report("config", str(err))
+        return 1 if "config" in fatal_checks(environ) else 0
+    hook.step_seconds = config.step_seconds
+    try:
+        job = job_from_env(environ)
+    except SlurmParseError as err:
+        hook.report("job", err.reason)
+        return 1 if config.is_fatal("job") else 0
+    hook.job = job.job_id
+    paths = job_paths(config.state_root, job.node, job.job_id)
+    if hook.step("state_dir", lambda: make_job_dirs(paths, job.uid, job.gid) or True):
+        if config.issuer_key is not None:
+            hook.step("tokens", lambda: _mint(hook, config, paths, job))
+        if config.spool_dir is not None:
+            hook.step("spool", lambda: _spool(hook, config, paths, job))
+        if config.delegate_cgroup:
+            hook.step("cgroup", lambda: _cgroup(hook, config, paths, job))
+    if job.gpus:
+        hook.step("leases", lambda: _leases(hook, config, paths, job))
+    return 1 if any(config.is_fatal(step) for step in hook.failed) else 0
+
+
+def main() -> None:
+    """The ``slurm-fiber-prolog`` console script."""
+    hook_main(NAME, __doc__ or NAME, run_prolog)
