@@ -68,9 +68,10 @@ async def started(config: FiberdConfig, environ: Mapping[str, str],
     try:
         running = await start_fiberd(config, built.home, clock, audience=built.audience,
                                      relay=relay)
+        built.announce(running.socket)
         yield Fiberd(built, running, config)
     finally:
-        for line in await close_home(built.home):
+        for line in await close_home(built):
             typer.echo(f"fiberd: {line}", err=True)
 
 
