@@ -59,13 +59,16 @@ class Context:
         """A fiberd for this clause, started from the stage's launch and stopped after.
 
         Before it stops, every grant the clause delivered is removed again
-        (bounded wait), so the next clause's fiberd finds none of them.
+        (and, when the clause passed, waited for, bounded), so the next
+        clause's fiberd finds none of them.
         """
         async with launched(self.stage.launch()) as live:
             try:
                 yield live
-            finally:
-                await self._withdraw(live)
+            except BaseException:
+                await self._withdraw(live, wait=False)  # fiberd's stop ends the rest
+                raise
+            await self._withdraw(live, wait=True)
 
     async def grant(self, live: Live, uid: str, *, ttl: float = 3600.0,
                     devices: tuple[str, ...] = ()) -> str:
@@ -75,8 +78,8 @@ class Context:
         await self.stage.deliver(uid, token)
         return token
 
-    async def _withdraw(self, live: Live) -> None:
-        """Remove the clause's grants and wait (bounded) until fiberd has carried it out.
+    async def _withdraw(self, live: Live, *, wait: bool) -> None:
+        """Remove the clause's grants; with ``wait``, until fiberd carried it out (bounded).
 
         It waits for the grants' processes to be gone too: fiberd stopped
         while a removal is still stopping a template can leave that template
@@ -84,6 +87,8 @@ class Context:
         """
         for uid in sorted(self._delivered):
             await self.stage.remove(uid)
+        if not wait:
+            return
 
         def withdrawn() -> bool:
             return all(live.held(uid) is None for uid in self._delivered) and \

@@ -123,7 +123,8 @@ class StandaloneStage:
         raise NotImplementedError("standalone has no scope")
 
     def readiness(self) -> Published:
-        """The ready file's state now, and every state sent to the notify socket."""
+        """The ready file's state now, and every state sent to the notify socket so far."""
+        self._receive()  # datagrams already sent count, even before the loop reads them
         try:
             current = json.loads((self.root / "state" / "ready.json").read_text())["ready"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -139,7 +140,8 @@ class StandaloneStage:
 
     def _receive(self) -> None:
         """Read every queued datagram: READY=1 is up, any other state message is down."""
-        assert self._notify is not None
+        if self._notify is None:
+            return
         while True:
             try:
                 data = self._notify.recv(4096)
