@@ -19,7 +19,12 @@ import typer
 from slurm_fiber.conform.clauses import CLAUSES, Clause
 from slurm_fiber.conform.registry import UnknownStage, known_homes, stage_factory
 from slurm_fiber.conform.report import Result
-from slurm_fiber.conform.runner import NoClauseMatches, run_suite, select_clauses
+from slurm_fiber.conform.runner import (
+    SETTLE_MARGIN,
+    NoClauseMatches,
+    run_suite,
+    select_clauses,
+)
 
 HELP = """Check that a home conforms to the core's contract (grant-conform).
 
@@ -88,6 +93,9 @@ def command(
                                     "containing the text."),
     strict: bool = typer.Option(False, "--strict", help="Count undeclared skips (a lever "
                                 "that failed at run time) as failures."),
+    settle: float = typer.Option(SETTLE_MARGIN, "--settle", metavar="SECONDS", min=0.1,
+                                 help="Seconds (beyond a few poll intervals) a home may take "
+                                      "to act on a lever before a clause fails."),
     list_clauses: bool = typer.Option(False, "--list", help="List the clauses and known "
                                       "homes, then exit."),
 ) -> None:
@@ -103,7 +111,7 @@ def command(
         raise _usage(str(err)) from None
     try:
         stage = factory()
-        report = asyncio.run(run_suite(stage, chosen, strict=strict,
+        report = asyncio.run(run_suite(stage, chosen, strict=strict, settle_margin=settle,
                                        progress=_Lines(len(chosen))))
     except KeyboardInterrupt:
         typer.echo("slurm-fiber conform: interrupted; fiberd stopped", err=True)

@@ -274,9 +274,10 @@ async def source_stale_before_first_sync(ctx: Context) -> None:
     try:
         async with ctx.fiberd() as live:
             uid = ctx.uid()
-            state = live.core.health()["state"]
-            if state != "never":
-                raise ClauseFailed(f"health of a never-answering control plane is {state}")
+            # A home polls more often than its stale TTL: one that marks a silent
+            # control plane as synced does so within it.
+            await holds(lambda: live.core.health()["state"] == "never", ctx.stale_ttl,
+                        "source health stays never while the control plane has never answered")
             expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.SOURCE_STALE,
                         "Clone of an unknown UID before the control plane ever answered")
             await ctx.stage.restore()
@@ -285,6 +286,16 @@ async def source_stale_before_first_sync(ctx: Context) -> None:
                         "Clone of an unknown UID once the control plane answers")
     finally:
         await ctx.stage.restore()
+
+
+async def holds(predicate: Callable[[], bool], during: float, what: str) -> None:
+    """Check ``predicate`` stays true for ``during`` seconds (polled); ClauseFailed if not."""
+    end = time.monotonic() + during
+    while time.monotonic() < end:
+        if not predicate():
+            raise ClauseFailed(f"{what}: broke after "
+                               f"{during - (end - time.monotonic()):.2f} s")
+        await asyncio.sleep(POLL)
 
 
 def _flips(history: tuple[bool, ...]) -> list[bool]:

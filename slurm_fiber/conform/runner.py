@@ -101,11 +101,15 @@ async def run_clause(ctx: Context, clause: Clause, budget: float) -> Result:
 
 
 async def run_suite(stage: Stage, clauses: Sequence[Clause] = CLAUSES, *,
-                    strict: bool = False, progress: Progress | None = None) -> Report:
+                    strict: bool = False, progress: Progress | None = None,
+                    settle_margin: float = SETTLE_MARGIN) -> Report:
     """Open ``stage`` in a private work directory, run ``clauses`` in order, close it.
 
-    Blocks (on the caller's loop) for the whole run. Raises only when the
-    stage cannot be opened (its error); every clause's trouble is a result.
+    Blocks (on the caller's loop) for the whole run. ``settle_margin`` is
+    added to a few poll intervals to bound how long a home and the core may
+    take to act on a lever (lower it only where that is known to be fast:
+    it is how long a broken home takes to fail). Raises only when the stage
+    cannot be opened (its error); every clause's trouble is a result.
     """
     workdir = Path(tempfile.mkdtemp(prefix="slurm-fiber-conform-"))
     mark = uuid.uuid4().hex
@@ -115,7 +119,7 @@ async def run_suite(stage: Stage, clauses: Sequence[Clause] = CLAUSES, *,
         stage_dir.mkdir(mode=0o700)
         await stage.open(stage_dir, issuer.issuer)
         try:
-            return await _run_open(stage, issuer, clauses, strict, progress)
+            return await _run_open(stage, issuer, clauses, strict, progress, settle_margin)
         finally:
             await stage.close()
     finally:
@@ -124,9 +128,9 @@ async def run_suite(stage: Stage, clauses: Sequence[Clause] = CLAUSES, *,
 
 
 async def _run_open(stage: Stage, issuer: ConformIssuer, clauses: Sequence[Clause],
-                    strict: bool, progress: Progress | None) -> Report:
+                    strict: bool, progress: Progress | None, margin: float) -> Report:
     config = stage.launch().config
-    settle = SETTLE_MARGIN + 5 * config.poll_interval + config.grace
+    settle = margin + 5 * config.poll_interval + config.grace
     budget = 4 * settle + config.stale_ttl + 30.0
     results = []
     for clause in clauses:

@@ -90,16 +90,19 @@ class StandaloneStage:
             else:
                 os.environ[NOTIFY_ENV] = self._saved_env
 
-    def launch(self) -> Launch:
+    def flags(self) -> dict[str, object]:
         """fiberd's flags for this stage: its state dir, the harness's issuer, two GPUs."""
         assert self._issuer is not None, "the stage is not open"
-        flags: dict[str, object] = {
+        return {
             "home": "standalone", "state_dir": str(self.root / "state"),
             "trust": f"{self._issuer.name}={self._issuer.jwks}",
             "poll_interval": str(POLL_INTERVAL), "grace": "0.5", "cgroup_root": "none",
             "audit_fsync": "never", "devices": ",".join(_device_flag(d) for d in DEVICES),
         }
-        return Launch(load_config(env={}, flags=flags), {})
+
+    def launch(self) -> Launch:
+        """fiberd configured from ``flags()``, the home built as ``fiberd`` builds it."""
+        return Launch(load_config(env={}, flags=self.flags()), {})
 
     async def deliver(self, uid: str, token: str) -> None:
         """Write ``<uid>.jwt`` (0600) by rename, as a careful admin tool would."""

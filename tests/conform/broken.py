@@ -90,32 +90,34 @@ class LeakyDevices(Wrapped):
         return DeviceChannel.of(DEVICES), release
 
 
-class _BrokenStage(StandaloneStage):
-    """The standalone stage with its home wrapped in ``wrapper``."""
+class WrappingStage(StandaloneStage):
+    """The standalone stage with its home (built as fiberd builds it) wrapped by ``wrap``."""
 
     wrapper: type[Wrapped] = Wrapped
 
+    def wrap(self, home: Home, clock: Clock, config: FiberdConfig) -> Home:
+        return self.wrapper(home)
+
     def launch(self) -> Launch:
         base = super().launch()
-        wrapper = self.wrapper
 
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return BuiltHome(wrapper(built.home), built.audience)
+            return BuiltHome(self.wrap(built.home, clock, config), built.audience)
 
         return Launch(base.config, base.environ, build)
 
 
-class NoRemovalsStage(_BrokenStage):
+class NoRemovalsStage(WrappingStage):
     wrapper = NoRemovals
 
 
-class FlappingReadinessStage(_BrokenStage):
+class FlappingReadinessStage(WrappingStage):
     wrapper = FlappingReadiness
 
 
-class LeakyDevicesStage(_BrokenStage):
+class LeakyDevicesStage(WrappingStage):
     wrapper = LeakyDevices
 
 

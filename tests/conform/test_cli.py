@@ -62,7 +62,7 @@ def test_standalone_conforms_with_its_lacks_declared() -> None:
     ("LeakyDevicesStage", "devices.provisioned", "expected []"),
 ])
 def test_a_broken_home_fails_the_clause_it_breaks(stage: str, clause: str, says: str) -> None:
-    run = conform("--home", f"{BROKEN}:{stage}", "--clause", clause, "--json")
+    run = conform("--home", f"{BROKEN}:{stage}", "--clause", clause, "--json", "--settle", "1")
     assert run.returncode == 1, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] is False and outcomes(report) == {clause: "fail"}
