@@ -384,10 +384,15 @@ async def scope_loss(ctx: Context) -> None:
 
         await until(acted, ctx.settle, "scope loss bumping the epoch or removing the grant")
         await stopped_by_signal(ctx, fiber, "scope was lost")
-        if live.held(uid) is not None:
-            after = await live.clone(uid, f"{TARGETS}:sleep", 0)
-            if isinstance(after, FiberView) and after.fiber.epoch <= epoch:
-                raise ClauseFailed("a fiber started after scope loss runs under the old epoch")
+        if live.held(uid) is None:
+            return  # the grants were removed: nothing of the old scope can start
+        after = await live.clone(uid, f"{TARGETS}:sleep", 0)
+        if isinstance(after, Miss):
+            raise ClauseFailed(f"the grant was kept after scope loss, yet a Clone missed with "
+                               f"{after.code}: {after.reason}")
+        await after.wait()
+        if after.fiber.epoch <= epoch:
+            raise ClauseFailed("a fiber started after scope loss runs under the old epoch")
 
 
 CLAUSES: tuple[Clause, ...] = (
