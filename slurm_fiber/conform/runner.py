@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_fiber.conform import procs
-from slurm_fiber.conform.clauses import CLAUSES, Clause, Context
+from slurm_fiber.conform.clauses import CLAUSES, Clause
+from slurm_fiber.conform.context import Context
 from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.live import ClauseFailed
 from slurm_fiber.conform.report import Outcome, Report, Result

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.conform import procs
-from slurm_fiber.conform.clauses import CLAUSES, Clause, Context, _flips
+from slurm_fiber.conform.clauses import CLAUSES, Clause, _flips
+from slurm_fiber.conform.context import Context
 from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.live import ClauseFailed
 from slurm_fiber.conform.registry import UnknownStage, stage_factory
