@@ -34,7 +34,7 @@ def _load(spec: str, name: str) -> StageFactory:
         target: object = importlib.import_module(module)
         for part in attr.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as err:
+    except (ImportError, AttributeError, ValueError) as err:
         raise UnknownStage(f"stage {name!r}: cannot load {spec}: {err}") from None
     if not callable(target):
         raise UnknownStage(f"stage {name!r}: {spec} is not a Stage class or factory")

@@ -29,7 +29,7 @@ from slurm_fiber.conform.context import Context
 from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.live import ClauseFailed
 from slurm_fiber.conform.report import Outcome, Report, Result
-from slurm_fiber.conform.stage import Stage, StageCannot
+from slurm_fiber.conform.stage import Stage, StageCannot, missing_members
 
 SETTLE_MARGIN = 10.0  # seconds beyond a few poll intervals for a home and the core to act
 
@@ -110,8 +110,12 @@ async def run_suite(stage: Stage, clauses: Sequence[Clause] = CLAUSES, *,
     added to a few poll intervals to bound how long a home and the core may
     take to act on a lever (lower it only where that is known to be fast:
     it is how long a broken home takes to fail). Raises only when the stage
-    cannot be opened (its error); every clause's trouble is a result.
+    cannot be opened (its error, or TypeError when it is no Stage); every
+    clause's trouble is a result.
     """
+    if not isinstance(stage, Stage):
+        raise TypeError(f"{type(stage).__name__} is not a Stage: it lacks "
+                        + ", ".join(missing_members(stage)))
     workdir = Path(tempfile.mkdtemp(prefix="slurm-fiber-conform-"))
     mark = uuid.uuid4().hex
     try:

@@ -152,3 +152,11 @@ class Stage(Protocol):
 
 
 StageFactory = Callable[[], Stage]
+
+
+def missing_members(obj: object) -> list[str]:
+    """The ``Stage`` attributes and methods ``obj`` lacks, in the protocol's order."""
+    members = [*Stage.__annotations__,
+               *(name for name, value in vars(Stage).items()
+                 if callable(value) and not name.startswith("_"))]
+    return [name for name in members if not hasattr(obj, name)]

@@ -106,12 +106,20 @@ def test_json_report_shape() -> None:
     (("--home", "nowhere"), "no conformance stage for home 'nowhere'"),
     (("--home", "standalone", "--clause", "no-such-clause"), "no clause matches"),
     (("--home", "no.such.module:Stage"), "cannot load no.such.module:Stage"),
+    (("--home", ":"), "cannot load :"),
     (("--home", "standalone", "--bogus"), "No such option"),
 ])
 def test_usage_errors_exit_2_with_one_line(args: tuple[str, ...], says: str) -> None:
     run = CliRunner().invoke(app, ["conform", *args])
     assert run.exit_code == 2, run.output
     assert says in run.output
+
+
+def test_a_factory_that_gives_no_stage_is_refused_in_one_line() -> None:
+    run = CliRunner().invoke(app, ["conform", "--home", "collections:OrderedDict"])
+    assert run.exit_code == 1
+    assert "the collections:OrderedDict stage could not run: TypeError: OrderedDict is not " \
+        "a Stage: it lacks home, lacks, open" in run.output
 
 
 def test_list_names_every_clause_and_home() -> None:
