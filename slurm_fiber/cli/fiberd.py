@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, wi
 from slurm_fiber.config import ConfigError, FiberdConfig
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.daemon import FiberdRefused, ProblemRelay, Running, serve, start_fiberd
+from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, HomeRefused, build_home, close_home
 from slurm_fiber.logs import setup_logging
 
@@ -38,6 +39,10 @@ failed (one line on stderr says why); 2 usage error.
 """
 
 STARTUP_ERRORS = (ConfigError, HomeRefused, FiberdRefused)
+
+# How ``started`` builds the home: ``build_home``'s signature (conform passes its own).
+HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
+                       Awaitable[BuiltHome]]
 
 
 def fail(line: str) -> typer.Exit:
@@ -57,14 +62,17 @@ class Fiberd:
 
 @contextlib.asynccontextmanager
 async def started(config: FiberdConfig, environ: Mapping[str, str],
-                  clock: Clock | None = None) -> AsyncIterator[Fiberd]:
+                  clock: Clock | None = None, *,
+                  build: HomeBuilder = build_home) -> AsyncIterator[Fiberd]:
     """Build the home, start fiberd; on exit undo the home (the caller serves or shuts down).
 
-    Raises HomeRefused or FiberdRefused when it cannot start.
+    ``build`` makes the home (default: the configured one; grant-conform
+    passes a stage's builder). Raises HomeRefused or FiberdRefused when it
+    cannot start.
     """
     clock = clock or SystemClock()
     relay = ProblemRelay()
-    built = await build_home(config, clock, environ, relay.report)
+    built = await build(config, clock, environ, relay.report)
     try:
         running = await start_fiberd(config, built.home, clock, audience=built.audience,
                                      relay=relay)

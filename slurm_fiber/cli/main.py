@@ -11,6 +11,8 @@ import typer
 
 from slurm_fiber.cli.audit import HELP as AUDIT_HELP
 from slurm_fiber.cli.audit import audit_command
+from slurm_fiber.cli.conform import HELP as CONFORM_HELP
+from slurm_fiber.cli.conform import command as conform_command
 from slurm_fiber.cli.quickstart import HELP as QUICKSTART_HELP
 from slurm_fiber.cli.quickstart import quickstart
 from slurm_fiber.cli.tokens import keys_app, token_app
@@ -28,6 +30,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(lease_app, name="lease")
 app.command("quickstart", help=QUICKSTART_HELP)(quickstart)
 app.command("audit", help=AUDIT_HELP)(audit_command)
+app.command("conform", help=CONFORM_HELP)(conform_command)
 
 
 def main() -> None:
