@@ -4,7 +4,7 @@ The "control plane" of a plain host is whoever writes the grantdir: the
 stage delivers a grant by writing ``<uid>.jwt`` atomically (by rename) and
 removes it by deleting the file. Readiness is what the home publishes: the
 ready file is the current state, and a notify socket the stage binds (and
-names in ``NOTIFY_SOCKET`` while it is open, as systemd would) receives
+names in fiberd's ``NOTIFY_SOCKET``, as systemd would) receives
 every state the home sends, so the history has every flip. Devices are two
 static GPUs from configuration.
 
@@ -52,7 +52,6 @@ class StandaloneStage:
         self._root: Path | None = None
         self._issuer: Issuer | None = None
         self._notify: socket.socket | None = None
-        self._saved_env: str | None = None
         self._history: list[bool] = []
 
     @property
@@ -66,7 +65,7 @@ class StandaloneStage:
         return self.root / "state" / "grants"
 
     async def open(self, workdir: Path, issuer: Issuer) -> None:
-        """Make the state dir and grantdir (0700), bind the notify socket, set NOTIFY_SOCKET."""
+        """Make the state dir and grantdir (0700) and bind the notify socket."""
         self._root, self._issuer = workdir, issuer
         self.grantdir.mkdir(parents=True, mode=0o700)
         (workdir / "state").chmod(0o700)
@@ -75,20 +74,14 @@ class StandaloneStage:
         sock.setblocking(False)
         asyncio.get_running_loop().add_reader(sock.fileno(), self._receive)
         self._notify = sock
-        self._saved_env = os.environ.get(NOTIFY_ENV)
-        os.environ[NOTIFY_ENV] = str(workdir / "notify.sock")
 
     async def close(self) -> None:
-        """Stop listening and put NOTIFY_SOCKET back as it was. Never raises."""
+        """Stop listening. Never raises."""
         if self._notify is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self._notify.fileno())
             self._notify.close()
             self._notify = None
-            if self._saved_env is None:
-                os.environ.pop(NOTIFY_ENV, None)
-            else:
-                os.environ[NOTIFY_ENV] = self._saved_env
 
     def flags(self) -> dict[str, object]:
         """fiberd's flags for this stage: its state dir, the harness's issuer, two GPUs."""
@@ -101,8 +94,10 @@ class StandaloneStage:
         }
 
     def launch(self) -> Launch:
-        """fiberd configured from ``flags()``, the home built as ``fiberd`` builds it."""
-        return Launch(load_config(env={}, flags=self.flags()), {})
+        """fiberd configured from ``flags()`` with the notify socket in its environment, the
+        home built as ``fiberd`` builds it."""
+        return Launch(load_config(env={}, flags=self.flags()),
+                      {NOTIFY_ENV: str(self.root / "notify.sock")})
 
     async def deliver(self, uid: str, token: str) -> None:
         """Write ``<uid>.jwt`` (0600) by rename, as a careful admin tool would."""

@@ -145,6 +145,7 @@ class Core:
         self._nudge = asyncio.Event()
         self._released: set[str] = set()  # fiber ids whose release is audited
         self._tasks: set[asyncio.Task[object]] = set()
+        self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -253,6 +254,7 @@ class Core:
         """
         self.closing = True
         await asyncio.gather(*(self._retire(uid, "shutdown") for uid in list(self._grants)))
+        await asyncio.gather(*list(self._retiring), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -314,6 +316,7 @@ class Core:
         return {"home": self.home.name(), "pid": os.getpid(), "epoch": self.book.epoch,
                 "closing": self.closing, "grants": len(self.book.grants()),
                 "templates": {uid: g.template.state.value for uid, g in self._grants.items()},
+                "templates_stopping": len(self._retiring),
                 "fibers_running": self.fibers_running(), "cgroups": cgroups,
                 "mode": "carved" if cgroups["carved"] else "uncarved",
                 "scope": {c.key: c.value for c in self.home.scope()},
@@ -416,7 +419,12 @@ class Core:
             log.warning("readiness of %s not published: %s", uid, err)
 
     async def _retire(self, uid: str, cause: str) -> None:
-        """Stop a grant's fibers and template, release its devices, remove its cgroup."""
+        """Stop a grant's fibers and template, release its devices, remove its cgroup.
+
+        The stopping runs on its own task, shielded: a caller cancelled
+        midway (drive, at shutdown) leaves it running, and ``shutdown``
+        waits for it, so no template outlives fiberd.
+        """
         async with self._lock(uid):
             grant = self._grants.pop(uid, None)
             if grant is None:
@@ -425,14 +433,20 @@ class Core:
                 grant.watcher.cancel()
             for fiber in grant.template.fibers.values():
                 self._note_release(fiber, cause)
-            await asyncio.gather(grant.template.stop(self.grace),
-                                 *(t.stop(self.grace) for t in grant.retired))
-            await asyncio.to_thread(grant.release)
-            try:
-                await self.cgroups.remove_grant(uid)
-            except OSError as err:
-                log.warning("cgroup of %s not removed: %s", uid, err)
-            await self._publish(uid, False)
+            stopping = asyncio.ensure_future(self._stop_grant(grant))
+            self._retiring.add(stopping)
+            stopping.add_done_callback(self._retiring.discard)
+            await asyncio.shield(stopping)
+
+    async def _stop_grant(self, grant: _Grant) -> None:
+        await asyncio.gather(grant.template.stop(self.grace),
+                             *(t.stop(self.grace) for t in grant.retired))
+        await asyncio.to_thread(grant.release)
+        try:
+            await self.cgroups.remove_grant(grant.uid)
+        except OSError as err:
+            log.warning("cgroup of %s not removed: %s", grant.uid, err)
+        await self._publish(grant.uid, False)
 
     # ------------------------------------------------------------ internals: Clone
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 NOTIFY_ENV = "NOTIFY_SOCKET"
 
@@ -29,9 +30,9 @@ def notify_address(value: str) -> str:
     )
 
 
-def notify_socket_from_env() -> str | None:
-    """The ``NOTIFY_SOCKET`` of this process's environment, None when unset or empty."""
-    return os.environ.get(NOTIFY_ENV) or None
+def notify_socket_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ``NOTIFY_SOCKET`` of ``environ`` (default: this process's), None when unset or empty."""
+    return (os.environ if environ is None else environ).get(NOTIFY_ENV) or None
 
 
 def sd_notify(message: str, notify_socket: str) -> None:

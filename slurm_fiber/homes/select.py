@@ -95,7 +95,8 @@ async def build_home(config: FiberdConfig, clock: Clock, environ: Mapping[str, s
     if config.home == "standalone":
         from slurm_fiber.homes.standalone import StandaloneHome
 
-        home = StandaloneHome.from_config(config, clock, on_problem=on_problem)
+        home = StandaloneHome.from_config(config, clock, on_problem=on_problem,
+                                          environ=environ)
         return BuiltHome(home, config.audience or
                          STANDALONE_AUDIENCE.format(host=socket.gethostname()))
     if config.home == "slurm":

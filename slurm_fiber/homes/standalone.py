@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
@@ -91,9 +91,11 @@ class StandaloneHome:
 
     @classmethod
     def from_config(
-        cls, config: FiberdConfig, clock: Clock, *, on_problem: ProblemSink = log_problem
+        cls, config: FiberdConfig, clock: Clock, *, on_problem: ProblemSink = log_problem,
+        environ: Mapping[str, str] | None = None,
     ) -> StandaloneHome:
-        """The home fiberd's configuration describes; NOTIFY_SOCKET is read from the environment."""
+        """The home fiberd's configuration describes; NOTIFY_SOCKET is read from ``environ``
+        (default: this process's environment)."""
         return cls(
             config.grantdir,
             clock,
@@ -101,7 +103,7 @@ class StandaloneHome:
             stale_after=config.stale_ttl,
             devices=config.devices,
             ready_file=config.ready_file,
-            notify_socket=notify_socket_from_env(),
+            notify_socket=notify_socket_from_env(environ),
             cgroup=config.cgroup_root,
             on_problem=on_problem,
         )

@@ -98,7 +98,7 @@ def test_registry_resolves_builtin_and_import_specs_and_refuses_the_rest() -> No
         stage_factory("slurm_fiber.conform.standalone:POLL_INTERVAL")
 
 
-def test_the_standalone_stage_is_a_stage_and_puts_notify_socket_back(tmp_path: Path) -> None:
+def test_the_standalone_stage_names_its_notify_socket_to_fiberd_only(tmp_path: Path) -> None:
     stage = StandaloneStage()
     assert isinstance(stage, Stage)
     before = os.environ.get(NOTIFY_ENV)
@@ -107,8 +107,9 @@ def test_the_standalone_stage_is_a_stage_and_puts_notify_socket_back(tmp_path: P
         issuer = ConformIssuer(tmp_path, "m")
         (tmp_path / "stage").mkdir(mode=0o700)
         await stage.open(tmp_path / "stage", issuer.issuer)
-        assert os.environ[NOTIFY_ENV] == str(tmp_path / "stage" / "notify.sock")
         launch = stage.launch()
+        assert launch.environ[NOTIFY_ENV] == str(tmp_path / "stage" / "notify.sock")
+        assert os.environ.get(NOTIFY_ENV) == before
         assert launch.config.trust == {"grant-conform": str(issuer.issuer.jwks)}
         assert (tmp_path / "issuer.jwks.json").stat().st_mode & 0o077 == 0
         await stage.close()

@@ -31,8 +31,9 @@ async def test_delivered_grant_is_warm_before_the_first_clone_and_runs_in_it(sit
     site.drop(preload=("decimal",))
     async with running_fiberd(site) as live:
         await warm(live)
-        ready = json.loads((site.state / "ready.json").read_text())
-        assert ready["ready"] and ready["warm"] == ["g1"]
+        ready_file = site.state / "ready.json"
+        await until(lambda: ready_file.exists() and json.loads(ready_file.read_text())["ready"])
+        assert json.loads(ready_file.read_text())["warm"] == ["g1"]
         fiber = await live.clone(target="tests.runtime.targets:imported", args=("decimal",))
         assert isinstance(fiber, FiberView)
         end = await fiber.wait()
