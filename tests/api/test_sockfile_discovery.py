@@ -49,12 +49,18 @@ def test_a_stale_socket_is_replaced_and_other_files_are_left_alone(tmp_path) -> 
     assert path.is_symlink()
 
 
-def test_discovery_order() -> None:
-    job = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n2", "SLURM_FIBER_STATE_ROOT": "/var/sf"}
+def test_discovery_order(tmp_path) -> None:
+    job = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n2", "SLURM_FIBER_STATE_ROOT": "/var/sf",
+           "SLURM_FIBER_CONFIG": str(tmp_path / "none.toml")}
     assert str(discover_socket("/x.sock", {"FIBERD_SOCKET": "/y"})) == "/x.sock"
     assert str(discover_socket(None, {"FIBERD_SOCKET": "/y", **job})) == "/y"
     assert str(discover_socket(None, job)) == "/var/sf/nodes/n2/jobs/42/fiberd.sock"
-    assert str(discover_socket(None, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"})) == \
+    assert str(discover_socket(None, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1",
+                                      "SLURM_FIBER_CONFIG": str(tmp_path / "none.toml")})) == \
         "/var/lib/slurm-fiber/nodes/n1/jobs/7/fiberd.sock"
+    site = tmp_path / "site.toml"
+    site.write_text('state_root = "/srv/site"\n')
+    in_site = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
+    assert str(discover_socket(None, in_site)) == "/srv/site/nodes/n1/jobs/7/fiberd.sock"
     assert str(discover_socket(None, {"FIBERD_STATE_DIR": "/srv/f"})) == "/srv/f/fiberd.sock"
     assert str(discover_socket(None, {})) == "/var/lib/slurm-fiber/fiberd.sock"

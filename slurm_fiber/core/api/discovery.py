@@ -3,8 +3,9 @@
 Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then, inside
 a Slurm job (``$SLURM_JOB_ID`` set), the job's socket on this node as the
 node's path convention places it (``<state root>/nodes/<node>/jobs/<job id>/
-fiberd.sock``; state root ``$SLURM_FIBER_STATE_ROOT`` or /var/lib/slurm-fiber,
-node ``$SLURMD_NODENAME`` or the short host name), then a standalone fiberd's
+fiberd.sock``; state root ``$SLURM_FIBER_STATE_ROOT``, else the site config's
+(``$SLURM_FIBER_CONFIG``, where fiberd-run takes it from), else
+/var/lib/slurm-fiber; node ``$SLURMD_NODENAME`` or the short host name), then a standalone fiberd's
 socket: ``$FIBERD_STATE_DIR/fiberd.sock``, else /var/lib/slurm-fiber/fiberd.sock
 (fiberd's own defaults, so both sides agree without configuration).
 """
@@ -23,12 +24,19 @@ SOCKET_NAME = "fiberd.sock"
 def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
     """The socket of the fiberd serving Slurm job ``job_id`` on this node.
 
-    Raises ValueError when ``$SLURM_FIBER_STATE_ROOT`` is set but not absolute.
+    Blocks on reading the site config. An unusable site config falls back to
+    ``$SLURM_FIBER_STATE_ROOT`` or the default root; a relative
+    ``$SLURM_FIBER_STATE_ROOT`` raises ValueError.
     """
     from slurm_fiber.homes.slurm.paths import job_paths, state_root
+    from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, load_site_config
 
+    try:
+        root = load_site_config(environ).state_root
+    except SiteConfigError:
+        root = state_root(environ)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return job_paths(state_root(environ), node, int(job_id)).socket
+    return job_paths(root, node, int(job_id)).socket
 
 
 def default_socket_path(environ: Mapping[str, str]) -> Path:
