@@ -7,18 +7,25 @@ signs a grant token whose ``kid`` is the key's RFC 7638 thumbprint (the same
 ``kid`` ``public_jwk`` publishes) and whose algorithm follows from the key.
 The claims are checked with the verifier's own rules before signing, so a
 minted token is never one fiberd would refuse for its shape.
+
+Signing is a compact JWS (RFC 7515) over ``cryptography``'s signature
+primitives, not PyJWT's encoder: PyJWT's package import costs about 100 ms,
+which the Slurm prolog (this module's hot user, once per job start) cannot
+afford. Tests check every minted token against PyJWT's own decoder.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
-import jwt
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from slurm_fiber.core.fiberspec import fiber_spec_to_json, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec, valid_uid
@@ -94,4 +101,22 @@ def mint(
     if nbf is not None:
         claims["nbf"] = int(nbf)
     jwk = public_jwk(key)
-    return jwt.encode(claims, key, algorithm=jwk["alg"], headers={"kid": jwk["kid"]})
+    return compact_jws(claims, key, jwk["kid"])
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def compact_jws(claims: dict[str, Any], key: PrivateKey, kid: str) -> str:
+    """``claims`` signed by ``key`` as a compact JWS (EdDSA for Ed25519, ES256 for P-256)."""
+    alg = "EdDSA" if isinstance(key, ed25519.Ed25519PrivateKey) else "ES256"
+    header = {"alg": alg, "kid": kid, "typ": "JWT"}
+    signing_input = ".".join(_b64(json.dumps(part, separators=(",", ":")).encode())
+                             for part in (header, claims)).encode()
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        signature = key.sign(signing_input)
+    else:  # JWS wants R || S, 32 bytes each (RFC 7518 3.4), not DER
+        r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
+        signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
+    return f"{signing_input.decode()}.{_b64(signature)}"

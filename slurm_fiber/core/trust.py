@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from jwt.algorithms import ECAlgorithm, OKPAlgorithm
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -50,17 +50,22 @@ def public_jwk(key: PublicKey | PrivateKey) -> dict[str, str]:
     """The public JWK of ``key`` with ``kid`` (RFC 7638 thumbprint), ``alg`` and ``use``."""
     pub = key.public_key() if isinstance(key, PrivateKey) else key
     if isinstance(pub, ed25519.Ed25519PublicKey):
-        jwk = json.loads(OKPAlgorithm.to_jwk(pub))
-        members, alg = ("crv", "kty", "x"), "EdDSA"
+        raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        members, alg = {"crv": "Ed25519", "kty": "OKP", "x": _b64(raw)}, "EdDSA"
     elif isinstance(pub, ec.EllipticCurvePublicKey) and isinstance(pub.curve, ec.SECP256R1):
-        jwk = json.loads(ECAlgorithm.to_jwk(pub))
-        members, alg = ("crv", "kty", "x", "y"), "ES256"
+        point = pub.public_numbers()
+        members = {"crv": "P-256", "kty": "EC", "x": _b64(point.x.to_bytes(32, "big")),
+                   "y": _b64(point.y.to_bytes(32, "big"))}
+        alg = "ES256"
     else:
         raise ValueError("only Ed25519 and P-256 keys are supported")
-    canonical = json.dumps({m: jwk[m] for m in members}, separators=(",", ":"), sort_keys=True)
-    digest = hashlib.sha256(canonical.encode()).digest()
-    kid = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    return {**{m: jwk[m] for m in members}, "kid": kid, "alg": alg, "use": "sig"}
+    canonical = json.dumps(members, separators=(",", ":"), sort_keys=True)
+    kid = _b64(hashlib.sha256(canonical.encode()).digest())
+    return {**members, "kid": kid, "alg": alg, "use": "sig"}
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def parse_jwks(issuer: str, data: bytes) -> tuple[dict[str, TrustedKey], list[str]]:
@@ -91,6 +96,8 @@ def parse_jwks(issuer: str, data: bytes) -> tuple[dict[str, TrustedKey], list[st
 
 
 def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
+    from jwt.algorithms import ECAlgorithm, OKPAlgorithm  # PyJWT: only where keys are read
+
     kty, crv = jwk.get("kty"), jwk.get("crv")
     if "d" in jwk:
         raise ValueError("carries private key material; publish public keys only")

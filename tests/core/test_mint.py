@@ -1,0 +1,51 @@
+"""Minting without PyJWT's encoder: every token and JWK must be exactly what PyJWT reads.
+
+``mint`` and ``public_jwk`` build the JWS and the JWK from ``cryptography``
+primitives (to keep the prolog's imports light); these tests hold them to an
+independent implementation, PyJWT's decoder and JWK export, for both algorithms.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jwt
+import pytest
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm
+
+from slurm_fiber.core.mint import generate_key, mint
+from slurm_fiber.core.trust import public_jwk
+
+
+@pytest.mark.parametrize("alg", ["EdDSA", "ES256"])
+def test_minted_tokens_verify_with_pyjwt(alg: str) -> None:
+    key = generate_key(alg)
+    jwk = public_jwk(key)
+    for _ in range(20):  # ES256 signatures vary in length before padding: try several
+        token = mint(key, issuer="site", uid="g1", audience="aud-1", iat=1_700_000_000,
+                     exp=4_000_000_000)
+        header = jwt.get_unverified_header(token)
+        assert header == {"alg": alg, "kid": jwk["kid"], "typ": "JWT"}
+        claims = jwt.decode(token, key.public_key(), algorithms=[alg], audience="aud-1")
+        assert claims["sub"] == "g1" and claims["iss"] == "site"
+
+
+@pytest.mark.parametrize(("alg", "exporter"), [("EdDSA", OKPAlgorithm), ("ES256", ECAlgorithm)])
+def test_public_jwk_members_match_pyjwt(alg: str, exporter: type) -> None:
+    key = generate_key(alg)
+    theirs = json.loads(exporter.to_jwk(key.public_key()))
+    ours = public_jwk(key)
+    assert {k: ours[k] for k in theirs if k in ("crv", "kty", "x", "y")} == \
+        {k: v for k, v in theirs.items() if k in ("crv", "kty", "x", "y")}
+    assert ours["alg"] == alg and ours["use"] == "sig"
+
+
+def test_minting_does_not_import_pyjwt() -> None:
+    code = ("import sys; from slurm_fiber.core.mint import generate_key, mint; "
+            "mint(generate_key(), issuer='s', uid='u', audience='a', iat=1, exp=2); "
+            "print('jwt' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
