@@ -5,7 +5,7 @@ Each round runs, for one fresh job id, the real console scripts under
 site config in a temporary directory: a job of a non-root-owned uid with
 one GPU, a minted token, a lease grant, and no cgroup delegation (pass
 ``--delegate`` to add it where cgroup v2 is writable). A second site
-without an issuer key (no minting, so no pyjwt import) is timed in the same
+without an issuer key (no minting) is timed in the same
 rounds ("prolog_no_mint"), to show what minting costs. The baseline is
 ``python -c pass`` with the same interpreter, in the same rounds,
 interleaved. The prolog delays every job start (target p50 <= 150 ms each);
