@@ -33,7 +33,7 @@ from slurm_fiber.core.decisions import GrantBook
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
-from slurm_fiber.homes.drive import drive
+from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, log_problem
 from slurm_fiber.homes.seam import Home, LosesScope
 

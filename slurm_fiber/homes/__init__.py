@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurm_fiber.homes.drive import Admitter, deliver, drive
+    from slurm_fiber.homes.delivery import Admitter, deliver, drive
     from slurm_fiber.homes.grantdir import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
     from slurm_fiber.homes.healthpoll import ErrRoundTimeout, HealthPoll, RoundTimeout
     from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 
 # The names are loaded on first use (PEP 562), so importing one home module
 # (the Slurm prolog reads slurm_fiber.homes.slurm.jobenv) does not pay for
-# asyncio, jwt and the rest of the seam.
+# asyncio, jwt and the rest of the seam. No exported name may also be a
+# submodule's name: once that submodule is imported, the package attribute
+# is the module and shadows the lazy name (hence ``drive`` lives in delivery).
 _WHERE = {
-    "drive": ("Admitter", "deliver", "drive"),
+    "delivery": ("Admitter", "deliver", "drive"),
     "grantdir": ("MAX_TOKEN_BYTES", "GrantDir", "GrantDirRefused"),
     "healthpoll": ("ErrRoundTimeout", "HealthPoll", "RoundTimeout"),
     "problem": ("Problem", "ProblemSink", "log_problem"),

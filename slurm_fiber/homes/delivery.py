@@ -1,4 +1,4 @@
-"""drive: feeds a home's grant deliveries into the core.
+"""delivery: drive feeds a home's grant deliveries into the core.
 
 On GRANT_ADDED it verifies the token, lifts any denial of its UID and admits
 it; on GRANT_REMOVED it removes the UID. A delivery the core refuses (a bad
