@@ -47,12 +47,13 @@ KIND_BY_ROUTE: dict[tuple[str, str], Kind] = {(k.prefix, k.plural): k for k in K
 
 @dataclass(frozen=True)
 class Seen:
-    """One request the server answered: method, path, patch content type, status code."""
+    """One request the server answered: method, path, patch content type, status code, body."""
 
     method: str
     path: str
     content_type: str
     code: int
+    body: bytes = b""
 
 
 @dataclass
@@ -305,6 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = headers.get("content-length", "0")
+        body = b""
         if not length.isdigit():
             answer: tuple[int, dict[str, Any]] | None = (
                 400, ApiStatus(400, f"bad Content-Length {length!r}").body())
@@ -318,7 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
         code, document = answer
         # Recorded before the answer leaves, so a client that has its answer finds it in seen.
         self.server.fake._record(
-            Seen(self.command, self.path, headers.get("content-type", ""), code)
+            Seen(self.command, self.path, headers.get("content-type", ""), code, body)
         )
         payload = json.dumps(document).encode()
         self.send_response(code)
