@@ -26,6 +26,7 @@ import re
 import shutil
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -287,6 +288,11 @@ class _Http(ThreadingHTTPServer):
         finally:
             with self._open_lock:
                 self._open.discard(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-answer (fiberd stopping) is normal: no traceback for it."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
     def drop_connections(self) -> None:
         with self._open_lock:
