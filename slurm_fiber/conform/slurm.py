@@ -15,9 +15,16 @@ fiberd's own state (grant book, audit log, socket, template logs) is kept
 in the stage dir, not the job's state dir: this fiberd is not a step of
 the job, so unlike fiberd-run it outlives the job's end, and the epilog
 removes the job's state dir under it (a real fiberd-run is killed by
-slurmd before the epilog runs). Grants, readiness, the fiberd record, the
-delegated cgroup and the GPU leases are the job's, where the prolog and
-epilog look.
+slurmd before the epilog runs). Grants, readiness, the fiberd record and the
+GPU leases are the job's, where the prolog and epilog look.
+
+fiberd runs uncarved: while the stage is open the prolog's delegated-cgroup
+record is held aside (put back before the job is cancelled, so the epilog
+cleans up as usual). Otherwise the epilog, about a second after `scancel`,
+SIGKILLs the templates in the delegated cgroup before the home's poll sees
+the job leave RUNNING, and ``scope.loss`` would test the epilog rather than
+the home. The stage's fiberd and templates thus play what the home's
+scope-loss poll is for: job processes Slurm's own kill did not reach.
 
 Levers:
 
@@ -182,7 +189,20 @@ class SlurmStage:
         if not self.paths.grantdir.is_dir():
             raise StageCannot(f"job {self._job_id}: no grantdir {self.paths.grantdir}: "
                               "is the slurm_fiber prolog configured?")
+        if self.paths.cgroup_file.exists():
+            self.paths.cgroup_file.rename(self._held_record)
         self._sampler = asyncio.ensure_future(self._sample_forever())
+
+    @property
+    def _held_record(self) -> Path:
+        return self.root / "cgroup.record"
+
+    def _end_job(self) -> subprocess.CompletedProcess[str]:
+        """Put the delegated-cgroup record back for the epilog, then ``scancel`` the job."""
+        if self._paths is not None and self._held_record.exists():
+            with contextlib.suppress(OSError):
+                self._held_record.rename(self._paths.cgroup_file)
+        return _run("scancel", str(self._job_id))
 
     def _start_job(self, workdir: Path) -> dict[str, str]:
         script = workdir / "job.sh"
@@ -217,7 +237,7 @@ class SlurmStage:
                 await self._sampler
             self._sampler = None
         if self._job_id is not None:
-            await asyncio.to_thread(_run, "scancel", str(self._job_id))
+            await asyncio.to_thread(self._end_job)
             self._job_id = None
         if self._refuser is not None:
             self._refuser.close()
@@ -267,7 +287,7 @@ class SlurmStage:
     async def lose_scope(self) -> None:
         """Withdraw fiberd's record (it is this process), then ``scancel`` the job."""
         fiberdrecord.remove_record(self.paths.state_dir)
-        out = await asyncio.to_thread(_run, "scancel", str(self.job.job_id))
+        out = await asyncio.to_thread(self._end_job)
         if out.returncode != 0:
             raise StageCannot(f"scancel {self.job.job_id} failed: {out.stderr.strip()[:200]}")
 
