@@ -69,8 +69,8 @@ def test_the_kubernetes_home_conforms_on_the_fake_api_server() -> None:
 
 
 def test_a_home_blind_to_its_pods_deletion_fails_scope_loss() -> None:
-    run = conform("--home", "tests.conform.test_kubernetes:ScopeBlindStage", "--clause", "scope.loss", "--json",
-                  "--settle", "1")
+    run = conform("--home", "tests.conform.test_kubernetes:ScopeBlindStage",
+                  "--clause", "scope.loss", "--json", "--settle", "1")
     assert run.returncode == 1, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert outcomes(report) == {"scope.loss": "fail"}
