@@ -174,6 +174,14 @@ class SlurmStage:
         self._refuser.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
         (workdir / "dead.conf").write_text(dead_conf(text, self._refuser.getsockname()[1]))
         (workdir / "slurm.conf").symlink_to(conf.resolve())
+        try:
+            await self._open_job(workdir)
+        except BaseException:
+            await self.close()  # the runner closes only a stage that opened: no job left
+            raise
+
+    async def _open_job(self, workdir: Path) -> None:
+        """Submit the job and learn it, its paths and its devices from its step's environment."""
         step_env = await asyncio.to_thread(self._start_job, workdir)
         self._environ = {**step_env, "SLURM_CONF": str(workdir / "slurm.conf")}
         if os.environ.get("SLURM_FIBER_CONFIG"):
