@@ -6,8 +6,8 @@ runs one step, ``srun --overlap -n1 env -0``, to capture exactly what
 then sleeps. The cluster is whatever this process's ``SLURM_CONF`` names
 (the bare-host cluster: ``eval "$(bare-host env)"``), with the site config
 ``SLURM_FIBER_CONFIG`` its prolog uses. fiberd runs in this process with
-that environment and ``--home slurm``: state dir from the site's state root
-(as fiberd-run gets it), but trusting only the harness's issuer, so the
+that environment and ``--home slurm``, configured as fiberd-run is (the
+site config's ``home_defaults``), but trusting only the harness's issuer, so the
 prolog's own grant ``job-<id>.jwt`` (the site issuer's) is refused and never
 warms a template of its own; the clauses use their own UIDs.
 
