@@ -1,7 +1,7 @@
 """Stages by home name: the built-in ones, installed ones, or any importable factory.
 
 ``stage_factory(name)`` resolves, in order: a built-in stage
-(``standalone``), a stage another package installs under the entry point
+(``standalone``, ``kubernetes``, ``slurm``), a stage another package installs under the entry point
 group ``slurm_fiber.conform_stages`` (name = factory), or ``module:attr``
 naming a Stage class or factory directly (how a home author runs a stage
 that is not installed). Unknown names raise ``UnknownStage`` with the names
@@ -16,7 +16,11 @@ from importlib.metadata import entry_points
 from slurm_fiber.conform.stage import StageFactory
 
 ENTRY_POINT_GROUP = "slurm_fiber.conform_stages"
-BUILTIN = {"standalone": "slurm_fiber.conform.standalone:StandaloneStage"}
+BUILTIN = {
+    "standalone": "slurm_fiber.conform.standalone:StandaloneStage",
+    "kubernetes": "slurm_fiber.conform.kubernetes:KubernetesStage",
+    "slurm": "slurm_fiber.conform.slurm:SlurmStage",
+}
 
 
 class UnknownStage(LookupError):

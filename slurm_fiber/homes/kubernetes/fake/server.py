@@ -26,6 +26,7 @@ import re
 import shutil
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -47,12 +48,13 @@ KIND_BY_ROUTE: dict[tuple[str, str], Kind] = {(k.prefix, k.plural): k for k in K
 
 @dataclass(frozen=True)
 class Seen:
-    """One request the server answered: method, path, patch content type, status code."""
+    """One request the server answered: method, path, patch content type, status code, body."""
 
     method: str
     path: str
     content_type: str
     code: int
+    body: bytes = b""
 
 
 @dataclass
@@ -287,6 +289,11 @@ class _Http(ThreadingHTTPServer):
             with self._open_lock:
                 self._open.discard(request)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-answer (fiberd stopping) is normal: no traceback for it."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
     def drop_connections(self) -> None:
         with self._open_lock:
             conns = list(self._open)
@@ -305,6 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = headers.get("content-length", "0")
+        body = b""
         if not length.isdigit():
             answer: tuple[int, dict[str, Any]] | None = (
                 400, ApiStatus(400, f"bad Content-Length {length!r}").body())
@@ -318,7 +326,7 @@ class _Handler(BaseHTTPRequestHandler):
         code, document = answer
         # Recorded before the answer leaves, so a client that has its answer finds it in seen.
         self.server.fake._record(
-            Seen(self.command, self.path, headers.get("content-type", ""), code)
+            Seen(self.command, self.path, headers.get("content-type", ""), code, body)
         )
         payload = json.dumps(document).encode()
         self.send_response(code)

@@ -1,0 +1,201 @@
+"""The Kubernetes home's stage: a grant Pod on the fake API server, over real HTTPS.
+
+The stage starts a ``FakeApiServer`` (TLS, its own CA) holding one running
+grant Pod whose DRA ResourceClaim is allocated two GPUs, lays out the Pod's
+service account volume and an empty Secret volume, and gives fiberd the
+container environment the kubelet and the downward API would. Nothing is
+patched: fiberd's real client talks to the fake as to a real API server.
+
+Levers: the Secret volume is written the way the kubelet writes it (every
+change is a new payload swapped in through ``..data``), so delivering or
+removing one grant rewrites the whole Secret; silence stops the fake (the
+API server is unreachable: connection refused) and restore starts it on the
+same port; losing scope deletes the Pod (it keeps a ``deletionTimestamp``
+and its grants go with it; irreversible). Readiness is the Pod's
+readiness-gate condition now, and the history of every status PATCH the
+fake answered 200, read from its request log, so every publish counts,
+however quick. Devices are the claim's GPUs as the container sees them
+(ordinals from 0 in allocation order, with their uuids).
+
+Declared lack: device holds. A DRA claim is allocated to the Pod for its
+whole life, not per grant, so fiberd holds nothing per grant and the
+home's release is a no-op: there is nothing a grant's removal could free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_fiber.config import load_config
+from slurm_fiber.conform.stage import Capability, Issuer, Launch, Published
+from slurm_fiber.core.devices import Device
+from slurm_fiber.homes.kubernetes.fake import (
+    DEFAULT_GATE,
+    PODS,
+    RESOURCE_CLAIMS,
+    Allocated,
+    FakeApiServer,
+    grant_pod,
+    resource_claim,
+    write_secret,
+)
+from slurm_fiber.homes.kubernetes.fake.store import ApiStatus
+from slurm_fiber.homes.kubernetes.incluster import (
+    ENV_NODE_NAME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_SERVICE_ACCOUNT,
+    ENV_SERVICE_ACCOUNT_DIR,
+)
+
+NAMESPACE = "conform"
+POD = "grant-pod"
+POD_UID = "c0f0a11e-grant-pod-uid"
+NODE = "node-conform"
+SERVICE_ACCOUNT = "slurm-fiber"
+CLAIM = "grant-pod-gpus-conform"
+ALLOCATED = (
+    Allocated("gpus", "gpu.nvidia.com", NODE, "gpu-3", uuid="GPU-conform-k8s-3"),
+    Allocated("gpus", "gpu.nvidia.com", NODE, "gpu-5", uuid="GPU-conform-k8s-5"),
+)
+# What the container sees of ALLOCATED: the DRA driver injects exactly those devices,
+# numbered from 0 in allocation order.
+DEVICES = (Device("gpu", 0, None, "GPU-conform-k8s-3"), Device("gpu", 1, None, "GPU-conform-k8s-5"))
+POLL_INTERVAL = 0.2  # seconds between grantdir polls and API rounds; a round gets one
+STALE_TTL = 1.0  # seconds of API silence until the source is stale
+FENCE_TTL = 2.0
+STATUS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}/status"
+
+
+def condition_sent(body: bytes, gate: str = DEFAULT_GATE) -> bool | None:
+    """The readiness-gate state a status PATCH body sets, None when it sets none. Pure."""
+    try:
+        conditions = json.loads(body)["status"]["conditions"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    for condition in conditions if isinstance(conditions, list) else []:
+        if isinstance(condition, dict) and condition.get("type") == gate:
+            return {"True": True, "False": False}.get(condition.get("status"))
+    return None
+
+
+class KubernetesStage:
+    """Drives ``fiberd --home kubernetes`` against a fake API server. Open it once."""
+
+    home = "kubernetes"
+    lacks: Mapping[Capability, str] = {
+        Capability.DEVICE_HOLDS: "a DRA claim stays allocated to the Pod for its life; fiberd "
+                                 "holds nothing per grant, so a removal releases nothing",
+    }
+
+    def __init__(self) -> None:
+        self._root: Path | None = None
+        self._issuer: Issuer | None = None
+        self._fake: FakeApiServer | None = None
+        self._payload: dict[str, bytes] = {}
+
+    @property
+    def fake(self) -> FakeApiServer:
+        if self._fake is None:
+            raise RuntimeError("the stage is not open")
+        return self._fake
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise RuntimeError("the stage is not open")
+        return self._root
+
+    @property
+    def volume(self) -> Path:
+        """The grant Secret's mount: the grantdir fiberd reads."""
+        return self.root / "secret"
+
+    async def open(self, workdir: Path, issuer: Issuer) -> None:
+        """Start the fake with the Pod and its allocated claim; lay out the volumes."""
+        self._root, self._issuer = workdir, issuer
+        fake = FakeApiServer()
+        self._fake = fake.start()
+        fake.store.put(PODS, grant_pod(POD, NAMESPACE, uid=POD_UID, node=NODE,
+                                       service_account=SERVICE_ACCOUNT,
+                                       claims={"gpus": CLAIM}))
+        fake.store.put(RESOURCE_CLAIMS, resource_claim(CLAIM, NAMESPACE, ALLOCATED))
+        fake.write_service_account(workdir / "serviceaccount", NAMESPACE)
+        self.volume.mkdir(mode=0o755)
+        (workdir / "state").mkdir(mode=0o700)
+
+    async def close(self) -> None:
+        """Stop the fake and remove its files. Never raises."""
+        if self._fake is not None:
+            with contextlib.suppress(Exception):
+                self._fake.close()
+            self._fake = None
+
+    def launch(self) -> Launch:
+        """fiberd in the grant Pod: the Secret volume as grantdir, short intervals, uncarved."""
+        assert self._issuer is not None, "the stage is not open"
+        flags = {
+            "home": "kubernetes", "state_dir": str(self.root / "state"),
+            "grantdir": str(self.volume), "trust": f"{self._issuer.name}={self._issuer.jwks}",
+            "poll_interval": str(POLL_INTERVAL), "stale_ttl": str(STALE_TTL),
+            "fence_ttl": str(FENCE_TTL), "grace": "0.5", "cgroup_root": "none",
+            "audit_fsync": "never",
+        }
+        environ = {
+            **self.fake.in_cluster_env(),
+            ENV_POD_NAME: POD, ENV_POD_NAMESPACE: NAMESPACE, ENV_POD_UID: POD_UID,
+            ENV_NODE_NAME: NODE, ENV_SERVICE_ACCOUNT: SERVICE_ACCOUNT,
+            ENV_SERVICE_ACCOUNT_DIR: str(self.root / "serviceaccount"),
+        }
+        return Launch(load_config(env={}, flags=flags), environ)
+
+    async def deliver(self, uid: str, token: str) -> None:
+        """Update the Secret with ``<uid>.jwt``: the kubelet swaps in the new payload."""
+        self._payload[f"{uid}.jwt"] = token.encode()
+        write_secret(self.volume, self._payload)
+
+    async def remove(self, uid: str) -> None:
+        """Update the Secret without ``<uid>.jwt`` (no write when it holds none)."""
+        if self._payload.pop(f"{uid}.jwt", None) is not None:
+            write_secret(self.volume, self._payload)
+
+    async def silence(self) -> None:
+        """Stop the API server: connections are refused until ``restore``."""
+        self.fake.stop()
+
+    async def restore(self) -> None:
+        """Start the API server again on the same port."""
+        self.fake.start()
+
+    async def lose_scope(self) -> None:
+        """Delete the grant Pod (graceful: it keeps a deletionTimestamp). Irreversible."""
+        self.fake.store.delete(PODS, NAMESPACE, POD)
+
+    def readiness(self) -> Published:
+        """The Pod's readiness-gate condition now; every state a status PATCH set, in order."""
+        history = tuple(state for seen in self.fake.seen
+                        if seen.method == "PATCH" and seen.path == STATUS_PATH
+                        and seen.code == 200
+                        for state in [condition_sent(seen.body)] if state is not None)
+        return Published(self._condition(), history)
+
+    def devices(self) -> tuple[Device, ...]:
+        """The claim's two GPUs as the container numbers them."""
+        return DEVICES
+
+    def held_devices(self) -> frozenset[Device]:
+        raise NotImplementedError("a DRA claim is the Pod's, not a grant's")
+
+    def _condition(self) -> bool | None:
+        try:
+            pod = self.fake.store.get(PODS, NAMESPACE, POD)
+        except ApiStatus:
+            return None
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == DEFAULT_GATE:
+                return {"True": True, "False": False}.get(condition.get("status"))
+        return None

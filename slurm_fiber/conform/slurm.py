@@ -1,0 +1,338 @@
+"""The Slurm home's stage: a real batch job on a real cluster, fiberd given its step's environment.
+
+``open`` submits a batch job holding one GPU (``--gres=gpu:1``) whose script
+runs one step, ``srun --overlap -n1 env -0``, to capture exactly what
+``srun --overlap fiberd-run`` would see (the batch variables and the step's),
+then sleeps. The cluster is whatever this process's ``SLURM_CONF`` names
+(the bare-host cluster: ``eval "$(bare-host env)"``), with the site config
+``SLURM_FIBER_CONFIG`` its prolog uses. fiberd runs in this process with
+that environment and ``--home slurm``, configured as fiberd-run is (the
+site config's ``home_defaults``), but trusting only the harness's issuer, so the
+prolog's own grant ``job-<id>.jwt`` (the site issuer's) is refused and never
+warms a template of its own; the clauses use their own UIDs.
+
+fiberd's own state (grant book, audit log, socket, template logs) is kept
+in the stage dir, not the job's state dir: this fiberd is not a step of
+the job, so unlike fiberd-run it outlives the job's end, and the epilog
+removes the job's state dir under it (a real fiberd-run is killed by
+slurmd before the epilog runs). Grants, readiness, the fiberd record and the
+GPU leases are the job's, where the prolog and epilog look.
+
+fiberd runs uncarved: while the stage is open the prolog's delegated-cgroup
+record is held aside (put back before the job is cancelled, so the epilog
+cleans up as usual). Otherwise the epilog, about a second after `scancel`,
+SIGKILLs the templates in the delegated cgroup before the home's poll sees
+the job leave RUNNING, and ``scope.loss`` would test the epilog rather than
+the home. The stage's fiberd and templates thus play what the home's
+scope-loss poll is for: job processes Slurm's own kill did not reach.
+
+Levers:
+
+- deliver / remove: write ``<uid>.jwt`` in the job's grantdir by rename,
+  owned by the job's user (as the prolog writes), or delete it;
+- silence / restore: fiberd's ``SLURM_CONF`` is a symlink in the stage dir,
+  swapped (by rename) between the cluster's slurm.conf and a copy whose
+  ``SlurmctldPort`` is a port this stage holds bound but not listening, so
+  only this fiberd's `scontrol`/`squeue` calls are refused; the cluster and
+  any other test using it are untouched;
+- lose_scope: ``scancel`` the job. fiberd runs in this process, not in the
+  job, so its record (``fiberd.json``) is withdrawn first: the epilog would
+  otherwise SIGKILL the recorded fiberd, i.e. the harness;
+- readiness: the job's ready file, sampled (every 10 ms and on each look;
+  each publish is a new document, so repeats fold and only a flip faster
+  than the sampling is missed); the job Comment, when the site publishes it,
+  is not read;
+- devices: the job's GPU(s) on its node (with gres.conf's device files);
+  held_devices: the GPU leases the job's party holds in the node's lease dir.
+
+The Slurm home polls slurmctld every 5 s (``SlurmHomeConfig.poll_every``,
+not a fiberd option), so the stale TTL is set above that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_fiber.config import load_config
+from slurm_fiber.conform.stage import Capability, Issuer, Launch, Published, StageCannot
+from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.core.devices import Device
+from slurm_fiber.homes.select import home_defaults
+from slurm_fiber.homes.slurm import fiberdrecord
+from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
+from slurm_fiber.homes.slurm.leases import job_party, node_leases
+from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
+from slurm_fiber.homes.slurm.siteconfig import home_config, load_site_config
+
+POLL_INTERVAL = 0.05  # seconds between grantdir polls
+STALE_TTL = 7.0  # above the home's 5 s slurmctld poll, so a live cluster never reads stale
+FENCE_TTL = 14.0
+SAMPLE_EVERY = 0.01  # seconds between looks at the ready file
+START_TIMEOUT = 60.0  # seconds for the job to start and its step to report its environment
+COMMAND_TIMEOUT = 30.0
+JOB_SCRIPT = """#!/bin/sh
+srun --overlap -n1 env -0 > step.env.tmp && mv step.env.tmp step.env
+exec sleep 1800
+"""
+CTLD_PORT = re.compile(r"^\s*SlurmctldPort\s*=.*$", re.IGNORECASE | re.MULTILINE)
+
+
+def dead_conf(conf: str, port: int) -> str:
+    """``conf`` (slurm.conf text) with slurmctld moved to ``port`` on the same host. Pure."""
+    line = f"SlurmctldPort={port}"
+    if CTLD_PORT.search(conf):
+        return CTLD_PORT.sub(line, conf)
+    return f"{conf.rstrip()}\n{line}\n"
+
+
+def parse_env0(data: bytes) -> dict[str, str]:
+    """``env -0`` output as a mapping (entries without ``=`` skipped). Pure."""
+    pairs = (item.decode(errors="replace").partition("=") for item in data.split(b"\0") if item)
+    return {key: value for key, sep, value in pairs if sep}
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command with this process's environment; bounded, never raises."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return subprocess.CompletedProcess(argv, 1, "", str(err))
+
+
+def _swap_link(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target`` atomically (a new symlink renamed over it)."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    tmp.rename(link)
+
+
+class SlurmStage:
+    """Drives ``fiberd --home slurm`` inside one real batch job. Open it once; one event loop."""
+
+    home = "slurm"
+    lacks: Mapping[Capability, str] = {}
+
+    def __init__(self) -> None:
+        self._root: Path | None = None
+        self._issuer: Issuer | None = None
+        self._job_id: int | None = None
+        self._environ: dict[str, str] = {}
+        self._job: SlurmJob | None = None
+        self._paths: JobPaths | None = None
+        self._devices: tuple[Device, ...] = ()
+        self._refuser: socket.socket | None = None
+        self._sampler: asyncio.Task[None] | None = None
+        self._last_doc: object = None
+        self._history: list[bool] = []
+
+    @property
+    def job(self) -> SlurmJob:
+        if self._job is None:
+            raise RuntimeError("the stage is not open")
+        return self._job
+
+    @property
+    def paths(self) -> JobPaths:
+        if self._paths is None:
+            raise RuntimeError("the stage is not open")
+        return self._paths
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise RuntimeError("the stage is not open")
+        return self._root
+
+    # ---- open / close
+
+    async def open(self, workdir: Path, issuer: Issuer) -> None:
+        """Submit the job, wait for its step's environment, prepare the two slurm.confs.
+
+        Blocks (in threads) up to START_TIMEOUT for the job to start. Raises
+        StageCannot (one line) when there is no usable cluster.
+        """
+        self._root, self._issuer = workdir, issuer
+        (workdir / "fiberd").mkdir(mode=0o700)
+        conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+        try:
+            text = conf.read_text()
+        except OSError as err:
+            raise StageCannot(f"no Slurm cluster configuration at {conf}: {err.strerror} "
+                              "(set SLURM_CONF, e.g. eval \"$(bare-host env)\")") from None
+        self._refuser = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._refuser.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
+        (workdir / "dead.conf").write_text(dead_conf(text, self._refuser.getsockname()[1]))
+        (workdir / "slurm.conf").symlink_to(conf.resolve())
+        try:
+            await self._open_job(workdir)
+        except BaseException:
+            await self.close()  # the runner closes only a stage that opened: no job left
+            raise
+
+    async def _open_job(self, workdir: Path) -> None:
+        """Submit the job and learn it, its paths and its devices from its step's environment."""
+        step_env = await asyncio.to_thread(self._start_job, workdir)
+        self._environ = {**step_env, "SLURM_CONF": str(workdir / "slurm.conf")}
+        if os.environ.get("SLURM_FIBER_CONFIG"):
+            self._environ["SLURM_FIBER_CONFIG"] = os.environ["SLURM_FIBER_CONFIG"]
+        try:
+            self._job = job_from_env(self._environ)
+            site = load_site_config(self._environ)
+            gpu_files = home_config(site, self._job.node).gpu_files
+        except ValueError as err:  # SlurmParseError, SiteConfigError
+            raise StageCannot(f"job {self._job_id}: {err}") from None
+        self._paths = job_paths(site.state_root, self._job.node, self._job.job_id)
+        self._devices = tuple(Device("gpu", i, path=gpu_files.get(i)) for i in self._job.gpus)
+        if not self.paths.grantdir.is_dir():
+            raise StageCannot(f"job {self._job_id}: no grantdir {self.paths.grantdir}: "
+                              "is the slurm_fiber prolog configured?")
+        if self.paths.cgroup_file.exists():
+            self.paths.cgroup_file.rename(self._held_record)
+        self._sampler = asyncio.ensure_future(self._sample_forever())
+
+    @property
+    def _held_record(self) -> Path:
+        return self.root / "cgroup.record"
+
+    def _end_job(self) -> subprocess.CompletedProcess[str]:
+        """Put the delegated-cgroup record back for the epilog, then ``scancel`` the job."""
+        if self._paths is not None and self._held_record.exists():
+            with contextlib.suppress(OSError):
+                self._held_record.rename(self._paths.cgroup_file)
+        return _run("scancel", str(self._job_id))
+
+    def _start_job(self, workdir: Path) -> dict[str, str]:
+        script = workdir / "job.sh"
+        script.write_text(JOB_SCRIPT)
+        out = _run("sbatch", "--parsable", "--gres=gpu:1", "--time=30", "-n1",
+                   "--job-name=slurm-fiber-conform", f"--chdir={workdir}",
+                   f"--output={workdir}/job.out", str(script))
+        if out.returncode != 0:
+            raise StageCannot(f"sbatch failed: {out.stderr.strip()[:300]}")
+        self._job_id = int(out.stdout.strip().split(";")[0])
+        env_file, deadline = workdir / "step.env", time.monotonic() + START_TIMEOUT
+        while not env_file.exists():
+            state = _run("squeue", "-h", "-j", str(self._job_id), "-o", "%T").stdout.strip()
+            if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                raise StageCannot(f"job {self._job_id} is {state or 'gone'} before its step "
+                                  f"ran: {self._job_out()}")
+            if time.monotonic() > deadline:
+                raise StageCannot(f"job {self._job_id} still {state} after {START_TIMEOUT:g} s")
+            time.sleep(0.1)
+        return parse_env0(env_file.read_bytes())
+
+    def _job_out(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "job.out").read_text()[-300:].strip() or "no output"
+        return "no output"
+
+    async def close(self) -> None:
+        """Stop sampling, cancel the job (if still there), free the port. Never raises."""
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sampler
+            self._sampler = None
+        if self._job_id is not None:
+            await asyncio.to_thread(self._end_job)
+            self._job_id = None
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+
+    # ---- fiberd
+
+    def launch(self) -> Launch:
+        """fiberd as fiberd-run starts it in the job, but trusting only the harness's issuer
+        and keeping its own state (book, audit, socket, logs) in the stage dir."""
+        assert self._issuer is not None, "the stage is not open"
+        defaults = {k: v for k, v in home_defaults("slurm", self._environ).items()
+                    if k != "trust"}
+        flags = {
+            "home": "slurm", "state_dir": str(self.root / "fiberd"),
+            "trust": f"{self._issuer.name}={self._issuer.jwks}",
+            "poll_interval": str(POLL_INTERVAL), "stale_ttl": str(STALE_TTL),
+            "fence_ttl": str(FENCE_TTL), "grace": "0.5", "audit_fsync": "never",
+        }
+        return Launch(load_config(env={}, flags=flags, home_defaults=defaults), self._environ)
+
+    # ---- levers
+
+    async def deliver(self, uid: str, token: str) -> None:
+        """Write ``<uid>.jwt`` (0600, the job user's) into the job's grantdir by rename."""
+        grantdir = self.paths.grantdir
+        tmp = grantdir / f".{uid}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token)
+        os.chown(tmp, self.job.uid, self.job.gid)
+        tmp.rename(grantdir / f"{uid}.jwt")
+
+    async def remove(self, uid: str) -> None:
+        """Delete ``<uid>.jwt``."""
+        (self.paths.grantdir / f"{uid}.jwt").unlink(missing_ok=True)
+
+    async def silence(self) -> None:
+        """Point fiberd's SLURM_CONF at the dead controller: its Slurm calls are refused."""
+        _swap_link(self.root / "slurm.conf", self.root / "dead.conf")
+
+    async def restore(self) -> None:
+        """Point fiberd's SLURM_CONF at the cluster's slurm.conf again."""
+        real = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).resolve()
+        _swap_link(self.root / "slurm.conf", real)
+
+    async def lose_scope(self) -> None:
+        """Withdraw fiberd's record (it is this process), then ``scancel`` the job."""
+        fiberdrecord.remove_record(self.paths.state_dir)
+        out = await asyncio.to_thread(self._end_job)
+        if out.returncode != 0:
+            raise StageCannot(f"scancel {self.job.job_id} failed: {out.stderr.strip()[:200]}")
+
+    def readiness(self) -> Published:
+        """The ready file's state now, and every distinct publish sampled since ``open``."""
+        current = self._sample()
+        return Published(current, tuple(self._history))
+
+    def devices(self) -> tuple[Device, ...]:
+        """The job's GPU(s) on its node, as the home names them."""
+        return self._devices
+
+    def held_devices(self) -> frozenset[Device]:
+        """The job's GPUs whose leases the job's party holds now in the node's lease dir."""
+        party = job_party(self.job)
+        leases = node_leases(self.paths, SystemClock(), ttl=60.0)
+        held = {h.env for h in leases.dir.list() if h.party().same_as(party)}
+        return frozenset(d for d in self._devices
+                         if gpu_resource(self.job.node, d.index) in held)
+
+    # ---- readiness sampling
+
+    def _sample(self) -> bool | None:
+        """Read the ready file; a document not seen before adds its state to the history."""
+        try:
+            doc = json.loads(self.paths.ready_file.read_text())
+            ready = doc["ready"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(ready, bool):
+            return None
+        if doc != self._last_doc:
+            self._last_doc = doc
+            self._history.append(ready)
+        return ready
+
+    async def _sample_forever(self) -> None:
+        while True:
+            self._sample()
+            await asyncio.sleep(SAMPLE_EVERY)

@@ -1,0 +1,92 @@
+"""``slurm-fiber conform --home kubernetes``: the Kubernetes home on the fake API server.
+
+Real processes throughout: the CLI in a subprocess, fiberd in it over real
+HTTPS to the fake, templates and fibers. The home conforms (device holds
+declared lacking, with the reason); a Kubernetes home that never reports
+its Pod's deletion fails ``scope.loss``. The stage's pure helpers are
+checked on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+
+from slurm_fiber.config import FiberdConfig
+from slurm_fiber.conform.kubernetes import KubernetesStage, condition_sent
+from slurm_fiber.conform.stage import Launch
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.homes.problem import ProblemSink
+from slurm_fiber.homes.seam import Home, ScopeLostHandler
+from slurm_fiber.homes.select import BuiltHome, build_home
+from tests.conform.test_cli import conform, outcomes
+
+ALL_BUT_HOLDS = ("preadmission.warms", "removal.releases", "removal.denies",
+                 "redelivery.lifts", "misses.fresh", "misses.stale", "misses.never",
+                 "readiness.flips", "devices.provisioned", "scope.loss")
+
+
+class ScopeBlind:
+    """The real Kubernetes home, except that it never hands on a scope loss."""
+
+    def __init__(self, inner: Home) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def on_scope_lost(self, handler: ScopeLostHandler) -> None:
+        """Drops the handler: the Pod's deletion is never reported."""
+
+
+class ScopeBlindStage(KubernetesStage):
+    """The kubernetes stage with its home (built as fiberd builds it) made scope-blind."""
+
+    def launch(self) -> Launch:
+        base = super().launch()
+
+        async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
+                        on_problem: ProblemSink) -> BuiltHome:
+            built = await build_home(config, clock, environ, on_problem)
+            return BuiltHome(ScopeBlind(built.home), built.audience)  # type: ignore[arg-type]
+
+        return Launch(base.config, base.environ, build)
+
+
+def test_the_kubernetes_home_conforms_on_the_fake_api_server() -> None:
+    began = time.monotonic()
+    run = conform("--home", "kubernetes", "--json")
+    took = time.monotonic() - began
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert outcomes(report) == {**dict.fromkeys(ALL_BUT_HOLDS, "pass"),
+                                "devices.released": "declared-skip"}
+    held = next(c for c in report["clauses"] if c["clause"] == "devices.released")
+    assert "DRA claim" in held["reason"]
+    assert "Traceback" not in run.stderr
+    assert took < 60, f"conform --home kubernetes took {took:.1f} s"
+
+
+def test_a_home_blind_to_its_pods_deletion_fails_scope_loss() -> None:
+    run = conform("--home", "tests.conform.test_kubernetes:ScopeBlindStage",
+                  "--clause", "scope.loss", "--json", "--settle", "1")
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert outcomes(report) == {"scope.loss": "fail"}
+    assert "scope loss bumping the epoch or removing the grant: not seen" in \
+        report["clauses"][0]["reason"]
+
+
+def test_the_readiness_history_reads_the_gate_condition_of_each_status_patch() -> None:
+    def body(*conditions: dict[str, str]) -> bytes:
+        return json.dumps({"status": {"conditions": list(conditions)}}).encode()
+
+    gate = {"type": "slurm-fiber.io/template-warm", "status": "True"}
+    assert condition_sent(body(gate)) is True
+    assert condition_sent(body({"type": "Ready", "status": "True"},
+                               {**gate, "status": "False"})) is False
+    assert condition_sent(body({"type": "Ready", "status": "True"})) is None
+    assert condition_sent(body({**gate, "status": "Unknown"})) is None
+    for junk in (b"", b"not json", b"[]", b'{"status": {"conditions": 3}}'):
+        assert condition_sent(junk) is None
