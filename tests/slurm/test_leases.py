@@ -65,6 +65,11 @@ def test_the_prolog_grants_and_the_jobs_fiberd_claims(tmp_path: Path, clock: Fak
     mine.release("gpu:n1:0")
     mine.release("gpu:n1:0")  # a free one is fine
     assert leases.dir.get("gpu:n1:0") is None
+    # back in the job's pool: granted to it again, so the next grant naming it claims it
+    assert sorted(g.resource for g in leases.state().grants) == ["gpu:n1:0", "gpu:n1:1"]
+    mine.claim("gpu:n1:0")
+    assert leases.dir.get("gpu:n1:0") is not None
+    mine.release("gpu:n1:0")
 
 
 def test_a_gpu_not_granted_to_the_job_is_refused(tmp_path: Path, clock: FakeClock) -> None:

@@ -160,10 +160,19 @@ class NodeLeases:
             raise DevicesRefused("lease_failed", f"{resource}: {err}") from None
 
     def release(self, resource: str) -> None:
-        """Free the job's claim of ``resource``; free, or held by another, is a no-op.
+        """Free the job's claim of ``resource`` and give it back to the job's pool.
 
-        Raises LeaseError when the lease or the state cannot be read or written.
+        The GPU stays the job's until its epilog: freeing the lease would
+        leave it claimable by nobody (a claim uses up its grant), so the
+        grant is queued again for the job, on behalf of the node's
+        supervisor, and the next grant naming the GPU can claim it. Free, or
+        held by another, is a no-op. Raises LeaseError when the lease or the
+        state cannot be read or written.
         """
         holder = self.leases.dir.get(resource)
-        if holder is not None and holder.party().same_as(self.caller.party):
-            self.leases.release(resource, self.caller)
+        if holder is None or not holder.party().same_as(self.caller.party):
+            return
+        self.leases.release(resource, self.caller)
+        supervisor = self.leases.state().supervisor
+        if supervisor is not None:
+            self.leases.grant(resource, self.caller.party, Caller(supervisor.party))
