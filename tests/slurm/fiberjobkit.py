@@ -38,10 +38,12 @@ PRELUDE = f"""#!/bin/sh
 cd "{{work}}"
 id=$SLURM_JOB_ID
 srun --overlap -n1 {FIBERD_RUN} > "fiberd-$id.log" 2>&1 &
+step=$!
 i=0
 until {FIBERCTL} status --json > "status-$id.tmp" 2>/dev/null \\
     && grep -q '"ready": true' "status-$id.tmp"; do
   i=$((i+1))
+  if ! kill -0 $step; then echo "fiberd-run exited" > "failed-$id"; exit 1; fi
   if [ $i -gt {READY_S * 10} ]; then echo "fiberd not ready" > "failed-$id"; exit 1; fi
   sleep 0.1
 done
