@@ -188,6 +188,8 @@ def main() -> int:
     opts = parser.parse_args()
     if opts.runs < 1:
         parser.error("--runs must be at least 1")
+    if opts.in_job and (opts.out is None or "SLURM_JOB_ID" not in os.environ):
+        parser.error("--in-job runs inside the bench's own job, with --out")
     try:
         if opts.in_job:
             opts.out.write_text(json.dumps(in_job(opts.runs)))

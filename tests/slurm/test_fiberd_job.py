@@ -58,7 +58,7 @@ mv "ls-$id.tmp" "ls-$id.json"
 
 # Job A or B of a pair: its GPU as a fiber sees it, its token copied out, then (when the
 # test names a token file in present-<id>) that token presented in this job.
-PAIR_JOB = f"""{FIBERCTL} run -- sh -c 'echo "$CUDA_VISIBLE_DEVICES"' > "cvd-$id.tmp"
+PAIR_JOB = f"""{FIBERCTL} run -- sh -c 'echo $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS' > "cvd-$id.tmp"
 mv "cvd-$id.tmp" "cvd-$id"
 cp "{{state}}/nodes/$SLURMD_NODENAME/jobs/$id/grants/job-$id.jwt" "token-$id"
 i=0; while [ ! -f "present-$id" ] && [ ! -f "release-$id" ] && [ $i -lt 600 ]; do
@@ -116,8 +116,11 @@ def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
     a, b = (slurm_cluster.submit(script, "-w", "n1", "--gres=gpu:1", "-t", "2",
                                  workdir=tmp_path) for _ in range(2))
     try:
-        gpus = [wait_file(tmp_path / f"cvd-{job}", timeout=120).strip() for job in (a, b)]
-        assert sorted(gpus) == ["0", "1"], gpus
+        # Each fiber sees its own job's GPU; without device confinement (this cluster) a
+        # job sees node indices, so the two differ.
+        seen = [wait_file(tmp_path / f"cvd-{job}", timeout=120).split() for job in (a, b)]
+        assert all(cvd == job_gpus for cvd, job_gpus in seen), seen
+        assert sorted(cvd for cvd, _ in seen) == ["0", "1"], seen
         wait_file(tmp_path / f"token-{a}")
         (tmp_path / f"present-{b}").write_text(str(tmp_path / f"token-{a}"))
         code = int(wait_file(tmp_path / f"misscode-{b}"))
