@@ -121,7 +121,7 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
     from slurm_fiber.homes.slurm import fiberdrecord
     from slurm_fiber.homes.slurm.control import select_control
-    from slurm_fiber.homes.slurm.home import build_slurm_home
+    from slurm_fiber.homes.slurm.home import build_slurm_home, health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
     from slurm_fiber.lease import ProcessRef
@@ -129,6 +129,7 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
     site, job = _site_and_job(environ)
     try:
         settings = home_config(site, job.node, stale_after=config.stale_ttl,
+                               poll_every=health_poll_every(config.stale_ttl),
                                grant_poll_every=config.poll_interval)
     except SiteConfigError as err:
         raise HomeRefused(f"site config: {err}") from None

@@ -111,6 +111,13 @@ class SlurmHomeConfig:
     gpu_files: Mapping[int, str] = field(default_factory=dict)
 
 
+def health_poll_every(stale_after: float) -> float:
+    """The HealthPoll interval for a stale TTL of ``stale_after`` s: the default, or a third
+    of the TTL when that is shorter, so a control plane that answers every round never reads
+    stale between two rounds (one slow round is absorbed too). Pure."""
+    return min(SlurmHomeConfig.poll_every, stale_after / 3)
+
+
 def job_verdict(job_id: int, listed: QueueJob | None, seen: bool) -> tuple[bool, str | None]:
     """Judge one answer about the job: (running now, scope-loss reason or None). Pure.
 
