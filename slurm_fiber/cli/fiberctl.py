@@ -22,20 +22,19 @@ the miss or refusal line on stderr tells them apart.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-import typer
-
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.core.api.discovery import discover_socket
-from slurm_fiber.core.api.protocol import STDIO_NAMES
+from slurm_fiber.core.api.framing import STDIO_NAMES
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -49,32 +48,23 @@ EXIT_ABANDONED = 130
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
 
-app = typer.Typer(
-    name="fiberctl",
-    help=__doc__,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
 SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else inside a Slurm job the "
                "job's fiberd on this node (started by `srun --overlap fiberd-run`), else "
                "$FIBERD_STATE_DIR/fiberd.sock or /var/lib/slurm-fiber/fiberd.sock.")
-SocketOption = typer.Option(None, "--socket", "-S", help=SOCKET_HELP, metavar="PATH")
-GrantOption = typer.Option(None, "--grant", "-g",
-                           help="Admitted grant UID to run under (default: the only one).")
-TokenOption = typer.Option(None, "--token", "-t", help="File holding a grant token (JWS).",
-                           metavar="FILE")
-EnvOption = typer.Option([], "--env", "-e", help="KEY=VALUE added to the fiber's env "
-                         "(repeatable; device visibility variables are the grant's).")
-JsonOption = typer.Option(False, "--json", help="Print JSON for machines.")
 
 
-def fail(code: int, line: str) -> typer.Exit:
+class Exit(Exception):
+    """Leave fiberctl with ``code`` (the line, if any, is already printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def fail(code: int, line: str) -> Exit:
     """Print one line on stderr and return the Exit to raise."""
     print(line, file=sys.stderr)
-    return typer.Exit(code)
+    return Exit(code)
 
 
 class Abandoned(Exception):
@@ -192,50 +182,36 @@ def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
         return client.wait_exit()
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
-def run(
-    cmd: list[str] = typer.Argument(..., metavar="-- CMD...", help="The command and its args."),
-    grant: str | None = GrantOption,
-    token: Path | None = TokenOption,
-    env: list[str] = EnvOption,
-    socket: str | None = SocketOption,
-) -> None:
+def run(args: argparse.Namespace) -> None:
     """Run CMD as a fiber (exec mode), here: stdio passed, signals forwarded, its exit status
     returned (128+N if signal N killed it). Runs in this directory."""
-    fields = grant_fields(grant, token, env)
-    fields["exec"] = {"argv": cmd, "cwd": os.getcwd()}
-    path = discover_socket(socket)
+    if not args.cmd:
+        raise fail(EXIT_USAGE, "fiberctl run: give the command after --: fiberctl run -- CMD")
+    fields = grant_fields(args.grant, args.token, args.env)
+    fields["exec"] = {"argv": args.cmd, "cwd": os.getcwd()}
+    path = discover_socket(args.socket)
     with answers():
         end = clone_and_wait(path, fields)
-    raise typer.Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
+    raise Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
 
 
-@app.command()
-def call(
-    target: str = typer.Argument(..., metavar="MODULE:FUNC"),
-    json_args: str | None = typer.Argument(
-        None, metavar="[JSON_ARGS]", help="A JSON array (positional) or object (keyword)."),
-    grant: str | None = GrantOption,
-    token: Path | None = TokenOption,
-    env: list[str] = EnvOption,
-    socket: str | None = SocketOption,
-) -> None:
+def call(args: argparse.Namespace) -> None:
     """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result."""
-    call_spec: dict[str, object] = {"target": target}
+    call_spec: dict[str, object] = {"target": args.target}
     try:
-        args = json.loads(json_args) if json_args is not None else []
+        values = json.loads(args.json_args) if args.json_args is not None else []
     except ValueError as e:
         raise fail(EXIT_USAGE, f"fiberctl: JSON_ARGS is not JSON: {e}") from None
-    if isinstance(args, list):
-        call_spec["args"] = args
-    elif isinstance(args, dict):
-        call_spec["kwargs"] = args
+    if isinstance(values, list):
+        call_spec["args"] = values
+    elif isinstance(values, dict):
+        call_spec["kwargs"] = values
     else:
         raise fail(EXIT_USAGE, "fiberctl: JSON_ARGS must be a JSON array or object")
-    fields = grant_fields(grant, token, env)
+    fields = grant_fields(args.grant, args.token, args.env)
     fields["call"] = call_spec
     with answers():
-        end = clone_and_wait(discover_socket(socket), fields)
+        end = clone_and_wait(discover_socket(args.socket), fields)
     error = end.get("error")
     if isinstance(error, dict):
         raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
@@ -256,11 +232,10 @@ def fiber_row(record: dict[str, object]) -> str:
         FIBER_COLUMNS, (24, 8, 24, 10, 6), strict=True)).rstrip()
 
 
-@app.command("ls")
-def list_fibers(socket: str | None = SocketOption, as_json: bool = JsonOption) -> None:
+def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
-    fibers = one_request(socket, "list_fibers").get("fibers", [])
-    if as_json:
+    fibers = one_request(args.socket, "list_fibers").get("fibers", [])
+    if args.json:
         print(json.dumps(fibers))
         return
     print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
@@ -268,30 +243,23 @@ def list_fibers(socket: str | None = SocketOption, as_json: bool = JsonOption) -
         print(fiber_row(record))
 
 
-@app.command()
-def stop(
-    fiber_id: str = typer.Argument(..., metavar="ID"),
-    grace: float | None = typer.Option(None, help="Seconds between SIGTERM and SIGKILL."),
-    socket: str | None = SocketOption,
-    as_json: bool = JsonOption,
-) -> None:
+def stop(args: argparse.Namespace) -> None:
     """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
-    fields: dict[str, object] = {"fiber": fiber_id}
-    if grace is not None:
-        fields["grace"] = grace
-    record = one_request(socket, "stop_fiber", **fields).get("fiber", {})
-    print(json.dumps(record) if as_json else f"stopped {fiber_id}")
+    fields: dict[str, object] = {"fiber": args.fiber_id}
+    if args.grace is not None:
+        fields["grace"] = args.grace
+    record = one_request(args.socket, "stop_fiber", **fields).get("fiber", {})
+    print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
-@app.command()
-def status(socket: str | None = SocketOption, as_json: bool = JsonOption) -> None:
+def status(args: argparse.Namespace) -> None:
     """Show fiberd's status, health and readiness."""
     report = {
-        "status": one_request(socket, "status"),
-        "health": one_request(socket, "health"),
-        "ready": one_request(socket, "ready").get("ready"),
+        "status": one_request(args.socket, "status"),
+        "health": one_request(args.socket, "health"),
+        "ready": one_request(args.socket, "ready").get("ready"),
     }
-    if as_json:
+    if args.json:
         print(json.dumps(report))
         return
     print(f"ready: {report['ready']}")
@@ -300,6 +268,66 @@ def status(socket: str | None = SocketOption, as_json: bool = JsonOption) -> Non
             print(f"{section}.{key}: {json.dumps(value)}")
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def _grant_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-g", "--grant", help="admitted grant UID to run under "
+                        "(default: the only one)")
+    parser.add_argument("-t", "--token", type=Path, metavar="FILE",
+                        help="file holding a grant token (JWS)")
+    parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="added to the fiber's env (repeatable; device visibility "
+                        "variables are the grant's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """fiberctl's command line (argparse: a client started per task must start fast)."""
+    parser = argparse.ArgumentParser(
+        prog="fiberctl", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    handlers: list[tuple[str, Callable[[argparse.Namespace], None], str]] = [
+        ("run", run, "run CMD as a fiber, here (fiberctl run [OPTIONS] -- CMD ...)"),
+        ("call", call, "call MODULE:FUNC in the warm interpreter, print its JSON result"),
+        ("ls", list_fibers, "list the fibers fiberd tracks"),
+        ("stop", stop, "stop a fiber (SIGTERM, grace, SIGKILL)"),
+        ("status", status, "fiberd's status, health and readiness"),
+    ]
+    for name, handler, summary in handlers:
+        sub = commands.add_parser(name, help=summary, description=handler.__doc__)
+        sub.set_defaults(handler=handler)
+        sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
+        if name in ("run", "call"):
+            _grant_options(sub)
+        if name in ("ls", "stop", "status"):
+            sub.add_argument("--json", action="store_true", help="print JSON for machines")
+        if name == "run":
+            sub.add_argument("cmd", nargs="*", metavar="CMD", help="the command and its args")
+        elif name == "call":
+            sub.add_argument("target", metavar="MODULE:FUNC")
+            sub.add_argument("json_args", nargs="?", metavar="JSON_ARGS",
+                             help="a JSON array (positional) or object (keyword)")
+        elif name == "stop":
+            sub.add_argument("fiber_id", metavar="ID")
+            sub.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL")
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; for ``run``, everything after the first ``--`` is the command as is."""
+    words = list(argv)
+    tail: list[str] | None = None
+    if words[:1] == ["run"] and "--" in words:
+        cut = words.index("--")
+        words, tail = words[:cut], words[cut + 1:]
+    args = build_parser().parse_args(words)
+    if tail is not None:
+        args.cmd = [*args.cmd, *tail]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point: exits with the documented code."""
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        args.handler(args)
+    except Exit as done:
+        sys.exit(done.code)

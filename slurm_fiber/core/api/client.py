@@ -16,8 +16,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 
-from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
-from slurm_fiber.core.api.protocol import STDIO_NAMES
+from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
 
 MAX_REPLY = 16 << 20
 

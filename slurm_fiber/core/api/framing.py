@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a 64 KiB token plus generous arguments
 MAX_FDS = 3  # stdin, stdout, stderr
+STDIO_NAMES = ("stdin", "stdout", "stderr")  # the descriptors a clone may pass, in order
 
 
 def close_all(fds: Iterable[int]) -> None:

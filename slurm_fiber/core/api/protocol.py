@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_fiber.core.api.framing import MAX_FDS
+from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
 from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.grant import valid_uid
@@ -33,7 +33,6 @@ MAX_ENV_VALUE = 32 * 1024
 MAX_TOKEN = 64 * 1024
 MAX_PATH = 4096
 MAX_GRACE = 3600.0
-STDIO_NAMES = ("stdin", "stdout", "stderr")
 
 TARGET_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
