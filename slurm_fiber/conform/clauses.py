@@ -57,14 +57,20 @@ async def preadmission_warms(ctx: Context) -> None:
             raise ClauseFailed("the first Clone's fiber was not forked from a warmed template")
 
 
+async def sleeping_fiber(ctx: Context, live: Live) -> tuple[str, FiberView]:
+    """A new grant delivered and warm, with one long-sleeping fiber running under it."""
+    uid = ctx.uid()
+    await ctx.grant(live, uid)
+    await ctx.warm(live, uid)
+    fiber = await live.clone(uid, f"{TARGETS}:sleep", LONG_SLEEP)
+    if isinstance(fiber, Miss):
+        raise ClauseFailed(f"Clone of a warm grant missed: {fiber.code}: {fiber.reason}")
+    return uid, fiber
+
+
 async def removal_releases(ctx: Context) -> None:
     async with ctx.fiberd() as live:
-        uid = ctx.uid()
-        await ctx.grant(live, uid)
-        await ctx.warm(live, uid)
-        fiber = await live.clone(uid, f"{TARGETS}:sleep", LONG_SLEEP)
-        if isinstance(fiber, Miss):
-            raise ClauseFailed(f"Clone of a warm grant missed: {fiber.code}: {fiber.reason}")
+        uid, fiber = await sleeping_fiber(ctx, live)
         await ctx.stage.remove(uid)
         await ctx.removed(live, uid)
         await stopped_by_signal(ctx, fiber, "its grant was removed")
@@ -248,12 +254,7 @@ async def devices_released(ctx: Context) -> None:
 
 async def scope_loss(ctx: Context) -> None:
     async with ctx.fiberd() as live:
-        uid = ctx.uid()
-        await ctx.grant(live, uid)
-        await ctx.warm(live, uid)
-        fiber = await live.clone(uid, f"{TARGETS}:sleep", LONG_SLEEP)
-        if isinstance(fiber, Miss):
-            raise ClauseFailed(f"Clone of a warm grant missed: {fiber.code}: {fiber.reason}")
+        uid, fiber = await sleeping_fiber(ctx, live)
         epoch = live.core.status()["epoch"]
         assert isinstance(epoch, int)
         await ctx.stage.lose_scope()

@@ -17,9 +17,9 @@ from pathlib import Path
 MARK_ENV = "SF_CONFORM_MARK"
 
 
-def marked(mark: str) -> list[int]:
-    """Pids of live (not zombie) processes whose environment has SF_CONFORM_MARK=mark."""
-    needle = f"{MARK_ENV}={mark}".encode()
+def marked(mark: str, env: str = MARK_ENV) -> list[int]:
+    """Pids of live (not zombie) processes whose environment has ``env=mark``."""
+    needle = f"{env}={mark}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -8,7 +8,6 @@ it, so a leak check never confuses another test's processes with ours.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import time
@@ -16,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.cgroups import GrantCgroup
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
@@ -70,18 +70,7 @@ async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
 
 def marked_procs(mark: str) -> list[int]:
     """Pids of live, non-zombie processes whose environ has SF_TEST_MARK=mark."""
-    needle = f"SF_TEST_MARK={mark}".encode()
-    out: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                continue
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}:
-                out.append(int(entry))
-    return out
+    return marked(mark, "SF_TEST_MARK")
 
 
 def wait_marked(mark: str, count: int, within: float = 10.0) -> list[int]:

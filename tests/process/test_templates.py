@@ -36,7 +36,8 @@ T = "tests.process.targets"
 async def test_warm_then_call_returns_the_result(tmp_path: Path, mark: str):
     t = await warm_template(tmp_path, mark, preload=("json", T), warm=f"{T}:warm")
     fiber = await t.fork(FiberRequest(id="f1", target=f"{T}:add", args=(2, 3)))
-    assert fiber.pid != t.pid and fiber.to_json()["state"] == "running"
+    # (a fiber this short may have exited before fork() returns: its state is not asserted)
+    assert fiber.pid != t.pid
     ex = await fiber.wait()
     assert ex.exit_code == 0 and ex.result == {"ok": True, "result": 5}
     assert ex.cpu_time is not None and ex.maxrss and ex.maxrss > 1 << 20
