@@ -143,8 +143,8 @@ class FakeApiServer:
         if http is None:
             return
         self._wake.set()
+        http.drop_connections()  # first: from here on nothing is answered
         http.shutdown()
-        http.drop_connections()
         http.server_close()
         if thread is not None:
             thread.join()
@@ -272,6 +272,7 @@ class _Http(ThreadingHTTPServer):
         self.fake = fake
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
+        self.stopped = False  # set by drop_connections: nothing is answered after it
         super().__init__(address, _Handler)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -282,6 +283,9 @@ class _Http(ThreadingHTTPServer):
                 request.close()
                 return
         with self._open_lock:
+            if self.stopped:  # accepted (or handshaking) while the server went dead
+                request.close()
+                return
             self._open.add(request)
         try:
             super().finish_request(request, client_address)
@@ -295,7 +299,9 @@ class _Http(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
     def drop_connections(self) -> None:
+        """Go dead for good: close every open connection and answer nothing more."""
         with self._open_lock:
+            self.stopped = True
             conns = list(self._open)
         for conn in conns:
             with contextlib.suppress(OSError):
@@ -310,6 +316,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the fake keeps its own record in ``FakeApiServer.seen``."""
 
     def _handle(self) -> None:
+        if self.server.stopped:  # a keep-alive request that raced the stop: hang up
+            self.close_connection = True
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = headers.get("content-length", "0")
         body = b""
