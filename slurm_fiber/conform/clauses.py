@@ -147,6 +147,14 @@ async def unknown_grant_while_fresh(ctx: Context) -> None:
                     "Clone of an unknown UID while the source is fresh")
 
 
+async def _unknown_once_restored(ctx: Context, live: Live, uid: str) -> None:
+    """Restore the control plane; once fresh, an unknown UID misses unknown_grant again."""
+    await ctx.stage.restore()
+    await ctx.settled_health(live, fresh=True)
+    expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.UNKNOWN_GRANT,
+                "Clone of an unknown UID once the control plane answers")
+
+
 async def source_stale_while_silent(ctx: Context) -> None:
     try:
         async with ctx.fiberd() as live:
@@ -156,10 +164,7 @@ async def source_stale_while_silent(ctx: Context) -> None:
             await ctx.settled_health(live, fresh=False)
             expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.SOURCE_STALE,
                         "Clone of an unknown UID while the control plane is silent")
-            await ctx.stage.restore()
-            await ctx.settled_health(live, fresh=True)
-            expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.UNKNOWN_GRANT,
-                        "Clone of an unknown UID once the control plane answers again")
+            await _unknown_once_restored(ctx, live, uid)
     finally:
         await ctx.stage.restore()
 
@@ -175,10 +180,7 @@ async def source_stale_before_first_sync(ctx: Context) -> None:
                         "source health stays never while the control plane has never answered")
             expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.SOURCE_STALE,
                         "Clone of an unknown UID before the control plane ever answered")
-            await ctx.stage.restore()
-            await ctx.settled_health(live, fresh=True)
-            expect_miss(await live.clone(uid, f"{TARGETS}:warmed"), MissCode.UNKNOWN_GRANT,
-                        "Clone of an unknown UID once the control plane answers")
+            await _unknown_once_restored(ctx, live, uid)
     finally:
         await ctx.stage.restore()
 

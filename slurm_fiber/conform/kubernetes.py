@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.config import load_config
-from slurm_fiber.conform.stage import Capability, Issuer, Launch, Published
+from slurm_fiber.conform.stage import Capability, Issuer, Launch, OpenedStage, Published
 from slurm_fiber.core.devices import Device
 from slurm_fiber.homes.kubernetes.fake import (
     DEFAULT_GATE,
@@ -83,7 +83,7 @@ def condition_sent(body: bytes, gate: str = DEFAULT_GATE) -> bool | None:
     return None
 
 
-class KubernetesStage:
+class KubernetesStage(OpenedStage):
     """Drives ``fiberd --home kubernetes`` against a fake API server. Open it once."""
 
     home = "kubernetes"
@@ -93,8 +93,7 @@ class KubernetesStage:
     }
 
     def __init__(self) -> None:
-        self._root: Path | None = None
-        self._issuer: Issuer | None = None
+        super().__init__()
         self._fake: FakeApiServer | None = None
         self._payload: dict[str, bytes] = {}
 
@@ -105,19 +104,13 @@ class KubernetesStage:
         return self._fake
 
     @property
-    def root(self) -> Path:
-        if self._root is None:
-            raise RuntimeError("the stage is not open")
-        return self._root
-
-    @property
     def volume(self) -> Path:
         """The grant Secret's mount: the grantdir fiberd reads."""
         return self.root / "secret"
 
     async def open(self, workdir: Path, issuer: Issuer) -> None:
         """Start the fake with the Pod and its allocated claim; lay out the volumes."""
-        self._root, self._issuer = workdir, issuer
+        self.opened(workdir, issuer)
         fake = FakeApiServer()
         self._fake = fake.start()
         fake.store.put(PODS, grant_pod(POD, NAMESPACE, uid=POD_UID, node=NODE,
@@ -137,10 +130,9 @@ class KubernetesStage:
 
     def launch(self) -> Launch:
         """fiberd in the grant Pod: the Secret volume as grantdir, short intervals, uncarved."""
-        assert self._issuer is not None, "the stage is not open"
         flags = {
             "home": "kubernetes", "state_dir": str(self.root / "state"),
-            "grantdir": str(self.volume), "trust": f"{self._issuer.name}={self._issuer.jwks}",
+            "grantdir": str(self.volume), "trust": self.trust,
             "poll_interval": str(POLL_INTERVAL), "stale_ttl": str(STALE_TTL),
             "fence_ttl": str(FENCE_TTL), "grace": "0.5", "cgroup_root": "none",
             "audit_fsync": "never",

@@ -63,7 +63,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.config import load_config
-from slurm_fiber.conform.stage import Capability, Issuer, Launch, Published, StageCannot
+from slurm_fiber.conform.stage import (
+    Capability,
+    Issuer,
+    Launch,
+    OpenedStage,
+    Published,
+    StageCannot,
+)
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.devices import Device
 from slurm_fiber.homes.select import home_defaults
@@ -117,15 +124,14 @@ def _swap_link(link: Path, target: Path) -> None:
     tmp.rename(link)
 
 
-class SlurmStage:
+class SlurmStage(OpenedStage):
     """Drives ``fiberd --home slurm`` inside one real batch job. Open it once; one event loop."""
 
     home = "slurm"
     lacks: Mapping[Capability, str] = {}
 
     def __init__(self) -> None:
-        self._root: Path | None = None
-        self._issuer: Issuer | None = None
+        super().__init__()
         self._job_id: int | None = None
         self._environ: dict[str, str] = {}
         self._job: SlurmJob | None = None
@@ -148,12 +154,6 @@ class SlurmStage:
             raise RuntimeError("the stage is not open")
         return self._paths
 
-    @property
-    def root(self) -> Path:
-        if self._root is None:
-            raise RuntimeError("the stage is not open")
-        return self._root
-
     # ---- open / close
 
     async def open(self, workdir: Path, issuer: Issuer) -> None:
@@ -162,7 +162,7 @@ class SlurmStage:
         Blocks (in threads) up to START_TIMEOUT for the job to start. Raises
         StageCannot (one line) when there is no usable cluster.
         """
-        self._root, self._issuer = workdir, issuer
+        self.opened(workdir, issuer)
         (workdir / "fiberd").mkdir(mode=0o700)
         conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
         try:
@@ -256,12 +256,11 @@ class SlurmStage:
     def launch(self) -> Launch:
         """fiberd as fiberd-run starts it in the job, but trusting only the harness's issuer
         and keeping its own state (book, audit, socket, logs) in the stage dir."""
-        assert self._issuer is not None, "the stage is not open"
         defaults = {k: v for k, v in home_defaults("slurm", self._environ).items()
                     if k != "trust"}
         flags = {
             "home": "slurm", "state_dir": str(self.root / "fiberd"),
-            "trust": f"{self._issuer.name}={self._issuer.jwks}",
+            "trust": self.trust,
             "poll_interval": str(POLL_INTERVAL), "stale_ttl": str(STALE_TTL),
             "fence_ttl": str(FENCE_TTL), "grace": "0.5", "audit_fsync": "never",
         }

@@ -59,6 +59,33 @@ class Issuer:
     jwks: Path
 
 
+class OpenedStage:
+    """What every built-in stage keeps from ``open`` to ``close``: its work dir and the
+    harness's issuer. A base for stages; the harness does not require it."""
+
+    def __init__(self) -> None:
+        self._root: Path | None = None
+        self._issuer: Issuer | None = None
+
+    def opened(self, workdir: Path, issuer: Issuer) -> None:
+        """Record what ``open`` was given (call it first thing in ``open``)."""
+        self._root, self._issuer = workdir, issuer
+
+    @property
+    def root(self) -> Path:
+        """The stage's work dir; RuntimeError before ``open``."""
+        if self._root is None:
+            raise RuntimeError("the stage is not open")
+        return self._root
+
+    @property
+    def trust(self) -> str:
+        """fiberd's ``trust`` value naming the harness's issuer; RuntimeError before ``open``."""
+        if self._issuer is None:
+            raise RuntimeError("the stage is not open")
+        return f"{self._issuer.name}={self._issuer.jwks}"
+
+
 @dataclass(frozen=True)
 class Launch:
     """How fiberd starts in this stage: exactly as ``fiberd`` would, with ``build``.

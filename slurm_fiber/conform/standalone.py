@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.config import load_config
-from slurm_fiber.conform.stage import Capability, Issuer, Launch, Published
+from slurm_fiber.conform.stage import Capability, Issuer, Launch, OpenedStage, Published
 from slurm_fiber.core.devices import Device
 from slurm_fiber.homes.sdnotify import NOTIFY_ENV
 
@@ -37,7 +37,7 @@ def _device_flag(d: Device) -> str:
     return f"{d.kind}:{d.index}:{d.path or ''}:{d.uuid or ''}"
 
 
-class StandaloneStage:
+class StandaloneStage(OpenedStage):
     """Drives ``fiberd --home standalone``. Open it once; used on one event loop."""
 
     home = "standalone"
@@ -49,16 +49,9 @@ class StandaloneStage:
     }
 
     def __init__(self) -> None:
-        self._root: Path | None = None
-        self._issuer: Issuer | None = None
+        super().__init__()
         self._notify: socket.socket | None = None
         self._history: list[bool] = []
-
-    @property
-    def root(self) -> Path:
-        if self._root is None:
-            raise RuntimeError("the stage is not open")
-        return self._root
 
     @property
     def grantdir(self) -> Path:
@@ -66,7 +59,7 @@ class StandaloneStage:
 
     async def open(self, workdir: Path, issuer: Issuer) -> None:
         """Make the state dir and grantdir (0700) and bind the notify socket."""
-        self._root, self._issuer = workdir, issuer
+        self.opened(workdir, issuer)
         self.grantdir.mkdir(parents=True, mode=0o700)
         (workdir / "state").chmod(0o700)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -85,10 +78,9 @@ class StandaloneStage:
 
     def flags(self) -> dict[str, object]:
         """fiberd's flags for this stage: its state dir, the harness's issuer, two GPUs."""
-        assert self._issuer is not None, "the stage is not open"
         return {
             "home": "standalone", "state_dir": str(self.root / "state"),
-            "trust": f"{self._issuer.name}={self._issuer.jwks}",
+            "trust": self.trust,
             "poll_interval": str(POLL_INTERVAL), "grace": "0.5", "cgroup_root": "none",
             "audit_fsync": "never", "devices": ",".join(_device_flag(d) for d in DEVICES),
         }
