@@ -32,7 +32,12 @@ from slurm_fiber.cli.fiberd import (
     started,
     stop_on_signals,
 )
-from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
+from slurm_fiber.cli.fiberd_options import (
+    KW,
+    option_parameters,
+    resolve_config,
+    with_parameters,
+)
 from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.misses import Miss
 from slurm_fiber.daemon import serve
@@ -49,7 +54,6 @@ for signal N); without CMD 0 after SIGTERM/SIGINT; 1 fiberd could not start, no
 template warmed in time, or the Clone missed; 2 usage error.
 """
 
-KW = inspect.Parameter.KEYWORD_ONLY
 
 
 def choose_home(flags: Mapping[str, object], standalone: bool,
@@ -69,17 +73,18 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
     Prints progress to stderr once a second while it waits.
     """
     core = fiberd.running.core
-    waited = 0.0
-    while not core.ready():
-        if stop.is_set() or waited >= timeout:
+    ticks_per_second = 20
+    for tick in range(int(timeout * ticks_per_second) + 1):
+        if core.ready():
+            return True
+        if stop.is_set():
             return False
-        if waited and waited % 1.0 < 0.05:
+        if tick and tick % ticks_per_second == 0:
             states = ", ".join(f"{u}: {s}" for u, s in core.status()["templates"].items())
-            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) {waited:.0f} s",
-                       err=True)
-        await asyncio.sleep(0.05)
-        waited = round(waited + 0.05, 2)
-    return True
+            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) "
+                       f"{tick // ticks_per_second} s", err=True)
+        await asyncio.sleep(1 / ticks_per_second)
+    return core.ready()
 
 
 async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
