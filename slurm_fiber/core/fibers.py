@@ -5,9 +5,11 @@ record DESIGN §4 asks for (id, pid, grant UID, jti, epoch, deadline, state,
 exit status, cpu time, peak memory) and a pidfd on the process, so signals
 are race-free. The template reaps the fiber and reports its wait status and
 rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
-is gone (``cgroup.kill`` takes any stray descendants with it), so "returned"
-means "nothing of it runs". If the template dies first, the fiber dies with
-it (its death signal) and is accounted as ``lost`` (no wait status).
+is empty (``cgroup.kill`` takes any stray descendants with it), so
+"returned" means "nothing of it runs". The empty leaf is removed after
+that, off the event loop; ``removed()`` waits for it. If the template dies
+first, the fiber dies with it (its death signal) and is accounted as
+``lost`` (no wait status).
 
 Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import logging
 import os
 import signal
 import socket
@@ -35,6 +38,8 @@ from pathlib import Path
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait
+
+log = logging.getLogger(__name__)
 
 
 class FiberState(enum.StrEnum):
@@ -110,14 +115,15 @@ class Fiber:
         default_factory=lambda: asyncio.get_running_loop().create_future(), repr=False)
     _result: _ResultReader | None = field(default=None, repr=False)
     _finished: asyncio.Task[FiberExit] | None = field(default=None, repr=False)
+    _removal: asyncio.Task[None] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     # ------------------------------------------------------------ set-up (Template only)
 
-    def attach(self, result_sock: socket.socket) -> None:
-        """Start reading the result socket and open the pidfd. Called once by Template.fork."""
-        with contextlib.suppress(ProcessLookupError):
-            self.pidfd = os.pidfd_open(self.pid)
+    def attach(self, result_sock: socket.socket, pidfd: int | None) -> None:
+        """Start reading the result socket; the fiber owns ``pidfd`` (its process's,
+        opened before it could exit, or None) from now on. Called once by Template.fork."""
+        self.pidfd = pidfd
         result_sock.setblocking(False)
         self._result = _ResultReader(result_sock)
         self._finished = asyncio.ensure_future(self._finish())
@@ -142,6 +148,13 @@ class Fiber:
         """Block until the fiber and its cgroup are gone; its exit. Never raises."""
         assert self._finished is not None, "Fiber.attach was not called"
         return await asyncio.shield(self._finished)
+
+    async def removed(self) -> None:
+        """Block until the fiber has ended and its cgroup leaf is removed (at once when
+        uncarved). Never raises: a leaf that cannot be removed is logged."""
+        await self.wait()
+        if self._removal is not None:
+            await asyncio.shield(self._removal)
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to the fiber and its process group (Ctrl-C forwarding).
@@ -214,7 +227,8 @@ class Fiber:
             await pidfd_wait(self.pidfd)
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
-            await cgroups.kill_and_remove(self.cgroup)
+            await cgroups.empty(self.cgroup)
+            self._removal = asyncio.ensure_future(_remove_leaf(self.cgroup))
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:
@@ -231,6 +245,13 @@ class Fiber:
             memory_peak=peak, result=result, stopped=self._stopped)
         self.state = state
         return self.exit
+
+
+async def _remove_leaf(leaf: Path) -> None:
+    try:
+        await asyncio.to_thread(cgroups.remove_tree, leaf)
+    except OSError as e:
+        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
 
 
 async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:
