@@ -6,10 +6,10 @@ exit status, cpu time, peak memory) and a pidfd on the process, so signals
 are race-free. The template reaps the fiber and reports its wait status and
 rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
 is empty (``cgroup.kill`` takes any stray descendants with it), so
-"returned" means "nothing of it runs". The empty leaf is removed after
-that, off the event loop; ``removed()`` waits for it. If the template dies
-first, the fiber dies with it (its death signal) and is accounted as
-``lost`` (no wait status).
+"returned" means "nothing of it runs". The empty leaf belongs to the
+template, which reuses or removes it. If the template dies first, the fiber
+dies with it (its death signal) and is accounted as ``lost`` (no wait
+status).
 
 Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import enum
 import json
-import logging
 import os
 import signal
 import socket
@@ -38,8 +37,6 @@ from pathlib import Path
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait
-
-log = logging.getLogger(__name__)
 
 
 class FiberState(enum.StrEnum):
@@ -115,7 +112,6 @@ class Fiber:
         default_factory=lambda: asyncio.get_running_loop().create_future(), repr=False)
     _result: _ResultReader | None = field(default=None, repr=False)
     _finished: asyncio.Task[FiberExit] | None = field(default=None, repr=False)
-    _removal: asyncio.Task[None] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     # ------------------------------------------------------------ set-up (Template only)
@@ -149,13 +145,6 @@ class Fiber:
         assert self._finished is not None, "Fiber.attach was not called"
         return await asyncio.shield(self._finished)
 
-    async def removed(self) -> None:
-        """Block until the fiber has ended and its cgroup leaf is removed (at once when
-        uncarved). Never raises: a leaf that cannot be removed is logged."""
-        await self.wait()
-        if self._removal is not None:
-            await asyncio.shield(self._removal)
-
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to the fiber and its process group (Ctrl-C forwarding).
 
@@ -179,8 +168,8 @@ class Fiber:
     async def stop(self, grace: float) -> FiberExit:
         """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
 
-        Carved, "gone" includes every descendant (the cgroup is empty and
-        removed). Uncarved, the fiber's process group gets the signals but
+        Carved, "gone" includes every descendant (the cgroup is empty).
+        Uncarved, the fiber's process group gets the signals but
         only the fiber itself is waited for; a descendant that left the
         group (setsid) is out of reach. Safe to call twice or on an ended
         fiber (returns its exit at once).
@@ -228,7 +217,6 @@ class Fiber:
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)
-            self._removal = asyncio.ensure_future(_remove_leaf(self.cgroup))
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:
@@ -245,13 +233,6 @@ class Fiber:
             memory_peak=peak, result=result, stopped=self._stopped)
         self.state = state
         return self.exit
-
-
-async def _remove_leaf(leaf: Path) -> None:
-    try:
-        await asyncio.to_thread(cgroups.remove_tree, leaf)
-    except OSError as e:
-        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
 
 
 async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:

@@ -14,7 +14,11 @@ Usage (on fiberd's event loop; nothing here blocks it)::
 A ready template keeps ``spares`` *spare* fiber processes forked ahead of
 need: each already sits in its own cgroup leaf (``slot-<n>`` under the
 grant's cgroup), tied to the template by its death signal, waiting on an
-order channel whose other end fiberd holds. ``fork`` hands a spare its
+order channel whose other end fiberd holds. A fiber's leaf, once empty, is
+kept for a later spare (unless it has a memory controller, whose
+``memory.peak`` would carry over, or sub-cgroups), so a Clone creates and
+removes no cgroup: both wait on the kernel's cgroup lock, which a
+concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
 order directly (one message, no round trip through the template) and
 forks a replacement in the background, so a Clone pays neither the fork
 nor the cgroup move. With no spare at hand (a burst, ``spares=0``, a spare
@@ -210,6 +214,7 @@ class Template:
         self._idle: deque[_Spare] = deque()  # spared, waiting for an order
         self._in_use: dict[str, Fiber] = {}  # spare id -> the fiber it became
         self._filling: asyncio.Task[None] | None = None
+        self._free_leaves: list[Path] = []  # empty slot leaves, for the next spares
         self._burying: set[asyncio.Future[None]] = set()  # leaves being removed
 
     @classmethod
@@ -324,12 +329,7 @@ class Template:
         """Ask the template for one more spare (its ``spared`` future tells when it is
         forked). Raises ForkFailed when its cgroup leaf or the request fails."""
         spare_id = str(next(self._spare_ids))
-        leaf = self.cgroup.slot(spare_id) if self.cgroup else None
-        if leaf is not None:
-            try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
-                await asyncio.to_thread(leaf.mkdir)
-            except OSError as e:
-                raise ForkFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
+        leaf = await self._leaf(spare_id)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         spare = _Spare(spare_id, leaf, ours, asyncio.get_running_loop().create_future())
@@ -345,6 +345,28 @@ class Template:
         finally:
             theirs.close()
         return spare
+
+    async def _leaf(self, spare_id: str) -> Path | None:
+        """A free slot leaf, else a new one (None when uncarved). Raises ForkFailed."""
+        if self.cgroup is None:
+            return None
+        if self._free_leaves:
+            return self._free_leaves.pop()
+        leaf = self.cgroup.slot(spare_id)
+        try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
+            await asyncio.to_thread(leaf.mkdir)
+        except OSError as e:
+            raise ForkFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
+        return leaf
+
+    def _give_back(self, leaf: Path, peak: int | None) -> None:
+        """An ended fiber's empty leaf: keep it for a later spare, or remove it."""
+        keep = (peak is None and not self._stopping and self.state is TemplateState.READY
+                and len(self._free_leaves) < max(self.spares, 1) and _bare(leaf))
+        if keep:
+            self._free_leaves.append(leaf)
+        else:
+            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
 
     def _refill(self) -> None:
         """Make spares in the background until ``spares`` are idle or being made."""
@@ -406,19 +428,24 @@ class Template:
         def gone(f: Fiber) -> None:
             self.fibers.pop(f.id, None)
             self._in_use.pop(spare.id, None)
-            self._track(asyncio.ensure_future(f.removed()))
+            if f.cgroup is not None:
+                self._give_back(f.cgroup, f.exit.memory_peak if f.exit else None)
 
         fiber.on_done(gone)
         return fiber
 
     def _dismiss_spares(self) -> None:
-        """Bury every spare not yet handed an order (idle or being made)."""
+        """Bury every spare not yet handed an order (idle or being made); remove the free
+        leaves."""
         if self._filling is not None:
             self._filling.cancel()
         for spare in [*self._idle, *self._forking.values()]:
             self._bury(spare)
         self._idle.clear()
         self._forking.clear()
+        for leaf in self._free_leaves:
+            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
+        self._free_leaves.clear()
 
     def _bury(self, spare: _Spare) -> None:
         """Kill an unused spare and remove its leaf, in the background (``stop`` waits)."""
@@ -570,6 +597,22 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
 
 class _SpareGone(Exception):
     """The spare died before it took its order (one line)."""
+
+
+def _bare(leaf: Path) -> bool:
+    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some)."""
+    try:
+        with os.scandir(leaf) as entries:
+            return not any(e.is_dir(follow_symlinks=False) for e in entries)
+    except OSError:
+        return False
+
+
+async def _remove_leaf(leaf: Path) -> None:
+    try:
+        await asyncio.to_thread(cgroups.remove_tree, leaf)
+    except OSError as e:
+        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
 
 
 async def _kill_spare(spare: _Spare) -> None:

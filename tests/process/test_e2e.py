@@ -45,7 +45,7 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
     results = []
     for batch in range(0, N, 20):
         results += await asyncio.gather(*(one(i) for i in range(batch, batch + 20)))
-    pids, leaves = set(), set()
+    pids = set()
     for i, (fiber, ex) in enumerate(results):
         assert ex.exit_code == i % 5, (i, ex)
         seen = json.loads(fiber.stdout_path.read_text())
@@ -54,7 +54,6 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
         assert seen["n_modules"] == len(HEAVY)
         assert fiber.cgroup is not None and fiber.cgroup.parent == grant.path
         assert seen["cgroup"] == f"/{cgroup_root.name}/grant-job-7/{fiber.cgroup.name}"
-        leaves.add(fiber.cgroup)
         assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,2", "NVIDIA_VISIBLE_DEVICES": "0,GPU-2",
                                "ROCR_VISIBLE_DEVICES": "0,2", "GPU_DEVICE_ORDINAL": "0,2",
                                "ZE_AFFINITY_MASK": "0,2"}
@@ -62,11 +61,13 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
         assert (record["uid"], record["jti"], record["epoch"]) == ("job-7", "jti-1", 3)
         assert ex.cpu_time is not None and ex.maxrss
         pids.add(fiber.pid)
-    assert len(pids) == N and len(leaves) == N and t.fibers == {}
-    # Each fiber's cgroup went with it; the template's leaf and idle spares' remain.
-    for fiber, _ in results:
-        await fiber.removed()
-    assert not leaves & set(cgroup_dirs(grant.path))
+    assert len(pids) == N and t.fibers == {}
+    # Fibers running together never share a leaf; ended fibers' leaves are reused
+    # or removed, so what remains besides the template's is a few spare slots.
+    for batch in range(0, N, 20):
+        assert len({fiber.cgroup for fiber, _ in results[batch:batch + 20]}) == 20
+    kept = [d.name for d in cgroup_dirs(grant.path) if d != grant.template]
+    assert len(kept) <= 3 and all(name.startswith("slot-") for name in kept)
     await t.stop(1.0)
     await mgr.remove_grant("job-7")
     assert marked_procs(mark) == []

@@ -1,9 +1,10 @@
 """Spares: fiber processes a ready template forks ahead, already in their own cgroup leaves.
 
 A Clone hands an idle spare its order (no fork, no cgroup move on its path)
-and a replacement is forked behind it; with ``spares=0`` each Clone makes
-its spare on the spot. A spare killed from outside never costs a Clone, and
-a stopped template leaves no spare process or leaf behind.
+and a replacement is forked behind it, into an ended fiber's leaf when one
+is free; with ``spares=0`` each Clone makes its spare on the spot. A spare
+killed from outside never costs a Clone, and a stopped template leaves no
+spare process or leaf behind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
@@ -66,8 +68,16 @@ async def test_a_clone_takes_the_idle_spare_in_its_own_leaf_and_a_new_one_follow
     [after] = await idle_spares(t)
     assert after != spare and unified_cgroup(after) not in ("", leaf)
 
-    await fiber.removed()
-    assert not fiber.cgroup.exists()
+    # The ended fiber's leaf is empty and kept: the spare made behind the next Clone
+    # goes into it (no cgroup created or removed).
+    assert fiber.cgroup.is_dir() and not cgroups.populated(fiber.cgroup)
+    second = await t.fork(FiberRequest(id="f2", target=f"{T}:add", args=(1, 1)))
+    assert second.pid == after and (await second.wait()).exit_code == 0
+    [third] = await idle_spares(t)
+    end_by = time.monotonic() + 10
+    while unified_cgroup(third) != leaf and time.monotonic() < end_by:
+        await asyncio.sleep(0.01)
+    assert unified_cgroup(third) == leaf
     await t.stop(1.0)
     await mgr.remove_grant("g")
     assert marked_procs(mark) == [] and cgroup_dirs(cgroup_root) == []
@@ -97,7 +107,6 @@ async def test_an_idle_spare_killed_from_outside_does_not_cost_a_clone(
     fiber = await t.fork(FiberRequest(id="f1", target=f"{T}:add", args=(1, 1)))
     assert fiber.pid != spare
     assert (await fiber.wait()).result == {"ok": True, "result": 2}
-    await fiber.removed()
     await idle_spares(t)
     await t.stop(1.0)
     await mgr.remove_grant("g")  # (fails if any spare's leaf were left)
