@@ -117,7 +117,8 @@ class Fiber:
     # ------------------------------------------------------------ set-up (Template only)
 
     def attach(self, result_sock: socket.socket, pidfd: int | None) -> None:
-        """Start reading the result socket; the fiber owns ``pidfd`` (its process's,
+        """Start reading the result socket (stream or datagrams, joined until end of
+        file); the fiber owns it and ``pidfd`` (its process's,
         opened before it could exit, or None) from now on. Called once by Template.fork."""
         self.pidfd = pidfd
         result_sock.setblocking(False)

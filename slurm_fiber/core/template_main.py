@@ -20,8 +20,8 @@ template:
    other end fiberd holds). Its order (one message, straight from fiberd)
    brings the fiber's id, its result socket and stdio; it takes its stdio
    (passed fds, or files under the state dir), env and cwd, then runs
-   ``module:function`` with JSON arguments (result record to the result
-   socket) or execs an argv. End of file on the order channel dismisses the
+   ``module:function`` with JSON arguments (its result record goes back on
+   the order channel) or execs an argv. End of file on the order channel dismisses the
    spare (exit 0). So the fork and the cgroup move, which costs an RCU grace
    period when moves are spaced out, are paid before the Clone, not during it;
 4. reaps its children (``wait4``) and reports each exit, by spare id, with
@@ -39,7 +39,7 @@ Exit codes of a fiber that failed before user code: 70 (template gone),
 71 (could not join its cgroup), 72 (unreadable order, or could not set up
 stdio or cwd); of an exec that failed: 127; of a call that raised: 1 (error
 record sent). A spare that could not join its cgroup waits for its order
-all the same and reports the error through the result socket it brings.
+all the same and reports the error on its order channel.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.prctl import die_with_parent
@@ -235,29 +234,49 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
     server.close()
     _reseed()
-    with socket.socket(fileno=order_fd) as channel:
-        channel.setblocking(True)
-        data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+    channel = socket.socket(fileno=order_fd)
+    channel.setblocking(True)
+    channel.set_inheritable(False)
+    data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
     if not data:
         return 0  # dismissed before it was used
     try:
         order = wire.decode(data)
     except wire.WireError:
         order = {}
-    if not fds or order.get("t") != "run":
+    if order.get("t") != "run":
         for fd in fds:
             os.close(fd)
         return EXIT_SETUP
-    os.set_inheritable(fds[0], False)
-    with os.fdopen(fds[0], "w") as result:
-        if joined is not None:
-            _write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup}: "
-                                                       f"{joined.strerror}"))
-            return EXIT_CGROUP
-        return run_fiber(order, fds[1:], result)
+    result = ResultChannel(channel)
+    if joined is not None:
+        _write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup}: "
+                                                   f"{joined.strerror}"))
+        return EXIT_CGROUP
+    return run_fiber(order, fds, result)
 
 
-def run_fiber(order: dict[str, object], stdio: list[int], result: TextIO) -> int:
+class ResultChannel:
+    """A fiber's end of its order channel, which then carries its result record back.
+
+    ``write`` sends the text in datagrams of at most ``CHUNK`` bytes
+    (SEQPACKET keeps each whole; fiberd joins them until end of file), and
+    blocks while fiberd's side is full. Closed when the fiber exits, or at
+    exec (close-on-exec).
+    """
+
+    CHUNK = 32 * 1024
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        for start in range(0, len(data), self.CHUNK):
+            self.sock.sendall(data[start:start + self.CHUNK])
+
+
+def run_fiber(order: dict[str, object], stdio: list[int], result: ResultChannel) -> int:
     """Take the order's stdio, env and cwd, then run it. Returns the exit code."""
     try:
         _setup_stdio(order, stdio)
@@ -298,7 +317,7 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
-def _exec(msg: dict[str, object], result: TextIO) -> int:
+def _exec(msg: dict[str, object], result: ResultChannel) -> int:
     argv = [str(a) for a in msg.get("argv") or []]
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
@@ -309,7 +328,7 @@ def _exec(msg: dict[str, object], result: TextIO) -> int:
     return EXIT_EXEC
 
 
-def _call(msg: dict[str, object], result: TextIO) -> int:
+def _call(msg: dict[str, object], result: ResultChannel) -> int:
     args = msg.get("args") or []
     kwargs = msg.get("kwargs") or {}
     code = 0
@@ -332,11 +351,10 @@ def _call(msg: dict[str, object], result: TextIO) -> int:
     return code
 
 
-def _write_error(result: TextIO, exc: BaseException) -> None:
+def _write_error(result: ResultChannel, exc: BaseException) -> None:
     tb = "".join(traceback.format_exception(exc))[-4000:]
     result.write(json.dumps({"ok": False, "error": {
         "type": type(exc).__name__, "message": wire.one_line(exc), "traceback": tb}}))
-    result.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

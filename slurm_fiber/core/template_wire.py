@@ -10,8 +10,10 @@ template → parent: ``ready``, ``warm_failed`` (error class, one line),
 ``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``exit``
 (a reaped spare or fiber, by spare ``id``: wait status and rusage).
 parent → spare, on its order channel: ``run`` (once: the fiber's id, mode,
-target and arguments or argv, env, cwd; its result socket and stdio ride
-along), or end of file (dismissed).
+target and arguments or argv, env, cwd; its stdio rides along), or end of
+file (dismissed). The fiber then sends its result record (call mode, or an
+error before user code) back on the same channel, in datagrams, until it
+exits.
 
 Both ends import this module; it holds no state and never blocks.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 
 MAX_MESSAGE = 128 * 1024
-MAX_FDS = 4  # result socket + stdin, stdout, stderr
+MAX_FDS = 3  # a spare's order channel; a fiber's stdin, stdout, stderr
 
 
 class WireError(ValueError):

@@ -397,23 +397,18 @@ class Template:
             self._bury(spare)
 
     async def _hand_over(self, spare: _Spare, request: FiberRequest) -> Fiber:
-        """Send ``spare`` its order; the fiber it becomes. Raises _SpareGone if it died."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Send ``spare`` its order; the fiber it becomes (its result comes back on the
+        same channel). Raises _SpareGone if it died."""
         try:
             await _send(spare.orders, self._order(request),
-                        [theirs.fileno(), *(fd for fd in request.stdio if fd is not None)],
+                        [fd for fd in request.stdio if fd is not None],
                         "the spare fiber process")
         except ForkFailed as err:
-            ours.close()
             self._bury(spare)
             raise _SpareGone(str(err)) from None
         except BaseException:
-            ours.close()
             self._bury(spare)
             raise
-        finally:
-            theirs.close()
-        spare.orders.close()
         out = self._out_path(request)
         fiber = Fiber(
             id=request.id, pid=spare.spared.result(), uid=self.uid, jti=request.jti,
@@ -421,7 +416,7 @@ class Template:
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
             stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
             stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None)
-        fiber.attach(ours, spare.pidfd)
+        fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
         self._in_use[spare.id] = fiber
 
@@ -488,12 +483,25 @@ class Template:
                      pidfd: int) -> None:
         """Serve one template process's messages until it dies, then account and re-warm."""
         loop = asyncio.get_running_loop()
+        closed: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:  # every message waiting, in order, then back to the loop
+            try:
+                while data := sock.recv(wire.MAX_MESSAGE + 1):
+                    with contextlib.suppress(wire.WireError):
+                        self._dispatch(wire.decode(data))
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionError:
+                pass
+            if not closed.done():
+                closed.set_result(None)
+
+        loop.add_reader(sock.fileno(), readable)
         try:
-            while data := await loop.sock_recv(sock, wire.MAX_MESSAGE + 1):
-                with contextlib.suppress(wire.WireError):
-                    self._dispatch(wire.decode(data))
-        except ConnectionError:
-            pass
+            await closed
+        finally:
+            loop.remove_reader(sock.fileno())
         await pidfd_wait(pidfd)
         status = proc.wait()
         os.close(pidfd)
