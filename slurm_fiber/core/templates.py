@@ -23,8 +23,9 @@ order directly (one message, no round trip through the template) and
 forks a replacement in the background, so a Clone pays neither the fork
 nor the cgroup move. With no spare at hand (a burst, ``spares=0``, a spare
 that died) ``fork`` makes one on the spot and uses it. Spares are not
-fibers: they run no user code, do not count toward ``fibers``, and are
-killed (cgroup and all) when the template stops or dies.
+fibers: they run no user code and do not count toward ``fibers`` (a grant's
+``pids`` limit, where enforced, does count them), and are killed (cgroup and
+all) when the template stops or dies.
 
 A template is one child process (``template_main``) started with exactly
 the ``env`` given (build it with ``template_env``: the grant's env, then the
