@@ -12,14 +12,18 @@ machine falls on all of them alike:
   (d) a Clone round trip through a real fiberd's socket (standalone home, the
       quickstart's throwaway site, one grant whose template holds the preloads):
       request → fiber forked, run, reaped → exit event received, one client
-      connection; call mode (``json:dumps``) and exec mode (``true``).
+      connection; call mode (``json:dumps``) and exec mode (``true``); and, for
+      information (no target), call mode paced: one Clone every ``--pace-ms``
+      (n/5 samples), as a caller that is not hammering fiberd sees it. Paced,
+      any cgroup move on a Clone's path would cost an RCU grace period; the
+      template's spare (fiberd ``--spares``) keeps it off.
 
 Targets: Clone p50 ≤ 1.5x the floor's p50, and ≥ 20x faster than (a) when
 (a) takes ≥ 200 ms. The report says for each mode whether they were met.
 ``--plot FILE`` draws the latency CDFs as a PNG (needs the ``plot`` extra).
 Ends with one JSON line of figures. Leaves nothing running (checked).
 
-    .venv/bin/python bench/clone.py [-n 300] [--cold-runs 15] [--plot cdf.png]
+    .venv/bin/python bench/clone.py [-n 300] [--cold-runs 15] [--pace-ms 50] [--plot cdf.png]
 """
 
 from __future__ import annotations
@@ -54,11 +58,12 @@ def split(total: int, rounds: int) -> list[int]:
     return [max(1, total // rounds + (i < total % rounds)) for i in range(rounds)]
 
 
-def measure(site: Site, n: int, cold_runs: int, rounds: int) -> dict[str, list[float]]:
+def measure(site: Site, n: int, cold_runs: int, rounds: int,
+            pace: float) -> dict[str, list[float]]:
     """Samples (seconds) of every path, taken in interleaved rounds."""
     samples: dict[str, list[float]] = {k: [] for k in ("cold_start", "fork_floor",
                                                        "forkserver", "clone_call",
-                                                       "clone_exec")}
+                                                       "clone_exec", "clone_call_paced")}
     for k, (cold_n, n_i) in enumerate(zip(split(cold_runs, rounds), split(n, rounds),
                                           strict=True)):
         print(f"round {k + 1}/{rounds}: {cold_n} cold starts, {n_i} samples of each other path",
@@ -69,6 +74,8 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int) -> dict[str, list[f
         for mode in MODES:
             samples[f"clone_{mode}"] += clone_round_trips(site.socket, mode, n_i, grant=GRANT,
                                                           warmup=3 if k == 0 else 0)
+        samples["clone_call_paced"] += clone_round_trips(site.socket, "call", max(1, n_i // 5),
+                                                         grant=GRANT, warmup=0, pause=pace)
     return samples
 
 
@@ -95,7 +102,8 @@ def report(samples: dict[str, list[float]]) -> dict[str, object]:
 def print_table(figures: dict[str, object]) -> None:
     names = {"cold_start": "(a) cold start", "fork_floor": "(b) raw fork floor",
              "forkserver": "(c) mp forkserver Process", "clone_call": "(d) Clone, call mode",
-             "clone_exec": "(d) Clone, exec mode"}
+             "clone_exec": "(d) Clone, exec mode",
+             "clone_call_paced": "(d) Clone, call mode, paced"}
     floor = figures["fork_floor"]["p50_ms"]  # type: ignore[index]
     cold = figures["cold_start"]["p50_ms"]  # type: ignore[index]
     print(f"{'path':30}{'p50 ms':>10}{'p99 ms':>10}{'x floor':>10}{'cold /':>10}")
@@ -146,6 +154,8 @@ def main() -> int:
     parser.add_argument("--preload", action="append", metavar="MODULE",
                         help="a module to preload (repeatable; default: the quickstart's)")
     parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
+    parser.add_argument("--pace-ms", type=float, default=50.0,
+                        help="pause after each paced Clone (default 50)")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the CDFs as a PNG")
     opts = parser.parse_args()
     preloads = tuple(opts.preload or DEFAULT_PRELOADS)
@@ -157,7 +167,7 @@ def main() -> int:
             site.start(opts.cgroup_root)
             site.wait_warm(120, lambda state, s: None)
             mode = site.request("status").get("mode")
-            samples = measure(site, opts.n, opts.cold_runs, rounds)
+            samples = measure(site, opts.n, opts.cold_runs, rounds, opts.pace_ms / 1000)
         finally:
             site.stop()
         left = site.leftovers()

@@ -32,6 +32,7 @@ the working directory (environment and flags).
 | allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
+| spares | 1 | fiber processes a ready template forks ahead, in their cgroups (0..16; 0: none) |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 
@@ -99,6 +100,7 @@ class FiberdConfig:
     allowed_uids: tuple[int, ...] = ()
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
+    spares: int = 1
     log_format: str = "text"
     log_level: str = "info"
 
@@ -216,6 +218,17 @@ def _devices(value: object) -> tuple[Device, ...]:
     return tuple(devices)
 
 
+def _count(low: int, high: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise _Refused(f"must be a whole number from {low} to {high}, got {value!r}")
+        return value
+
+    return parse
+
+
 def _ids(lookup: Callable[[str], int], what: str) -> Callable[[object], tuple[int, ...]]:
     def parse(value: object) -> tuple[int, ...]:
         out: list[int] = []
@@ -303,6 +316,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("allowed_gids", _ids(lambda n: grp.getgrnam(n).gr_gid, "group"),
            "groups (ids or names) whose members are allowed on the socket"),
     Option("grace", _seconds(0, 3600, zero_ok=True), "seconds between SIGTERM and SIGKILL"),
+    Option("spares", _count(0, 16),
+           "fiber processes each ready template forks ahead (0: fork on each Clone)"),
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),

@@ -82,6 +82,13 @@ def test_list_options_from_toml_arrays_and_comma_separated_text(tmp_path: Path) 
     assert flagged.allowed_uids == (7,)
 
 
+def test_spares_come_from_any_source_as_a_count(tmp_path: Path) -> None:
+    assert load_config(env={}).spares == 1
+    assert load_config(write(tmp_path, "spares = 0\n"), {}).spares == 0
+    assert load_config(env={"FIBERD_SPARES": "4"}).spares == 4
+    assert load_config(env={}, flags={"spares": "16"}).spares == 16
+
+
 def test_none_switches_off_optional_things() -> None:
     config = load_config(env={"FIBERD_READY_FILE": "none", "FIBERD_CGROUP_ROOT": "None"})
     assert config.ready_file is None and config.cgroup_root is None
@@ -110,6 +117,10 @@ def test_none_switches_off_optional_things() -> None:
         ('ready_condition = "a/b/c"\n', "ready_condition", "qualified name"),
         ('ready_condition = "Upper.example/x"\n', "ready_condition", "qualified name"),
         ('ready_condition = "x-"\n', "ready_condition", "qualified name"),
+        ("spares = 17\n", "spares", "whole number from 0 to 16"),
+        ("spares = -1\n", "spares", "whole number from 0 to 16"),
+        ("spares = 1.5\n", "spares", "whole number from 0 to 16"),
+        ("spares = true\n", "spares", "whole number from 0 to 16"),
     ],
 )
 def test_a_bad_file_value_names_the_option_and_file_key(

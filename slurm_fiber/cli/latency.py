@@ -68,9 +68,11 @@ def _check_exit(mode: str, end: dict[str, object]) -> None:
 
 
 def clone_round_trips(socket: str | os.PathLike[str], mode: str, n: int, *,
-                      grant: str | None = None, warmup: int = 3) -> list[float]:
+                      grant: str | None = None, warmup: int = 3,
+                      pause: float = 0.0) -> list[float]:
     """Wall seconds per Clone round trip (request → fiber started, ran, exit event received),
-    n runs after ``warmup`` untimed ones, on one connection.
+    n runs after ``warmup`` untimed ones, on one connection, ``pause`` seconds (untimed)
+    after each.
 
     Raises MeasureFailed on a miss, a refusal, a broken connection or a failed fiber.
     """
@@ -88,6 +90,8 @@ def clone_round_trips(socket: str | os.PathLike[str], mode: str, n: int, *,
                 _check_exit(mode, end)
                 if i >= warmup:
                     out.append(elapsed)
+                if pause:
+                    time.sleep(pause)
     except (Missed, Refused, Unreachable) as err:
         raise MeasureFailed(f"{mode}-mode clone failed: {err}") from None
     return out

@@ -3,7 +3,7 @@
 Layout under the root (``CgroupRoot`` of the home)::
 
     <root>/grant-<safe uid>/template      the grant's warm template (a leaf)
-    <root>/grant-<safe uid>/fiber-<id>    one leaf per fiber
+    <root>/grant-<safe uid>/slot-<n>      one leaf per spare, kept by the fiber it becomes
 
 The template lives in its own leaf because cgroup v2 forbids processes in a
 cgroup whose ``subtree_control`` enables controllers. Controllers (memory,
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import re
@@ -91,11 +92,12 @@ class GrantCgroup:
     def template(self) -> Path:
         return self.path / "template"
 
-    def fiber(self, fiber_id: str) -> Path:
-        """The leaf a fiber joins; raises ValueError on an id unsafe as a file name."""
-        if not _FIBER_ID.fullmatch(fiber_id):
-            raise ValueError(f"fiber id {fiber_id!r} is not [A-Za-z0-9_-]{{1,64}}")
-        return self.path / f"fiber-{fiber_id}"
+    def slot(self, spare_id: str) -> Path:
+        """The leaf a spare fiber process joins, and keeps once it becomes a fiber;
+        raises ValueError on an id unsafe as a file name."""
+        if not _FIBER_ID.fullmatch(spare_id):
+            raise ValueError(f"spare id {spare_id!r} is not [A-Za-z0-9_-]{{1,64}}")
+        return self.path / f"slot-{spare_id}"
 
 
 def safe_name(uid: str) -> str:
@@ -182,10 +184,19 @@ async def wait_empty(cgroup: Path, recheck: float = 0.5) -> None:
 def remove_tree(cgroup: Path) -> None:
     """rmdir the cgroup and its children, deepest first. A gone cgroup is fine.
 
-    Raises OSError (EBUSY) when a cgroup in it is still populated.
+    Raises OSError (EBUSY) when a cgroup in it is still populated. Blocks
+    while another cgroup operation holds the kernel's cgroup lock (a
+    migration can hold it for an RCU grace period): run it off the event
+    loop where that matters.
     """
-    if not cgroup.exists():
+    try:
+        os.rmdir(cgroup)  # the common case: an empty leaf
         return
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno != errno.EBUSY:
+            raise
     for dirpath, _, _ in sorted(os.walk(cgroup), key=lambda w: -len(w[0])):
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(dirpath)
@@ -330,11 +341,21 @@ class CgroupManager:
         return removed
 
 
+async def empty(cgroup: Path) -> None:
+    """Return once nothing runs in the subtree: at once when it is empty already (no
+    ``cgroup.kill``, which would wait on the kernel's cgroup lock), else after
+    ``cgroup.kill`` and ``populated 0``."""
+    if populated(cgroup):
+        kill(cgroup)
+        await wait_empty(cgroup)
+
+
 async def kill_and_remove(cgroup: Path) -> None:
-    """cgroup.kill the subtree, wait for ``populated 0``, then rmdir it all."""
-    kill(cgroup)
-    await wait_empty(cgroup)
-    remove_tree(cgroup)
+    """``empty`` the subtree, then rmdir it all (off the event loop)."""
+    await empty(cgroup)
+    import asyncio
+
+    await asyncio.to_thread(remove_tree, cgroup)
 
 
 def _probe(root: Path | None, why_none: str) -> CgroupStatus:
@@ -390,7 +411,7 @@ def _drain(fd: int) -> None:
 
 __all__ = [
     "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
-    "controllers", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
+    "controllers", "empty", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
     "memory_peak", "pids", "populated", "remove_tree", "safe_name", "wait_empty",
     "write_limits",
 ]

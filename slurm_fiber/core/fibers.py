@@ -5,9 +5,11 @@ record DESIGN §4 asks for (id, pid, grant UID, jti, epoch, deadline, state,
 exit status, cpu time, peak memory) and a pidfd on the process, so signals
 are race-free. The template reaps the fiber and reports its wait status and
 rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
-is gone (``cgroup.kill`` takes any stray descendants with it), so "returned"
-means "nothing of it runs". If the template dies first, the fiber dies with
-it (its death signal) and is accounted as ``lost`` (no wait status).
+is empty (``cgroup.kill`` takes any stray descendants with it), so
+"returned" means "nothing of it runs". The empty leaf belongs to the
+template, which reuses or removes it. If the template dies first, the fiber
+dies with it (its death signal) and is accounted as ``lost`` (no wait
+status).
 
 Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
@@ -114,10 +116,11 @@ class Fiber:
 
     # ------------------------------------------------------------ set-up (Template only)
 
-    def attach(self, result_sock: socket.socket) -> None:
-        """Start reading the result socket and open the pidfd. Called once by Template.fork."""
-        with contextlib.suppress(ProcessLookupError):
-            self.pidfd = os.pidfd_open(self.pid)
+    def attach(self, result_sock: socket.socket, pidfd: int | None) -> None:
+        """Start reading the result socket (stream or datagrams, joined until end of
+        file); the fiber owns it and ``pidfd`` (its process's,
+        opened before it could exit, or None) from now on. Called once by Template.fork."""
+        self.pidfd = pidfd
         result_sock.setblocking(False)
         self._result = _ResultReader(result_sock)
         self._finished = asyncio.ensure_future(self._finish())
@@ -166,8 +169,8 @@ class Fiber:
     async def stop(self, grace: float) -> FiberExit:
         """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
 
-        Carved, "gone" includes every descendant (the cgroup is empty and
-        removed). Uncarved, the fiber's process group gets the signals but
+        Carved, "gone" includes every descendant (the cgroup is empty).
+        Uncarved, the fiber's process group gets the signals but
         only the fiber itself is waited for; a descendant that left the
         group (setsid) is out of reach. Safe to call twice or on an ended
         fiber (returns its exit at once).
@@ -214,7 +217,7 @@ class Fiber:
             await pidfd_wait(self.pidfd)
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
-            await cgroups.kill_and_remove(self.cgroup)
+            await cgroups.empty(self.cgroup)
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:

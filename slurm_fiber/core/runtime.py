@@ -118,13 +118,14 @@ class Core:
     """The runtime of one fiberd. Build it once, on the loop that will use it.
 
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
-    the SIGTERM → SIGKILL delay for every stop. ``python`` is the
+    the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
+    processes each ready template forks ahead. ``python`` is the
     interpreter templates run.
     """
 
     def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
-                 python: str = sys.executable,
+                 spares: int = 1, python: str = sys.executable,
                  prune_after: float = DEFAULT_PRUNE_AFTER) -> None:
         self.home = home
         self.book = book
@@ -134,6 +135,7 @@ class Core:
         self.clock = clock
         self.state_dir = state_dir
         self.grace = grace
+        self.spares = spares
         self.python = python
         self.prune_after = prune_after
         self.closing = False
@@ -377,7 +379,7 @@ class Core:
                               cgroup: GrantCgroup | None) -> Template:
         env = template_env(os.environ, spec.template, channel)
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
-                                    clock=self.clock, python=self.python)
+                                    clock=self.clock, python=self.python, spares=self.spares)
 
     async def _replace_template(self, grant: _Grant, spec: FiberSpec) -> None:
         """A renewal changed the template: warm a new one; the old one stops once its

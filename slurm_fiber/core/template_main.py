@@ -11,27 +11,35 @@ template:
    imports ``preload``, runs ``warm``, then ``gc.freeze()``s its heap so
    fibers keep sharing it; reports ``ready``, or ``warm_failed`` with the
    error class and one line, and exits;
-3. serves ``fork`` orders: each fiber is forked, and the child, before any
-   user code, arms PR_SET_PDEATHSIG against the template, writes itself
-   into its own cgroup, becomes a process-group leader, drops the
-   template's sockets and signal set-up, takes its stdio (passed fds, or
-   files under the state dir), reseeds RNGs (random; numpy if imported),
-   then runs ``module:function`` with JSON arguments (result record to its
-   result socket) or execs an argv;
-4. reaps its fibers (``wait4``) and reports each exit with wait status and
-   rusage; it exits when fiberd closes the socket, sends ``stop`` or SIGTERM,
-   or dies (its death signal is SIGTERM). On the way out it SIGKILLs every
-   fiber's cgroup (``cgroup.kill``) and process group, so a fiber's own
-   children go too; a fiber whose template is SIGKILLed dies by its own
-   death signal.
+3. serves ``spare`` orders: each forks one *spare*, a fiber process made
+   ahead of its Clone. The spare, before any user code, arms
+   PR_SET_PDEATHSIG against the template, writes itself into its own cgroup,
+   becomes a process-group leader, drops the template's sockets and signal
+   set-up and reseeds RNGs (random by CPython's own at-fork hook; numpy if
+   imported); then it blocks on its order channel (a SEQPACKET socket whose
+   other end fiberd holds). Its order (one message, straight from fiberd)
+   brings the fiber's id, its result socket and stdio; it takes its stdio
+   (passed fds, or files under the state dir), env and cwd, then runs
+   ``module:function`` with JSON arguments (its result record goes back on
+   the order channel) or execs an argv. End of file on the order channel dismisses the
+   spare (exit 0). So the fork and the cgroup move, which costs an RCU grace
+   period when moves are spaced out, are paid before the Clone, not during it;
+4. reaps its children (``wait4``) and reports each exit, by spare id, with
+   wait status and rusage; it exits when fiberd closes the socket, sends
+   ``stop`` or SIGTERM, or dies (its death signal is SIGTERM). On the way
+   out it SIGKILLs every child's cgroup (``cgroup.kill``) and process group,
+   so a fiber's own children go too; a fiber whose template is SIGKILLed
+   dies by its own death signal.
 
 It runs NO threads of its own and must never start any: ``fork`` in a
 threaded process is unsafe. Nothing that expires (tokens, control-plane
 sockets) is held here; fiberd holds all of that.
 
 Exit codes of a fiber that failed before user code: 70 (template gone),
-71 (could not join its cgroup), 72 (could not set up stdio or cwd); of an
-exec that failed: 127; of a call that raised: 1 (error record sent).
+71 (could not join its cgroup), 72 (unreadable order, or could not set up
+stdio or cwd); of an exec that failed: 127; of a call that raised: 1 (error
+record sent). A spare that could not join its cgroup waits for its order
+all the same and reports the error on its order channel.
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ import gc
 import importlib
 import json
 import os
-import random
 import select
 import signal
 import socket
@@ -97,7 +104,7 @@ class Server:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pid = os.getpid()
-        self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (fiber id, cgroup)
+        self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
@@ -150,8 +157,8 @@ class Server:
                 return
             if pid == 0:
                 return
-            fiber_id, _ = self.children.pop(pid, (None, None))
-            _send(self.sock, {"t": "exit", "id": fiber_id, "pid": pid, "status": status,
+            spare_id, _ = self.children.pop(pid, (None, None))
+            _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
                               "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
 
     def handle_request(self) -> bool:
@@ -162,20 +169,19 @@ class Server:
         try:
             msg = wire.decode(data)
         except wire.WireError:
-            for fd in fds:
-                os.close(fd)
-            return True
+            msg = {"t": "unreadable"}
         if msg["t"] == "stop":
             return False
-        if msg["t"] == "fork":
-            self.fork(msg, fds)
+        if msg["t"] == "spare" and len(fds) == 1:
+            self.spare(msg, fds[0])
         else:
             for fd in fds:
                 os.close(fd)
         return True
 
-    def fork(self, msg: dict[str, object], fds: list[int]) -> None:
-        fiber_id = str(msg.get("id"))
+    def spare(self, msg: dict[str, object], order_fd: int) -> None:
+        """Fork one spare (see the module doc); answer ``spared`` or ``fork_failed``."""
+        spare_id = str(msg.get("id"))
         sys.stdout.flush()
         sys.stderr.flush()
         # Signals that arrive before the child has reset its handlers wait, blocked,
@@ -185,65 +191,106 @@ class Server:
             pid = os.fork()
         except OSError as e:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
-            for fd in fds:
-                os.close(fd)
-            _send(self.sock, {"t": "fork_failed", "id": fiber_id,
+            os.close(order_fd)
+            _send(self.sock, {"t": "fork_failed", "id": spare_id,
                               "error": type(e).__name__, "message": wire.one_line(e)})
             return
         if pid == 0:
             code = EXIT_SETUP
             try:
-                code = run_fiber(msg, fds, self)
+                code = run_spare(msg, order_fd, self)
             except BaseException:
                 traceback.print_exc()  # to the fiber's stderr, else the template's log
                 sys.stderr.flush()
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
-        for fd in fds:
-            os.close(fd)
+        os.close(order_fd)
         # The child does this too; doing it on both sides means that once fiberd
-        # hears "forked", the fiber leads its own process group (no signal race).
+        # hears "spared", the spare leads its own process group (no signal race).
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         cgroup = msg.get("cgroup")
-        self.children[pid] = (fiber_id, cgroup if isinstance(cgroup, str) else None)
-        _send(self.sock, {"t": "forked", "id": fiber_id, "pid": pid})
+        self.children[pid] = (spare_id, cgroup if isinstance(cgroup, str) else None)
+        _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
 
 
-def run_fiber(msg: dict[str, object], fds: list[int], server: Server) -> int:
-    """In the forked child: confine, set up, run. Returns the exit code (never user code's)."""
+def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
+    """In the forked child: confine, wait for the order, run it. Returns the exit code
+    (never user code's)."""
     die_with_parent(server.pid)
-    os.set_inheritable(fds[0], False)
-    with os.fdopen(fds[0], "w") as result:
-        cgroup = msg.get("cgroup")
-        if isinstance(cgroup, str):
-            try:
-                (Path(cgroup) / "cgroup.procs").write_text("0\n")
-            except OSError as e:
-                _write_error(result, e)
-                return EXIT_CGROUP
-        os.setpgid(0, 0)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
-        server.close()
+    joined: OSError | None = None
+    cgroup = msg.get("cgroup")
+    if isinstance(cgroup, str):
         try:
-            _setup_stdio(msg, fds[1:])
-            env = msg.get("env") or {}
-            os.environ.update({str(k): str(v) for k, v in dict(env).items()})
-            os.environ["SLURM_FIBER_ID"] = str(msg.get("id"))
-            if msg.get("cwd"):
-                os.chdir(str(msg["cwd"]))
+            (Path(cgroup) / "cgroup.procs").write_text("0\n")
         except OSError as e:
-            _write_error(result, e)
-            return EXIT_SETUP
-        _reseed()
-        if msg.get("mode") == "exec":
-            return _exec(msg, result)
-        return _call(msg, result)
+            joined = e
+    os.setpgid(0, 0)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+    server.close()
+    _reseed()
+    channel = socket.socket(fileno=order_fd)
+    channel.setblocking(True)
+    channel.set_inheritable(False)
+    data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+    if not data:
+        return 0  # dismissed before it was used
+    try:
+        order = wire.decode(data)
+    except wire.WireError:
+        order = {}
+    if order.get("t") != "run":
+        for fd in fds:
+            os.close(fd)
+        return EXIT_SETUP
+    result = ResultChannel(channel)
+    if joined is not None:
+        _write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup}: "
+                                                   f"{joined.strerror}"))
+        return EXIT_CGROUP
+    return run_fiber(order, fds, result)
+
+
+class ResultChannel:
+    """A fiber's end of its order channel, which then carries its result record back.
+
+    ``write`` sends the text in datagrams of at most ``CHUNK`` bytes
+    (SEQPACKET keeps each whole; fiberd joins them until end of file), and
+    blocks while fiberd's side is full. Closed when the fiber exits, or at
+    exec (close-on-exec).
+    """
+
+    CHUNK = 32 * 1024
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        for start in range(0, len(data), self.CHUNK):
+            self.sock.sendall(data[start:start + self.CHUNK])
+
+
+def run_fiber(order: dict[str, object], stdio: list[int], result: ResultChannel) -> int:
+    """Take the order's stdio, env and cwd, then run it. Returns the exit code."""
+    try:
+        _setup_stdio(order, stdio)
+        env = order.get("env") or {}
+        os.environ.update({str(k): str(v) for k, v in dict(env).items()})
+        os.environ["SLURM_FIBER_ID"] = str(order.get("id"))
+        if order.get("cwd"):
+            os.chdir(str(order["cwd"]))
+    except OSError as e:
+        _write_error(result, e)
+        return EXIT_SETUP
+    if order.get("mode") == "exec":
+        return _exec(order, result)
+    return _call(order, result)
 
 
 def _setup_stdio(msg: dict[str, object], passed: list[int]) -> None:
@@ -265,13 +312,12 @@ def _setup_stdio(msg: dict[str, object], passed: list[int]) -> None:
 
 
 def _reseed() -> None:
-    random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
 
 
-def _exec(msg: dict[str, object], result) -> int:
+def _exec(msg: dict[str, object], result: ResultChannel) -> int:
     argv = [str(a) for a in msg.get("argv") or []]
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
@@ -282,7 +328,7 @@ def _exec(msg: dict[str, object], result) -> int:
     return EXIT_EXEC
 
 
-def _call(msg: dict[str, object], result) -> int:
+def _call(msg: dict[str, object], result: ResultChannel) -> int:
     args = msg.get("args") or []
     kwargs = msg.get("kwargs") or {}
     code = 0
@@ -305,11 +351,10 @@ def _call(msg: dict[str, object], result) -> int:
     return code
 
 
-def _write_error(result, exc: BaseException) -> None:
+def _write_error(result: ResultChannel, exc: BaseException) -> None:
     tb = "".join(traceback.format_exception(exc))[-4000:]
     result.write(json.dumps({"ok": False, "error": {
         "type": type(exc).__name__, "message": wire.one_line(exc), "traceback": tb}}))
-    result.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,19 @@
-"""The message format between fiberd and a template: one JSON object per datagram.
+"""The message format between fiberd, a template and its spares: one JSON object per datagram.
 
-The channel is a ``SOCK_SEQPACKET`` socketpair, so every message arrives
-whole or not at all and file descriptors (a fiber's result socket and its
-stdio) ride along with SCM_RIGHTS. Messages are dicts with a ``t`` (type):
+Each channel is a ``SOCK_SEQPACKET`` socketpair, so every message arrives
+whole or not at all and file descriptors ride along with SCM_RIGHTS.
+Messages are dicts with a ``t`` (type):
 
-parent → template: ``warm`` (first, once: preload, warm, cgroup), ``fork``
-(one fiber), ``stop``.
+parent → template: ``warm`` (first, once: preload, warm, cgroup), ``spare``
+(fork one spare; its order channel rides along), ``stop``.
 template → parent: ``ready``, ``warm_failed`` (error class, one line),
-``forked`` / ``fork_failed`` (answer to ``fork``, by ``id``), ``exit``
-(a reaped fiber: wait status and rusage).
+``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``exit``
+(a reaped spare or fiber, by spare ``id``: wait status and rusage).
+parent → spare, on its order channel: ``run`` (once: the fiber's id, mode,
+target and arguments or argv, env, cwd; its stdio rides along), or end of
+file (dismissed). The fiber then sends its result record (call mode, or an
+error before user code) back on the same channel, in datagrams, until it
+exits.
 
 Both ends import this module; it holds no state and never blocks.
 """
@@ -18,7 +23,7 @@ from __future__ import annotations
 import json
 
 MAX_MESSAGE = 128 * 1024
-MAX_FDS = 4  # result socket + stdin, stdout, stderr
+MAX_FDS = 3  # a spare's order channel; a fiber's stdin, stdout, stderr
 
 
 class WireError(ValueError):

@@ -11,6 +11,22 @@ Usage (on fiberd's event loop; nothing here blocks it)::
     exit = await fiber.wait()                      # or: await fiber.stop(grace)
     await t.stop(grace)                            # fibers, then the template
 
+A ready template keeps ``spares`` *spare* fiber processes forked ahead of
+need: each already sits in its own cgroup leaf (``slot-<n>`` under the
+grant's cgroup), tied to the template by its death signal, waiting on an
+order channel whose other end fiberd holds. A fiber's leaf, once empty, is
+kept for a later spare (unless it has a memory controller, whose
+``memory.peak`` would carry over, or sub-cgroups), so a Clone creates and
+removes no cgroup: both wait on the kernel's cgroup lock, which a
+concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
+order directly (one message, no round trip through the template) and
+forks a replacement in the background, so a Clone pays neither the fork
+nor the cgroup move. With no spare at hand (a burst, ``spares=0``, a spare
+that died) ``fork`` makes one on the spot and uses it. Spares are not
+fibers: they run no user code and do not count toward ``fibers`` (a grant's
+``pids`` limit, where enforced, does count them), and are killed (cgroup and
+all) when the template stops or dies.
+
 A template is one child process (``template_main``) started with exactly
 the ``env`` given (build it with ``template_env``: the grant's env, then the
 device channel's variables, which always win), in the grant's cgroup leaf
@@ -31,17 +47,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from slurm_fiber.core import cgroups
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
@@ -51,6 +71,7 @@ from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.waiting import first_done, pidfd_wait
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+log = logging.getLogger(__name__)
 
 
 class TemplateState(enum.StrEnum):
@@ -149,15 +170,18 @@ def template_env(base: Mapping[str, str], spec: TemplateSpec,
 
 
 @dataclass
-class _Pending:
-    future: asyncio.Future[Fiber]
-    request: FiberRequest
+class _Spare:
+    """A spare fiber process: asked of the template, then (``spared``) waiting for its order."""
+
+    id: str
     cgroup: Path | None
-    result_sock: socket.socket
+    orders: socket.socket  # fiberd's end of the spare's order channel
+    spared: asyncio.Future[int]  # its pid, once the template has forked it
+    pidfd: int | None = None
 
 
 class Template:
-    """One grant's warm template process and the fibers forked from it.
+    """One grant's warm template process, its spares, and the fibers forked from it.
 
     Build with ``await Template.start(...)``. Read ``state``, ``warm_error``,
     ``pid``, ``fibers`` (id → running Fiber), ``restarts``. Not thread-safe.
@@ -165,7 +189,8 @@ class Template:
 
     def __init__(self, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
-                 python: str = sys.executable, backoff: Backoff | None = None) -> None:
+                 python: str = sys.executable, backoff: Backoff | None = None,
+                 spares: int = 1) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -174,27 +199,35 @@ class Template:
         self.clock = clock
         self.python = python
         self.backoff = backoff or Backoff()
+        self.spares = spares
         self.state = TemplateState.WARMING
         self.warm_error: WarmError | None = None
         self.pid: int | None = None
         self.restarts = 0
         self.fibers: dict[str, Fiber] = {}
-        self._pending: dict[str, _Pending] = {}
         self._changed = asyncio.Event()
         self._sock: socket.socket | None = None
         self._pidfd: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
+        self._forking: dict[str, _Spare] = {}  # asked of the template, not yet spared
+        self._idle: deque[_Spare] = deque()  # spared, waiting for an order
+        self._in_use: dict[str, Fiber] = {}  # spare id -> the fiber it became
+        self._filling: asyncio.Task[None] | None = None
+        self._free_leaves: list[Path] = []  # empty slot leaves, for the next spares
+        self._burying: set[asyncio.Future[None]] = set()  # leaves being removed
 
     @classmethod
     async def start(cls, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
-                    python: str = sys.executable,
-                    backoff: Backoff | None = None) -> Template:
-        """Spawn the template and return at once, ``warming``. Raises OSError if the
-        process cannot be started (e.g. ``state_dir`` not writable)."""
+                    python: str = sys.executable, backoff: Backoff | None = None,
+                    spares: int = 1) -> Template:
+        """Spawn the template and return at once, ``warming``; once ready it keeps
+        ``spares`` spare processes. Raises OSError if the process cannot be started
+        (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
-                       python=python, backoff=backoff)
+                       python=python, backoff=backoff, spares=spares)
         (state_dir / "fibers").mkdir(parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -215,42 +248,26 @@ class Template:
         return self.state
 
     async def fork(self, request: FiberRequest) -> Fiber:
-        """Fork one fiber and return it running (its pid known, its pidfd open).
+        """Start one fiber and return it running (its pid known, its pidfd open).
 
-        Raises TemplateNotReady unless ``ready``, ValueError for a malformed
-        request, ForkFailed when the template cannot fork or the fiber's
-        cgroup cannot be made.
+        Uses an idle spare, else makes one. Raises TemplateNotReady unless
+        ``ready``, ValueError for a malformed request, ForkFailed when the
+        template cannot fork or the fiber's cgroup cannot be made.
         """
         request.check()
-        if self.state is not TemplateState.READY or self._sock is None:
-            raise TemplateNotReady(self.state, self.warm_error)
-        if request.id in self.fibers or request.id in self._pending:
-            raise ForkFailed(f"fiber id {request.id} is in use")
-        cgroup = self.cgroup.fiber(request.id) if self.cgroup else None
-        if cgroup is not None:
+        for attempt in (1, 2):  # an idle spare may have died unseen: then one made now
+            if self.state is not TemplateState.READY or self._sock is None:
+                raise TemplateNotReady(self.state, self.warm_error)
+            if request.id in self.fibers:
+                raise ForkFailed(f"fiber id {request.id} is in use")
+            spare = await self._take_spare()
+            self._refill()
             try:
-                cgroup.mkdir()
-            except OSError as e:
-                raise ForkFailed(f"cannot create cgroup {cgroup}: {e.strerror}") from None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pending = _Pending(asyncio.get_running_loop().create_future(), request, cgroup, ours)
-        self._pending[request.id] = pending
-        try:
-            await self._send(self._fork_message(request, cgroup),
-                             [theirs.fileno(), *(fd for fd in request.stdio if fd is not None)])
-            return await pending.future
-        except BaseException:
-            self._pending.pop(request.id, None)
-            adopted = (pending.future.done() and not pending.future.cancelled()
-                       and pending.future.exception() is None)
-            if not adopted:  # (an adopted fiber runs on, in self.fibers, and owns both)
-                ours.close()
-                if cgroup is not None:
-                    with contextlib.suppress(OSError):
-                        cgroup.rmdir()
-            raise
-        finally:
-            theirs.close()
+                return await self._hand_over(spare, request)
+            except _SpareGone as gone:
+                if attempt == 2:
+                    raise ForkFailed(str(gone)) from None
+        raise AssertionError("unreachable")
 
     async def stop_fibers(self, grace: float, *,
                           before_epoch: int | None = None) -> list[FiberExit]:
@@ -261,10 +278,11 @@ class Template:
         return await stop_all(chosen, grace)
 
     async def stop(self, grace: float) -> None:
-        """Stop every fiber (SIGTERM, grace, SIGKILL), then the template; returns once
-        all are gone. The template is ``stopped`` for good (no re-warm)."""
+        """Stop every fiber (SIGTERM, grace, SIGKILL), the spares, then the template;
+        returns once all are gone. The template is ``stopped`` for good (no re-warm)."""
         self._stopping = True
         await self.stop_fibers(grace)
+        self._dismiss_spares()
         if self._sock is not None:
             with contextlib.suppress(OSError, wire.WireError):
                 self._sock.send(wire.encode({"t": "stop"}))
@@ -277,25 +295,181 @@ class Template:
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        while self._burying:
+            await asyncio.gather(*list(self._burying))
         self._set_state(TemplateState.STOPPED)
+
+    @property
+    def idle_spares(self) -> list[int]:
+        """Pids of the spares waiting for an order now."""
+        return [s.spared.result() for s in self._idle]
 
     def to_json(self) -> dict[str, object]:
         return {"uid": self.uid, "state": self.state.value, "pid": self.pid,
                 "warm_error": self.warm_error.to_json() if self.warm_error else None,
                 "restarts": self.restarts, "fibers": len(self.fibers),
+                "spares": len(self._idle),
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
+
+    # ------------------------------------------------------------ spares
+
+    async def _take_spare(self) -> _Spare:
+        """An idle spare, else a new one once the template has forked it."""
+        if self._idle:
+            return self._idle.popleft()
+        spare = await self._ask_spare()
+        try:
+            await asyncio.shield(spare.spared)
+        except asyncio.CancelledError:
+            # The Clone was cancelled: the spare, when it comes, waits for the next one.
+            spare.spared.add_done_callback(lambda _: self._keep_idle(spare))
+            raise
+        return spare
+
+    async def _ask_spare(self) -> _Spare:
+        """Ask the template for one more spare (its ``spared`` future tells when it is
+        forked). Raises ForkFailed when its cgroup leaf or the request fails."""
+        spare_id = str(next(self._spare_ids))
+        leaf = await self._leaf(spare_id)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        spare = _Spare(spare_id, leaf, ours, asyncio.get_running_loop().create_future())
+        self._forking[spare_id] = spare
+        try:
+            await _send(self._sock, {"t": "spare", "id": spare_id,
+                                     "cgroup": str(leaf) if leaf else None},
+                        [theirs.fileno()], "the template")
+        except BaseException:
+            self._forking.pop(spare_id, None)
+            self._bury(spare)
+            raise
+        finally:
+            theirs.close()
+        return spare
+
+    async def _leaf(self, spare_id: str) -> Path | None:
+        """A free slot leaf, else a new one (None when uncarved). Raises ForkFailed."""
+        if self.cgroup is None:
+            return None
+        if self._free_leaves:
+            return self._free_leaves.pop()
+        leaf = self.cgroup.slot(spare_id)
+        try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
+            await asyncio.to_thread(leaf.mkdir)
+        except OSError as e:
+            raise ForkFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
+        return leaf
+
+    def _give_back(self, leaf: Path, peak: int | None) -> None:
+        """An ended fiber's empty leaf: keep it for a later spare, or remove it."""
+        keep = (peak is None and not self._stopping and self.state is TemplateState.READY
+                and len(self._free_leaves) < max(self.spares, 1) and _bare(leaf))
+        if keep:
+            self._free_leaves.append(leaf)
+        else:
+            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
+
+    def _refill(self) -> None:
+        """Make spares in the background until ``spares`` are idle or being made."""
+        if (self._filling is None or self._filling.done()) and self._short():
+            self._filling = asyncio.ensure_future(self._fill())
+
+    def _short(self) -> bool:
+        return (self.state is TemplateState.READY and not self._stopping
+                and len(self._idle) + len(self._forking) < self.spares)
+
+    async def _fill(self) -> None:
+        while self._short():
+            try:
+                spare = await self._ask_spare()
+                await asyncio.shield(spare.spared)
+            except ForkFailed as err:
+                log.warning("template %s: no spare made: %s", self.uid, err)
+                return
+            self._keep_idle(spare)
+
+    def _keep_idle(self, spare: _Spare) -> None:
+        """A spared spare nobody took: keep it for the next Clone (or bury it)."""
+        if spare.spared.cancelled() or spare.spared.exception() is not None:
+            return
+        if self.state is TemplateState.READY and not self._stopping:
+            self._idle.append(spare)
+        else:
+            self._bury(spare)
+
+    async def _hand_over(self, spare: _Spare, request: FiberRequest) -> Fiber:
+        """Send ``spare`` its order; the fiber it becomes (its result comes back on the
+        same channel). Raises _SpareGone if it died."""
+        try:
+            await _send(spare.orders, self._order(request),
+                        [fd for fd in request.stdio if fd is not None],
+                        "the spare fiber process")
+        except ForkFailed as err:
+            self._bury(spare)
+            raise _SpareGone(str(err)) from None
+        except BaseException:
+            self._bury(spare)
+            raise
+        out = self._out_path(request)
+        fiber = Fiber(
+            id=request.id, pid=spare.spared.result(), uid=self.uid, jti=request.jti,
+            epoch=request.epoch, deadline=request.deadline, started=self.clock.mono(),
+            mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
+            stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
+            stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None)
+        fiber.attach(spare.orders, spare.pidfd)
+        self.fibers[request.id] = fiber
+        self._in_use[spare.id] = fiber
+
+        def gone(f: Fiber) -> None:
+            self.fibers.pop(f.id, None)
+            self._in_use.pop(spare.id, None)
+            if f.cgroup is not None:
+                self._give_back(f.cgroup, f.exit.memory_peak if f.exit else None)
+
+        fiber.on_done(gone)
+        return fiber
+
+    def _dismiss_spares(self) -> None:
+        """Bury every spare not yet handed an order (idle or being made); remove the free
+        leaves."""
+        if self._filling is not None:
+            self._filling.cancel()
+        for spare in [*self._idle, *self._forking.values()]:
+            self._bury(spare)
+        self._idle.clear()
+        self._forking.clear()
+        for leaf in self._free_leaves:
+            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
+        self._free_leaves.clear()
+
+    def _bury(self, spare: _Spare) -> None:
+        """Kill an unused spare and remove its leaf, in the background (``stop`` waits)."""
+        with contextlib.suppress(ValueError):
+            self._idle.remove(spare)
+        spare.orders.close()
+        if not spare.spared.done():
+            spare.spared.set_exception(ForkFailed("the template is gone"))
+        if not spare.spared.cancelled():
+            spare.spared.exception()  # retrieved: nobody may be waiting for it
+        self._track(asyncio.ensure_future(_kill_spare(spare)))
+
+    def _track(self, task: asyncio.Future[None]) -> None:
+        """Keep a leaf's removal in view: ``stop`` returns only once it is done."""
+        self._burying.add(task)
+        task.add_done_callback(self._burying.discard)
 
     # ------------------------------------------------------------ process
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path = self.state_dir / f"template-{safe_name(self.uid)}.log"
-        with theirs, open(log_path, "ab") as log:
+        with theirs, open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
                 [self.python, "-m", "slurm_fiber.core.template_main",
                  "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
                 env=self.env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, cwd=self.state_dir)
+                stdout=log_file, stderr=log_file, cwd=self.state_dir)
         ours.setblocking(False)
         self._sock = ours
         self._pidfd = os.pidfd_open(proc.pid)
@@ -310,12 +484,25 @@ class Template:
                      pidfd: int) -> None:
         """Serve one template process's messages until it dies, then account and re-warm."""
         loop = asyncio.get_running_loop()
+        closed: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:  # every message waiting, in order, then back to the loop
+            try:
+                while data := sock.recv(wire.MAX_MESSAGE + 1):
+                    with contextlib.suppress(wire.WireError):
+                        self._dispatch(wire.decode(data))
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionError:
+                pass
+            if not closed.done():
+                closed.set_result(None)
+
+        loop.add_reader(sock.fileno(), readable)
         try:
-            while data := await loop.sock_recv(sock, wire.MAX_MESSAGE + 1):
-                with contextlib.suppress(wire.WireError):
-                    self._dispatch(wire.decode(data))
-        except ConnectionError:
-            pass
+            await closed
+        finally:
+            loop.remove_reader(sock.fileno())
         await pidfd_wait(pidfd)
         status = proc.wait()
         os.close(pidfd)
@@ -329,8 +516,7 @@ class Template:
                 self._spawn()
 
     def _template_gone(self, status: int) -> None:
-        for pending in list(self._pending.values()):
-            pending.future.set_exception(ForkFailed("the template died during the fork"))
+        self._dismiss_spares()  # they die with it (their death signal); reap their leaves
         for fiber in list(self.fibers.values()):
             fiber.template_lost()
         if self._stopping:
@@ -347,70 +533,105 @@ class Template:
         if kind == "ready":
             self.backoff.reset()
             self._set_state(TemplateState.READY)
+            self._refill()
         elif kind == "warm_failed":
             self.warm_error = WarmError(str(msg.get("error")), str(msg.get("message")))
             self._set_state(TemplateState.WARM_FAILED)
-        elif kind in ("forked", "fork_failed"):
-            pending = self._pending.pop(str(msg.get("id")), None)
-            if pending is None:
-                return
-            if kind == "fork_failed":
-                pending.future.set_exception(ForkFailed(f"fork failed: {msg.get('message')}"))
-            else:
-                pending.future.set_result(self._adopt(pending, int(str(msg.get("pid")))))
+        elif kind in ("spared", "fork_failed"):
+            spare = self._forking.pop(str(msg.get("id")), None)
+            if spare is not None:
+                self._spared(spare, msg)
         elif kind == "exit":
-            fiber = self.fibers.get(str(msg.get("id")))
+            spare_id = str(msg.get("id"))
+            fiber = self._in_use.get(spare_id)
             if fiber is not None:
                 fiber.reported_exit(msg)
+            else:  # an idle spare died (killed by someone, or its set-up failed)
+                idle = next((s for s in self._idle if s.id == spare_id), None)
+                if idle is not None:
+                    self._bury(idle)
 
-    def _adopt(self, pending: _Pending, pid: int) -> Fiber:
-        request = pending.request
-        out = self._out_path(request)
-        fiber = Fiber(
-            id=request.id, pid=pid, uid=self.uid, jti=request.jti, epoch=request.epoch,
-            deadline=request.deadline, started=self.clock.mono(), mode=request.mode,
-            cgroup=pending.cgroup, clock=self.clock,
-            stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
-            stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None)
-        fiber.attach(pending.result_sock)
-        self.fibers[request.id] = fiber
-        fiber.on_done(lambda f: self.fibers.pop(f.id, None))
-        return fiber
+    def _spared(self, spare: _Spare, msg: dict[str, object]) -> None:
+        if msg["t"] == "fork_failed":
+            spare.spared.set_exception(ForkFailed(f"fork failed: {msg.get('message')}"))
+            self._bury(spare)
+            return
+        pid = int(str(msg.get("pid")))
+        try:
+            spare.pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._bury(spare)
+            return
+        spare.spared.set_result(pid)
 
     def _out_path(self, request: FiberRequest) -> Path:
         return self.state_dir / "fibers" / f"fiber-{request.id}"
 
-    def _fork_message(self, request: FiberRequest, cgroup: Path | None) -> dict[str, object]:
+    def _order(self, request: FiberRequest) -> dict[str, object]:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}
-        return {"t": "fork", "id": request.id, "mode": request.mode, "target": request.target,
+        return {"t": "run", "id": request.id, "mode": request.mode, "target": request.target,
                 "args": list(request.args), "kwargs": dict(request.kwargs),
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
-                "out_dir": str(self.state_dir / "fibers"),
-                "cgroup": str(cgroup) if cgroup else None}
-
-    async def _send(self, msg: dict[str, object], fds: list[int]) -> None:
-        """Send one message with fds, waiting for buffer room without blocking the loop."""
-        data = wire.encode(msg)
-        loop = asyncio.get_running_loop()
-        while True:
-            sock = self._sock
-            if sock is None:
-                raise ForkFailed("the template is gone")
-            try:
-                socket.send_fds(sock, [data], fds)
-                return
-            except BlockingIOError:
-                room: asyncio.Future[None] = loop.create_future()
-                loop.add_writer(sock.fileno(), lambda f=room: f.done() or f.set_result(None))
-                try:
-                    await room
-                finally:
-                    loop.remove_writer(sock.fileno())
-            except OSError as e:
-                raise ForkFailed(f"cannot reach the template: {e.strerror}") from None
+                "out_dir": str(self.state_dir / "fibers")}
 
     def _set_state(self, state: TemplateState) -> None:
         self.state = state
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[int],
+                peer: str) -> None:
+    """Send one message with fds on a non-blocking SEQPACKET socket, waiting for buffer
+    room without blocking the loop. Raises ForkFailed (naming ``peer``) when it is gone."""
+    data = wire.encode(msg)
+    loop = asyncio.get_running_loop()
+    while True:
+        if sock is None or sock.fileno() < 0:
+            raise ForkFailed(f"{peer} is gone")
+        try:
+            socket.send_fds(sock, [data], fds)
+            return
+        except BlockingIOError:
+            room: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(sock.fileno(), lambda f=room: f.done() or f.set_result(None))
+            try:
+                await room
+            finally:
+                loop.remove_writer(sock.fileno())
+        except OSError as e:
+            raise ForkFailed(f"cannot reach {peer}: {e.strerror}") from None
+
+
+class _SpareGone(Exception):
+    """The spare died before it took its order (one line)."""
+
+
+def _bare(leaf: Path) -> bool:
+    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some)."""
+    try:
+        with os.scandir(leaf) as entries:
+            return not any(e.is_dir(follow_symlinks=False) for e in entries)
+    except OSError:
+        return False
+
+
+async def _remove_leaf(leaf: Path) -> None:
+    try:
+        await asyncio.to_thread(cgroups.remove_tree, leaf)
+    except OSError as e:
+        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
+
+
+async def _kill_spare(spare: _Spare) -> None:
+    """SIGKILL a spare that never ran user code and wait until it and its leaf are gone."""
+    if spare.cgroup is not None:
+        await cgroups.kill_and_remove(spare.cgroup)
+    elif spare.pidfd is not None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(spare.pidfd, signal.SIGKILL)
+        await pidfd_wait(spare.pidfd)
+    if spare.pidfd is not None:
+        os.close(spare.pidfd)
+        spare.pidfd = None

@@ -2,8 +2,9 @@
 
 Usage: python -m tests.process.fiberd_like STATE_DIR MARK [CGROUP_ROOT]
 Starts a template, forks three fibers (call mode, exec mode, and an exec
-whose shell has children of its own), prints one JSON line of pids, then
-waits to be killed.
+whose shell has children of its own), waits for the template's spare to be
+back, prints one JSON line of pids and fiber cgroup leaves, then waits to be
+killed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ async def main(state: Path, mark: str, root: Path | None) -> None:
         await t.fork(FiberRequest(id="tree", mode="exec",
                                   argv=("sh", "-c", "sleep 60 & sleep 60 & wait"))),
     ]
-    print(json.dumps({"template": t.pid, "fibers": [f.pid for f in fibers]}), flush=True)
+    while not t.idle_spares:
+        await asyncio.sleep(0.01)
+    print(json.dumps({"template": t.pid, "fibers": [f.pid for f in fibers],
+                      "spares": t.idle_spares,
+                      "leaves": [f.cgroup.name for f in fibers if f.cgroup]}), flush=True)
     await asyncio.Event().wait()
 
 

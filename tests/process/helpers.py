@@ -38,7 +38,7 @@ def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
-                         uid: str = "grant-1") -> Template:
+                         uid: str = "grant-1", spares: int = 1) -> Template:
     """A template whose env carries the test's mark and can import ``tests.process``."""
     spec = TemplateSpec(preload=preload, warm=warm,
                         env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
@@ -46,7 +46,7 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
     state = tmp / "state"
     state.mkdir(exist_ok=True)
     return await Template.start(uid, spec, env, cgroup, state_dir=state,
-                                clock=clock or SystemClock())
+                                clock=clock or SystemClock(), spares=spares)
 
 
 async def read_line(fd: int) -> bytes:
@@ -79,6 +79,22 @@ def wait_marked(mark: str, count: int, within: float = 10.0) -> list[int]:
     while len(found := marked_procs(mark)) != count and time.monotonic() < end:
         time.sleep(0.02)
     return found
+
+
+async def idle_spares(template: Template, count: int = 1, within: float = 10.0) -> list[int]:
+    """The template's idle spares, polled until there are ``count`` or ``within`` s passed."""
+    end = time.monotonic() + within
+    while len(template.idle_spares) != count and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    return template.idle_spares
+
+
+def unified_cgroup(pid: int) -> str:
+    """The cgroup v2 path of ``pid`` ("" when it has none)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return ""
 
 
 def cgroup_dirs(root: Path) -> list[Path]:

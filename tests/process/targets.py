@@ -45,6 +45,10 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def text_of(n: int) -> str:
+    return "x" * n
+
+
 def boom() -> None:
     raise ValueError("bad thing")
 

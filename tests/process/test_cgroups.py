@@ -100,7 +100,7 @@ def test_carve_join_kill_wait_remove(cgroup_root: Path):
     assert grant is not None and grant.template.is_dir()
     # This machine offers no memory/pids controller: both limits reported, none enforced.
     assert [o.enforced for o in grant.limits] == [False, False]
-    leaf = grant.fiber("f1")
+    leaf = grant.slot("f1")
     leaf.mkdir()
     proc = _sleeper(leaf)
     assert cgroups.populated(leaf) and cgroups.pids(grant.path) == [proc.pid]
@@ -117,8 +117,8 @@ def test_sweep_removes_a_dead_fiberds_cgroups_and_their_processes(cgroup_root: P
     for uid in ("a", "b"):
         grant = old.carve_grant(uid, Limits())
         assert grant is not None
-        grant.fiber("x").mkdir()
-    straggler = _sleeper(cgroup_root / "grant-a" / "fiber-x")
+        grant.slot("x").mkdir()
+    straggler = _sleeper(cgroup_root / "grant-a" / "slot-x")
     removed = asyncio.run(CgroupManager(cgroup_root).sweep())
     assert [p.name for p in removed] == ["grant-a", "grant-b"]
     assert straggler.wait(timeout=10) == -9

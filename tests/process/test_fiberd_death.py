@@ -28,14 +28,15 @@ def _start_fiberd(tmp_path: Path, mark: str, root: Path | None):
     return proc, json.loads(line)
 
 
-def _kill_fiberd(tmp_path: Path, mark: str, root: Path | None) -> None:
+def _kill_fiberd(tmp_path: Path, mark: str, root: Path | None) -> dict[str, list[object]]:
     proc, pids = _start_fiberd(tmp_path, mark, root)
-    # template + call + exec + sh and its two sleeps (the shell starts them shortly)
-    alive = set(wait_marked(mark, 6))
-    assert {pids["template"], *pids["fibers"]} <= alive and len(alive) == 6
+    # template, its spare + call + exec + sh and its two sleeps (the shell starts them shortly)
+    alive = set(wait_marked(mark, 7))
+    assert {pids["template"], *pids["spares"], *pids["fibers"]} <= alive and len(alive) == 7
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
     assert wait_marked(mark, 0) == []
+    return pids
 
 
 def test_sigkill_of_fiberd_leaves_no_template_or_fiber_uncarved(tmp_path: Path, mark: str):
@@ -45,9 +46,9 @@ def test_sigkill_of_fiberd_leaves_no_template_or_fiber_uncarved(tmp_path: Path, 
 @pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
 def test_sigkill_of_fiberd_then_the_next_start_sweeps_its_cgroups(tmp_path: Path, mark: str,
                                                                   cgroup_root: Path):
-    _kill_fiberd(tmp_path, mark, cgroup_root)
+    pids = _kill_fiberd(tmp_path, mark, cgroup_root)
     left = [p.name for p in cgroup_dirs(cgroup_root)]
-    assert "grant-g" in left and "fiber-call" in left  # a dead fiberd cleans nothing up
+    assert "grant-g" in left and set(pids["leaves"]) <= set(left)  # a dead fiberd cleans nothing up
     removed = asyncio.run(CgroupManager(cgroup_root).sweep())
     assert [p.name for p in removed] == ["grant-g"]
     assert cgroup_dirs(cgroup_root) == []

@@ -46,6 +46,16 @@ async def test_warm_then_call_returns_the_result(tmp_path: Path, mark: str):
     assert t.state is TemplateState.STOPPED and marked_procs(mark) == []
 
 
+@aio
+async def test_a_result_larger_than_a_socket_buffer_comes_back_whole(tmp_path: Path, mark: str):
+    t = await warm_template(tmp_path, mark, preload=(T,))
+    n = 3_000_000  # many datagrams, more than the socket buffers hold at once
+    fiber = await t.fork(FiberRequest(id="big", target=f"{T}:text_of", args=(n,)))
+    ex = await fiber.wait()
+    assert ex.exit_code == 0 and ex.result == {"ok": True, "result": "x" * n}
+    await t.stop(1.0)
+
+
 @pytest.mark.parametrize(("preload", "warm", "error"), [
     (("no_such_module_xyz",), None, "ModuleNotFoundError"),
     ((), f"{T}:warm_fails", "RuntimeError"),

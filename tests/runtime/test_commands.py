@@ -89,7 +89,7 @@ def test_sigterm_stops_fibers_and_templates_and_removes_the_socket(site: Site) -
         sock = wait_socket(site, proc)
         wait_ready(sock)
         start_long_fiber(sock)
-        assert len(wait_marked(site.mark, 2)) == 2  # template + fiber
+        assert len(wait_marked(site.mark, 3)) == 3  # template, its spare, the fiber
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert not sock.exists() and not marked_procs(site.mark)
@@ -102,7 +102,7 @@ def test_a_sigkilled_fiberd_leaves_no_template_or_fiber(site: Site) -> None:
         sock = wait_socket(site, proc)
         wait_ready(sock)
         start_long_fiber(sock)
-        assert len(wait_marked(site.mark, 2)) == 2
+        assert len(wait_marked(site.mark, 3)) == 3
         proc.kill()  # fiberd alone: its templates and fibers must follow by themselves
         proc.wait(10)
         assert wait_marked(site.mark, 0, within=10) == []
