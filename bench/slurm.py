@@ -11,7 +11,15 @@ interleaved, N times each after one untimed warm-up:
   running (what a long-lived caller pays);
 - ``srun_step``: `srun --overlap -n1 true`, a new job step.
 
-The ratio is srun_step p50 / fiberctl_run p50 (target >= 10). With
+Two floors are timed in the same rounds: ``python_floor``, this venv's
+interpreter doing nothing with no site (`python -I -S -c pass`), the least
+any Python command can take, and ``python_site``, the same with site and
+the venv's .pth files (`python -c pass`), where fiberctl starts from.
+
+The ratio is srun_step p50 / fiberctl_run p50 (target >= 10); the best a
+Python fiberctl could reach is srun_step p50 / python_floor p50
+(``ratio_srun_over_python_floor_p50``), so the figures show when the target
+is below the interpreter's own start. With
 ``--hook-runs K`` (K > 0) it also runs bench/hooks.py for the prolog and
 epilog wall time and includes its figures. The cluster is the one
 ``SLURM_CONF`` names; when unset, the bare-host test cluster of this checkout
@@ -45,7 +53,7 @@ BARE_HOST = CHECKOUT / "docker" / "slurm-cluster" / "bare-host"
 TARGET_RATIO = 10.0
 READY_TIMEOUT_S = 60.0
 JOB_TIMEOUT_S = 600.0
-WAYS = ("fiberctl_run", "api_clone", "srun_step")
+WAYS = ("fiberctl_run", "api_clone", "srun_step", "python_floor", "python_site")
 
 
 class BenchFailed(Exception):
@@ -110,7 +118,9 @@ def in_job(runs: int) -> dict[str, object]:
         socket = discover_socket()
         ways = {"fiberctl_run": lambda: timed([str(BIN / "fiberctl"), "run", "--", "true"]),
                 "api_clone": lambda: api_clone(socket),
-                "srun_step": lambda: timed(["srun", "--overlap", "-n1", "true"])}
+                "srun_step": lambda: timed(["srun", "--overlap", "-n1", "true"]),
+                "python_floor": lambda: timed([sys.executable, "-I", "-S", "-c", "pass"]),
+                "python_site": lambda: timed([sys.executable, "-c", "pass"])}
         samples: dict[str, list[float]] = {way: [] for way in WAYS}
         for round_no in range(runs + 1):
             for way in WAYS:
@@ -203,14 +213,17 @@ def main() -> int:
         print(f"bench/slurm.py: {failed}", file=sys.stderr)
         return 1
     fiberctl, srun = figures["fiberctl_run"]["p50_ms"], figures["srun_step"]["p50_ms"]
+    floor = figures["python_floor"]["p50_ms"]
     ratio = round(srun / fiberctl, 2)
     print(f"srun step p50 {srun} ms; fiberctl run p50 {fiberctl} ms; API clone p50 "
-          f"{figures['api_clone']['p50_ms']} ms; ratio {ratio} (target >= {TARGET_RATIO:g})",
-          file=sys.stderr)
+          f"{figures['api_clone']['p50_ms']} ms; ratio {ratio} (target >= {TARGET_RATIO:g}); "
+          f"python -I -S -c pass p50 {floor} ms (best ratio for a Python command "
+          f"{srun / floor:.2f})", file=sys.stderr)
     print(json.dumps({"bench": "slurm", "runs": opts.runs, **figures,
                       "ratio_srun_over_fiberctl_p50": ratio,
                       "ratio_srun_over_api_clone_p50": round(
                           srun / figures["api_clone"]["p50_ms"], 2),
+                      "ratio_srun_over_python_floor_p50": round(srun / floor, 2),
                       "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO}))
     return 0
 

@@ -32,7 +32,6 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import survivors
 from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
@@ -134,6 +133,8 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _cgroup(delegated: Path) -> bool:
+    from slurm_fiber.core import cgroups  # only for a site that delegates cgroups
+
     cgroups.remove_tree(delegated)
     return True
 

@@ -20,6 +20,10 @@ as "all processes of the user":
 waits a bounded time and returns the ones that provably survived (still
 there, same start time, not a zombie), each with its command line. Pid 1,
 the caller and its ancestors are never touched.
+
+psutil and the cgroup module are imported only once there is a process or a
+cgroup to inspect: the epilog runs for every job, and most jobs leave
+neither.
 """
 
 from __future__ import annotations
@@ -32,9 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from slurm_fiber.core import cgroups
 from slurm_fiber.homes.slurm.cgroup_layout import parse_cgroup_path
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
@@ -56,6 +57,8 @@ class JobProcess:
 
 
 def _ref(pid: int, why: str) -> JobProcess | None:
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -85,6 +88,8 @@ def record_tree(record: FiberdRecord, job: SlurmJob) -> list[JobProcess]:
     """The recorded fiberd and its descendants of the job's uid, if fiberd still runs."""
     if not record.is_running():
         return []
+    import psutil
+
     try:
         fiberd = psutil.Process(record.pid)
         if fiberd.uids().real != job.uid:
@@ -133,20 +138,41 @@ def environ_members(job: SlurmJob, slurm_conf: str | None,
 
 def cgroup_members(cgroup: Path) -> list[JobProcess]:
     """The processes in cgroup subtree ``cgroup`` (none when it is gone)."""
+    from slurm_fiber.core import cgroups
+
     found = (_ref(pid, f"in cgroup {cgroup}") for pid in cgroups.pids(cgroup))
     return [p for p in found if p is not None]
 
 
-def _protected() -> set[int]:
-    """Pid 1, this process and its ancestors (slurmd), which are never signalled."""
+def _kill_cgroup(root: Path) -> None:
+    """SIGKILL every process in cgroup subtree ``root`` (cgroup.kill)."""
+    from slurm_fiber.core import cgroups
+
+    cgroups.kill(root)
+
+
+def protected_pids(proc: Path = Path("/proc")) -> set[int]:
+    """Pid 1, this process and its ancestors (slurmd), which are never signalled.
+
+    The ancestors are read from ``<proc>/<pid>/stat`` (the field after the
+    command name's closing parenthesis is the state, then the parent pid).
+    """
     keep = {1, os.getpid()}
-    with contextlib.suppress(psutil.Error):
-        keep.update(p.pid for p in psutil.Process().parents())
+    pid = os.getppid()
+    while pid > 1 and pid not in keep:
+        keep.add(pid)
+        try:
+            stat = (proc / str(pid) / "stat").read_bytes()
+            pid = int(stat[stat.rindex(b")") + 1:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
     return keep
 
 
 def still_there(process: JobProcess) -> bool:
     """Whether ``process`` still runs: same pid, same start time, not a zombie."""
+    import psutil
+
     try:
         proc = psutil.Process(process.pid)
         return proc.create_time() == process.start and proc.status() != psutil.STATUS_ZOMBIE
@@ -168,14 +194,14 @@ def stop_job_processes(discover: Callable[[], list[JobProcess]], cgroup_roots: l
     (killed, survivors): survivors still ran, unchanged, after the wait.
     Blocks for at most about ``wait_s`` seconds (polling every 20 ms).
     """
-    keep = _protected()
+    keep = protected_pids()
     targets: dict[int, JobProcess] = {}
     for _ in range(ROUNDS):
         roots = [root for root in cgroup_roots if root.exists()]
         found = discover() + [p for root in roots for p in cgroup_members(root)]
         new = [p for p in found if p.pid not in keep and p.pid not in targets]
         for root in roots:
-            cgroups.kill(root)
+            _kill_cgroup(root)
         for process in new:
             targets[process.pid] = process
             if still_there(process):

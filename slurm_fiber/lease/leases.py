@@ -15,7 +15,6 @@ current holder refuse, LeaseError for bad input or failed I/O; both one line.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +69,7 @@ class Leases:
         self.clock = clock
         self.ttl = ttl
         self.restart_grace = restart_grace
-        self.host = host or socket.gethostname()
+        self.host = host or os.uname().nodename  # gethostname(), without importing socket
 
     def claim(
         self,

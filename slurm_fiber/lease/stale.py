@@ -6,7 +6,9 @@ longer exists, is a zombie, or its pid now belongs to a process started at
 another time than the recorded start. Anything less (another host, no pid,
 an unreadable record, a process we may not inspect) is not proof, and the
 lease stays. Reclaiming is always explicit and leaves one JSON line in
-``<leasedir>/audit.jsonl``.
+``<leasedir>/audit.jsonl``. psutil is imported only where a process is
+inspected: the Slurm prolog loads this module on every GPU job start and
+inspects none.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from slurm_fiber.lease.errors import io_failure
 from slurm_fiber.lease.holder import Holder, ProcessRef
@@ -27,11 +27,15 @@ START_TOLERANCE = 0.02  # create_time has 1/CLK_TCK resolution; records keep two
 
 def process_ref(pid: int) -> ProcessRef:
     """The pid and start time of a live process; raises psutil.NoSuchProcess when none."""
+    import psutil
+
     return ProcessRef(pid, round(psutil.Process(pid).create_time(), 2))
 
 
 def gone_reason(process: ProcessRef) -> str | None:
     """Why ``process`` is provably gone from this host, or None when it may still run."""
+    import psutil
+
     try:
         proc = psutil.Process(process.pid)
         started = proc.create_time()

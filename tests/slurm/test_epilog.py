@@ -267,3 +267,17 @@ def test_only_a_cgroup_root_of_this_job_is_trusted(tmp_path: Path) -> None:
     assert root_of(mount / "slurm-fiber" / "n1" / "job_8") is None  # another delegation
     assert root_of(mount) is None and root_of("/") is None and root_of(None) is None
     assert root_of(delegated / ".." / "job_8") is None  # no climbing out
+
+
+def test_the_caller_and_its_ancestors_are_protected(tmp_path: Path) -> None:
+    from slurm_fiber.epilog.survivors import protected_pids
+
+    ancestors = {p.pid for p in psutil.Process().parents()}
+    assert protected_pids() == {1, os.getpid()} | ancestors
+    parent = os.getppid()  # a fake /proc: a command name holding ") S 9 " cannot fool it
+    for pid, stat in ((parent, f"{parent} (evil) S 9 ) S 5 1 1"), (5, "5 (sh) S 1 5 5")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(stat)
+    assert protected_pids(tmp_path) == {1, os.getpid(), parent, 5}
+    (tmp_path / "5" / "stat").write_text("5 (sh")  # junk ends the walk, keeping what it has
+    assert protected_pids(tmp_path) == {1, os.getpid(), parent, 5}

@@ -24,12 +24,14 @@ def test_bench_slurm_prints_its_figures(slurm_cluster: SlurmCluster) -> None:
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["bench"] == "slurm" and figures["job"] > 0 and figures["fiberd_ready_s"] > 0
-    for way in ("fiberctl_run", "api_clone", "srun_step"):
+    for way in ("fiberctl_run", "api_clone", "srun_step", "python_floor", "python_site"):
         assert figures[way]["n"] == 2
         assert 0 < figures[way]["p50_ms"] <= figures[way]["p99_ms"]
     ratio = figures["ratio_srun_over_fiberctl_p50"]
     assert ratio == round(figures["srun_step"]["p50_ms"] / figures["fiberctl_run"]["p50_ms"], 2)
     assert figures["meets_target"] == (ratio >= figures["target_ratio"])
+    floor = figures["ratio_srun_over_python_floor_p50"]
+    assert floor == round(figures["srun_step"]["p50_ms"] / figures["python_floor"]["p50_ms"], 2)
     assert {"prolog", "epilog"} <= set(figures["hooks"])
     assert all(figures["hooks"][hook]["p50_ms"] > 0 for hook in ("prolog", "epilog"))
 

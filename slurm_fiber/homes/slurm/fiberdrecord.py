@@ -8,7 +8,8 @@ its uid. The epilog reads it (``read_record``) to stop a fiberd that outlived
 its job and, through the cgroup root, everything it started; a record that
 is missing, truncated or junk reads as None with the reason, never raises.
 Writing is atomic (temporary file, fsync, rename), so a reader sees a whole
-record or none.
+record or none. psutil is imported only to inspect the recorded process
+(the epilog imports this module for every job, most of which left no fiberd).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import os
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import psutil
 
 RECORD_NAME = "fiberd.json"
 MAX_RECORD_BYTES = 8192
@@ -38,6 +37,8 @@ class FiberdRecord:
 
     def is_running(self) -> bool:
         """Whether the recorded process still runs (same pid, same start time, not a zombie)."""
+        import psutil
+
         try:
             proc = psutil.Process(self.pid)
             same = abs(proc.create_time() - self.start) <= START_TOLERANCE
@@ -53,6 +54,8 @@ def record_path(state_dir: Path) -> Path:
 
 def this_process(socket: Path, cgroup_root: Path | None) -> FiberdRecord:
     """The record for the calling process (fiberd-run) with its socket and cgroup root."""
+    import psutil
+
     pid = os.getpid()
     return FiberdRecord(pid=pid, start=round(psutil.Process(pid).create_time(), 2),
                         socket=str(socket), uid=os.geteuid(),

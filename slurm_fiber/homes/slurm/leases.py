@@ -17,14 +17,15 @@ The job's party is its session ``slurm-job:<cluster>:<job id>``. The lease
 area is cooperative, like the shell lock the lease format comes from: the
 prolog makes it writable by job users (``prepare_lease_area``), because
 fiberd claims as the job user; device confinement proper is Slurm's
-(ConstrainDevices). Methods block on the state document's lock.
+(ConstrainDevices). Methods block on the state document's lock. The host
+name is ``os.uname().nodename``, what ``socket.gethostname()`` returns on
+Linux, without the socket module's import on every GPU job's prolog.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import stat
 from pathlib import Path
 
@@ -42,12 +43,12 @@ SHARED_FILE_MODE = 0o666
 def job_party(job: SlurmJob) -> Party:
     """The lease party of ``job``: its session, with the job user and this host."""
     return Party(session=f"slurm-job:{job.cluster}:{job.job_id}", person=job.user,
-                 host=socket.gethostname())
+                 host=os.uname().nodename)
 
 
 def prolog_party(node: str) -> Party:
     """The node's lease supervisor: the slurm_fiber prolog of ``node``."""
-    return Party(session=f"slurm-prolog:{node}", person="root", host=socket.gethostname())
+    return Party(session=f"slurm-prolog:{node}", person="root", host=os.uname().nodename)
 
 
 def node_leases(paths: JobPaths, clock: Clock, ttl: float) -> Leases:
