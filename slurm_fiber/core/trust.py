@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
@@ -50,7 +49,7 @@ def public_jwk(key: PublicKey | PrivateKey) -> dict[str, str]:
     """The public JWK of ``key`` with ``kid`` (RFC 7638 thumbprint), ``alg`` and ``use``."""
     pub = key.public_key() if isinstance(key, PrivateKey) else key
     if isinstance(pub, ed25519.Ed25519PublicKey):
-        raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        raw = pub.public_bytes_raw()
         members, alg = {"crv": "Ed25519", "kty": "OKP", "x": _b64(raw)}, "EdDSA"
     elif isinstance(pub, ec.EllipticCurvePublicKey) and isinstance(pub.curve, ec.SECP256R1):
         point = pub.public_numbers()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import jwt
 import pytest
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm
 
-from slurm_fiber.core.mint import generate_key, mint
+from slurm_fiber.core.mint import generate_key, load_private_key, mint, save_private_key
 from slurm_fiber.core.trust import public_jwk
 
 
@@ -49,3 +50,38 @@ def test_minting_does_not_import_pyjwt() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("alg", ["EdDSA", "ES256"])
+def test_a_saved_key_loads_back_as_the_same_key(tmp_path: Path, alg: str) -> None:
+    key = generate_key(alg)
+    save_private_key(key, tmp_path / "k.pem")
+    assert public_jwk(load_private_key(tmp_path / "k.pem")) == public_jwk(key)
+
+
+def test_an_ed25519_key_from_openssl_loads_without_cryptographys_ssh_support(
+        tmp_path: Path) -> None:
+    path = tmp_path / "k.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(path)],
+                   check=True, capture_output=True)
+    code = ("import sys; from pathlib import Path; from slurm_fiber.core.mint import "
+            f"load_private_key; load_private_key(Path({str(path)!r})); "
+            "print('cryptography.hazmat.primitives.serialization.ssh' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+    theirs = subprocess.run(["openssl", "pkey", "-in", str(path), "-pubout", "-outform", "DER"],
+                            check=True, capture_output=True).stdout
+    assert load_private_key(path).public_key().public_bytes_raw() == theirs[-32:]
+
+
+@pytest.mark.parametrize("text", [
+    "not a key",
+    "-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n",
+    "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEI\n-----END PRIVATE KEY-----\n",
+])
+def test_anything_else_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "k.pem"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="is not an unencrypted PEM private key"):
+        load_private_key(path)
