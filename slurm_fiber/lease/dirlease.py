@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 from slurm_fiber.lease.errors import LeaseError, io_failure
@@ -127,7 +126,7 @@ class Dir:
     def release(self, resource: str) -> None:
         """Free ``resource``; a no-op when it is free. Raises LeaseError when it cannot."""
         check_resource(resource)
-        gone = self.path / f".released.{resource}.{uuid.uuid4().hex[:12]}"
+        gone = self.path / f".released.{resource}.{os.urandom(6).hex()}"
         try:
             os.rename(self.path / resource, gone)
         except FileNotFoundError:

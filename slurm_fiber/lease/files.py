@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     Blocks on the disk flush. On failure (read-only filesystem, disk full)
     raises LeaseError, removes its temporary file and leaves ``path`` as it was.
     """
-    tmp = path.parent / f".{path.name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    tmp = path.parent / f".{path.name}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:

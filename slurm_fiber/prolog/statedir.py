@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import stat
-import uuid
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.paths import JobPaths
@@ -118,7 +117,7 @@ def write_file(directory: Path, name: str, data: bytes, *, uid: int, gid: int,
         dir_fd = os.open(directory, DIR_FLAGS)
     except OSError as err:
         raise UnsafePath(f"{directory}: {err.strerror}") from None
-    tmp = f".{name}.{uuid.uuid4().hex[:12]}"
+    tmp = f".{name}.{os.urandom(6).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      mode, dir_fd=dir_fd)

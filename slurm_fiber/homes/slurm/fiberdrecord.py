@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def write_record(state_dir: Path, record: FiberdRecord) -> None:
     """Replace the record in ``state_dir`` atomically (mode 0644). Raises OSError."""
     data = json.dumps(asdict(record), sort_keys=True).encode() + b"\n"
     target = record_path(state_dir)
-    tmp = state_dir / f".{RECORD_NAME}.{uuid.uuid4().hex[:8]}"
+    tmp = state_dir / f".{RECORD_NAME}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, data)
