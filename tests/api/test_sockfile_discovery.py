@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +66,20 @@ def test_discovery_order(tmp_path) -> None:
     assert str(discover_socket(None, in_site)) == "/srv/site/nodes/n1/jobs/7/fiberd.sock"
     assert str(discover_socket(None, {"FIBERD_STATE_DIR": "/srv/f"})) == "/srv/f/fiberd.sock"
     assert str(discover_socket(None, {})) == "/var/lib/slurm-fiber/fiberd.sock"
+
+
+def test_a_job_socket_is_found_from_the_site_state_root_alone(tmp_path) -> None:
+    site = tmp_path / "etc" / "site.toml"
+    site.parent.mkdir()
+    job = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
+    site.write_text('state_root = "state"\n')  # relative: to the file's directory
+    assert discover_socket(None, job) == tmp_path / "etc/state/nodes/n1/jobs/9/fiberd.sock"
+    site.write_text('state_root = 5\n')  # fiberd-run would refuse it: the default root
+    assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
+    site.write_text("state_root = [\n")  # not TOML: the default root
+    assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
+    code = ("import sys; from slurm_fiber.core.api.discovery import discover_socket; "
+            f"discover_socket(None, {job!r}); print('slurm_fiber.core.grant' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"  # nothing but the one key is built

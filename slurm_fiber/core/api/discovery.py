@@ -24,17 +24,14 @@ SOCKET_NAME = "fiberd.sock"
 def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
     """The socket of the fiberd serving Slurm job ``job_id`` on this node.
 
-    Blocks on reading the site config. An unusable site config falls back to
-    ``$SLURM_FIBER_STATE_ROOT`` or the default root; a relative
+    Blocks on reading the site config's ``state_root`` (only that key). An
+    unusable site config falls back to the default root; a relative
     ``$SLURM_FIBER_STATE_ROOT`` raises ValueError.
     """
-    from slurm_fiber.homes.slurm.paths import job_paths, state_root
-    from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, load_site_config
+    from slurm_fiber.homes.slurm.paths import job_paths
+    from slurm_fiber.homes.slurm.sitefile import site_state_root
 
-    try:
-        root = load_site_config(environ).state_root
-    except SiteConfigError:
-        root = state_root(environ)
+    root = site_state_root(environ)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return job_paths(root, node, int(job_id)).socket
 

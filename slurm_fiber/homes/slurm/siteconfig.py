@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,19 +49,13 @@ from typing import TYPE_CHECKING, Any
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
+from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
 
 if TYPE_CHECKING:
     from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 
-CONFIG_ENV = "SLURM_FIBER_CONFIG"
-DEFAULT_CONFIG = Path("/etc/slurm-fiber/slurm-fiber.toml")
 CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
-MAX_CONFIG_BYTES = 1 << 20
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
-
-
-class SiteConfigError(ValueError):
-    """The site configuration cannot be used; ``str()`` is one line naming the file and key."""
 
 
 @dataclass(frozen=True)
@@ -92,33 +85,6 @@ class SiteConfig:
     def is_fatal(self, check: str) -> bool:
         """Whether a failure of prolog check ``check`` must drain the node."""
         return check in self.fatal
-
-
-def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:
-    """The config file and whether it was named explicitly (``SLURM_FIBER_CONFIG``)."""
-    named = environ.get(CONFIG_ENV, "")
-    return (Path(named), True) if named else (DEFAULT_CONFIG, False)
-
-
-def _read(path: Path, explicit: bool) -> dict[str, Any] | None:
-    """The decoded TOML at ``path``; None for an absent default file. Raises SiteConfigError."""
-    if not path.is_absolute():
-        raise SiteConfigError(f"{CONFIG_ENV}={str(path)[:200]!r} must be an absolute path")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        if explicit:
-            raise SiteConfigError(f"{path}: no such file (named by {CONFIG_ENV})") from None
-        return None
-    except OSError as err:
-        raise SiteConfigError(f"{path}: {err.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise SiteConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
 
 
 def _path(value: object, key: str, base: Path) -> Path:
@@ -203,7 +169,7 @@ def fatal_checks(environ: Mapping[str, str]) -> frozenset[str]:
     """
     path, explicit = config_path(environ)
     try:
-        doc = _read(path, explicit) or {}
+        doc = read_site_file(path, explicit) or {}
         return _fatal(doc.get("fatal", []), "fatal", path.parent)
     except (SiteConfigError, ValueError):
         return frozenset()
@@ -218,7 +184,7 @@ def load_site_config(environ: Mapping[str, str]) -> SiteConfig:
     when ``issuer_key`` is set without ``issuer``.
     """
     path, explicit = config_path(environ)
-    doc = _read(path, explicit)
+    doc = read_site_file(path, explicit)
     values = {} if doc is None else _build(doc, path)
     if values.get("issuer_key") and not values.get("issuer"):
         raise SiteConfigError(f"{path}: issuer_key is set but issuer is not: name the issuer")
