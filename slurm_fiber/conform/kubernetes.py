@@ -30,7 +30,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.config import load_config
-from slurm_fiber.conform.stage import Capability, Issuer, Launch, OpenedStage, Published
+from slurm_fiber.conform.stage import (
+    Capability,
+    Issuer,
+    Launch,
+    OpenedStage,
+    Published,
+    while_open,
+)
 from slurm_fiber.core.devices import Device
 from slurm_fiber.homes.kubernetes.fake import (
     DEFAULT_GATE,
@@ -99,9 +106,7 @@ class KubernetesStage(OpenedStage):
 
     @property
     def fake(self) -> FakeApiServer:
-        if self._fake is None:
-            raise RuntimeError("the stage is not open")
-        return self._fake
+        return while_open(self._fake)
 
     @property
     def volume(self) -> Path:

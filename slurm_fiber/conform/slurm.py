@@ -70,6 +70,7 @@ from slurm_fiber.conform.stage import (
     OpenedStage,
     Published,
     StageCannot,
+    while_open,
 )
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.devices import Device
@@ -144,15 +145,11 @@ class SlurmStage(OpenedStage):
 
     @property
     def job(self) -> SlurmJob:
-        if self._job is None:
-            raise RuntimeError("the stage is not open")
-        return self._job
+        return while_open(self._job)
 
     @property
     def paths(self) -> JobPaths:
-        if self._paths is None:
-            raise RuntimeError("the stage is not open")
-        return self._paths
+        return while_open(self._paths)
 
     # ---- open / close
 

@@ -21,7 +21,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_fiber.cli.fiberd import HomeBuilder
 from slurm_fiber.config import FiberdConfig
@@ -59,6 +59,16 @@ class Issuer:
     jwks: Path
 
 
+_T = TypeVar("_T")
+
+
+def while_open(value: _T | None) -> _T:
+    """``value``, set by a stage's ``open``; RuntimeError while it is None (not open)."""
+    if value is None:
+        raise RuntimeError("the stage is not open")
+    return value
+
+
 class OpenedStage:
     """What every built-in stage keeps from ``open`` to ``close``: its work dir and the
     harness's issuer. A base for stages; the harness does not require it."""
@@ -74,16 +84,13 @@ class OpenedStage:
     @property
     def root(self) -> Path:
         """The stage's work dir; RuntimeError before ``open``."""
-        if self._root is None:
-            raise RuntimeError("the stage is not open")
-        return self._root
+        return while_open(self._root)
 
     @property
     def trust(self) -> str:
         """fiberd's ``trust`` value naming the harness's issuer; RuntimeError before ``open``."""
-        if self._issuer is None:
-            raise RuntimeError("the stage is not open")
-        return f"{self._issuer.name}={self._issuer.jwks}"
+        issuer = while_open(self._issuer)
+        return f"{issuer.name}={issuer.jwks}"
 
 
 @dataclass(frozen=True)

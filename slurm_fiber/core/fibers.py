@@ -117,9 +117,11 @@ class Fiber:
     # ------------------------------------------------------------ set-up (Template only)
 
     def attach(self, result_sock: socket.socket, pidfd: int | None) -> None:
-        """Start reading the result socket (stream or datagrams, joined until end of
-        file); the fiber owns it and ``pidfd`` (its process's,
-        opened before it could exit, or None) from now on. Called once by Template.fork."""
+        """Start reading the result socket (stream or datagrams, joined until end of file).
+
+        The fiber owns the socket and ``pidfd`` (opened before the process
+        could exit, or None) from now on. Called once by Template.fork.
+        """
         self.pidfd = pidfd
         result_sock.setblocking(False)
         self._result = _ResultReader(result_sock)

@@ -255,7 +255,8 @@ class Template:
         template cannot fork or the fiber's cgroup cannot be made.
         """
         request.check()
-        for attempt in (1, 2):  # an idle spare may have died unseen: then one made now
+        gone = ""
+        for _ in range(2):  # an idle spare may have died unseen: then one made now
             if self.state is not TemplateState.READY or self._sock is None:
                 raise TemplateNotReady(self.state, self.warm_error)
             if request.id in self.fibers:
@@ -264,10 +265,9 @@ class Template:
             self._refill()
             try:
                 return await self._hand_over(spare, request)
-            except _SpareGone as gone:
-                if attempt == 2:
-                    raise ForkFailed(str(gone)) from None
-        raise AssertionError("unreachable")
+            except _SpareGone as err:
+                gone = str(err)
+        raise ForkFailed(gone)
 
     async def stop_fibers(self, grace: float, *,
                           before_epoch: int | None = None) -> list[FiberExit]:
@@ -404,11 +404,10 @@ class Template:
             await _send(spare.orders, self._order(request),
                         [fd for fd in request.stdio if fd is not None],
                         "the spare fiber process")
-        except ForkFailed as err:
+        except BaseException as err:
             self._bury(spare)
-            raise _SpareGone(str(err)) from None
-        except BaseException:
-            self._bury(spare)
+            if isinstance(err, ForkFailed):
+                raise _SpareGone(str(err)) from None
             raise
         out = self._out_path(request)
         fiber = Fiber(
