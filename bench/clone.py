@@ -9,6 +9,12 @@ machine falls on all of them alike:
   (c) ``multiprocessing`` forkserver ``Process`` start + join, the preloads given
       as an explicit list (``set_forkserver_preload``), target a no-op builtin, from
       a ``python -c`` program (from a script, each child would re-import it);
+  (e) the bound: the least a Python Clone could cost here, measured, not
+      assumed (bench/fork_floor.py ``spare_pipeline``): one blocking process is
+      daemon and template, hands a request to a pre-forked spare, reaps it and
+      replies; no admission, audit, cgroup, confinement or separate template.
+      Its ratio to the floor says how much of the target the machine leaves;
+      the Clone's ratio to it, how much fiberd's own work costs;
   (d) a Clone round trip through a real fiberd's socket (standalone home, the
       quickstart's throwaway site, one grant whose template holds the preloads):
       request → fiber forked, run, reaped → exit event received, one client
@@ -35,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fork_floor import fork_floor, forkserver_start
+from fork_floor import fork_floor, forkserver_start, spare_pipeline
 
 from slurm_fiber.cli.latency import (
     MODES,
@@ -62,7 +68,7 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int,
             pace: float) -> dict[str, list[float]]:
     """Samples (seconds) of every path, taken in interleaved rounds."""
     samples: dict[str, list[float]] = {k: [] for k in ("cold_start", "fork_floor",
-                                                       "forkserver", "clone_call",
+                                                       "forkserver", "pipeline", "clone_call",
                                                        "clone_exec", "clone_call_paced")}
     for k, (cold_n, n_i) in enumerate(zip(split(cold_runs, rounds), split(n, rounds),
                                           strict=True)):
@@ -71,6 +77,7 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int,
         samples["cold_start"] += cold_start(site.preloads, cold_n)
         samples["fork_floor"] += fork_floor(list(site.preloads), n_i)
         samples["forkserver"] += forkserver_start(list(site.preloads), n_i)
+        samples["pipeline"] += spare_pipeline(list(site.preloads), n_i)
         for mode in MODES:
             samples[f"clone_{mode}"] += clone_round_trips(site.socket, mode, n_i, grant=GRANT,
                                                           warmup=3 if k == 0 else 0)
@@ -93,6 +100,9 @@ def report(samples: dict[str, list[float]]) -> dict[str, object]:
             "faster_than_cold": speedup, "cold_target_met": speedup >= COLD_FACTOR,
         }
     targets["forkserver_over_floor"] = ratio(statistics.median(samples["forkserver"]), floor)
+    bound = statistics.median(samples["pipeline"])
+    targets["pipeline_over_floor"] = ratio(bound, floor)
+    targets["clone_call_over_pipeline"] = ratio(statistics.median(samples["clone_call"]), bound)
     targets["cold_over_floor"] = ratio(cold, floor)
     targets["cold_start_is_slow_enough"] = cold * 1000 >= COLD_MIN_MS
     figures["targets"] = targets
@@ -101,7 +111,8 @@ def report(samples: dict[str, list[float]]) -> dict[str, object]:
 
 def print_table(figures: dict[str, object]) -> None:
     names = {"cold_start": "(a) cold start", "fork_floor": "(b) raw fork floor",
-             "forkserver": "(c) mp forkserver Process", "clone_call": "(d) Clone, call mode",
+             "forkserver": "(c) mp forkserver Process",
+             "pipeline": "(e) bound: minimal pipeline", "clone_call": "(d) Clone, call mode",
              "clone_exec": "(d) Clone, exec mode",
              "clone_call_paced": "(d) Clone, call mode, paced"}
     floor = figures["fork_floor"]["p50_ms"]  # type: ignore[index]

@@ -21,7 +21,7 @@ def test_bench_clone_prints_its_figures_and_a_plot(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout.strip().splitlines()[-1])
-    paths = ("cold_start", "fork_floor", "forkserver", "clone_call", "clone_exec")
+    paths = ("cold_start", "fork_floor", "forkserver", "pipeline", "clone_call", "clone_exec")
     for path in paths:
         assert figures[path]["n"] == (2 if path == "cold_start" else 4)
         assert 0 < figures[path]["p50_ms"] <= figures[path]["p99_ms"]
@@ -29,6 +29,8 @@ def test_bench_clone_prints_its_figures_and_a_plot(tmp_path: Path) -> None:
     for mode in ("call", "exec"):
         assert set(figures["targets"][mode]) == {"p50_over_floor", "floor_target_met",
                                                  "faster_than_cold", "cold_target_met"}
+    assert figures["targets"]["pipeline_over_floor"] > 0
+    assert figures["targets"]["clone_call_over_pipeline"] > 0
     assert figures["left_running"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
