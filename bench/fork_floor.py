@@ -1,4 +1,4 @@
-"""Baselines for bench/clone.py: the cold start, the raw fork floor and a Clone bound, same preloads.
+"""Baselines for bench/clone.py: cold start, raw fork floor and a Clone bound, same preloads.
 
 ``cold_start(preloads, n)`` (from ``slurm_fiber.cli.latency``, shared with the
 quickstart): wall seconds of ``sys.executable -c "import <preloads>"`` (the
