@@ -16,7 +16,9 @@ import os
 import signal
 
 _PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+_prctl.restype = ctypes.c_int
 
 
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, exit_code: int = 70) -> None:
@@ -25,7 +27,7 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, exit_code: 
     Never returns an error: a failing prctl raises OSError (the caller is not
     safe to run without it).
     """
-    if _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != expected_parent:

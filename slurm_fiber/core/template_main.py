@@ -44,6 +44,7 @@ all the same and reports the error on its order channel.
 
 from __future__ import annotations
 
+import _signal
 import argparse
 import contextlib
 import gc
@@ -56,12 +57,14 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.prctl import die_with_parent
 
-_FIBER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+_FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Around each fork and in each spare, signal masks and dispositions are set with the C
+# module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
+# Python code whose reference counting copies pages of the shared heap (~5 µs each here).
 EXIT_CGROUP = 71
 EXIT_SETUP = 72
 EXIT_EXEC = 127
@@ -72,7 +75,7 @@ def resolve(target: str) -> Callable[..., object]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{target!r} is not 'module:function'")
-    obj: object = importlib.import_module(module_name)
+    obj: object = sys.modules.get(module_name) or importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
@@ -84,11 +87,21 @@ def _send(sock: socket.socket, msg: dict[str, object]) -> None:
     sock.sendall(wire.encode(msg))
 
 
+def _write_control(cgroup: str, name: str, value: bytes) -> None:
+    """Write ``value`` to the control file ``name`` of ``cgroup`` (a directory path), e.g.
+    ``cgroup.procs`` ``0`` to join it. Raises OSError."""
+    fd = os.open(f"{cgroup}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
 def _warm(order: dict[str, object]) -> None:
     cgroup = order.get("cgroup")
     if isinstance(cgroup, str):
         try:
-            (Path(cgroup) / "cgroup.procs").write_text("0\n")
+            _write_control(cgroup, "cgroup.procs", b"0")
         except OSError as e:
             raise RuntimeError(f"cannot join cgroup {cgroup}: {e.strerror}") from None
     for name in order.get("preload") or []:
@@ -119,7 +132,7 @@ class Server:
         for pid, (_, cgroup) in self.children.items():
             if cgroup is not None:
                 with contextlib.suppress(OSError):
-                    (Path(cgroup) / "cgroup.kill").write_text("1\n")
+                    _write_control(cgroup, "cgroup.kill", b"1")
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
@@ -186,11 +199,11 @@ class Server:
         sys.stderr.flush()
         # Signals that arrive before the child has reset its handlers wait, blocked,
         # and then meet the fiber's dispositions, never the template's.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _FIBER_SIGNALS)
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _FIBER_SIGNALS)
         try:
             pid = os.fork()
         except OSError as e:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
             os.close(order_fd)
             _send(self.sock, {"t": "fork_failed", "id": spare_id,
                               "error": type(e).__name__, "message": wire.one_line(e)})
@@ -204,7 +217,7 @@ class Server:
                 sys.stderr.flush()
             finally:
                 os._exit(code)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
         os.close(order_fd)
         # The child does this too; doing it on both sides means that once fiberd
         # hears "spared", the spare leads its own process group (no signal race).
@@ -223,15 +236,15 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     cgroup = msg.get("cgroup")
     if isinstance(cgroup, str):
         try:
-            (Path(cgroup) / "cgroup.procs").write_text("0\n")
+            _write_control(cgroup, "cgroup.procs", b"0")
         except OSError as e:
             joined = e
     os.setpgid(0, 0)
-    signal.set_wakeup_fd(-1)
+    _signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        _signal.signal(sig, _signal.SIG_DFL)
+    _signal.signal(signal.SIGINT, _signal.default_int_handler)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
     server.close()
     _reseed()
     channel = socket.socket(fileno=order_fd)
@@ -305,7 +318,7 @@ def _setup_stdio(msg: dict[str, object], passed: list[int]) -> None:
             fd = os.open(os.devnull, os.O_RDWR)
         else:
             suffix = "out" if target == 1 else "err"
-            path = Path(out_dir) / f"fiber-{msg.get('id')}.{suffix}"
+            path = f"{out_dir}/fiber-{msg.get('id')}.{suffix}"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, target)
         os.close(fd)
