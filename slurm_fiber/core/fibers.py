@@ -11,6 +11,13 @@ template, which reuses or removes it. If the template dies first, the fiber
 dies with it (its death signal) and is accounted as ``lost`` (no wait
 status).
 
+Output: a fiber given no stdout or stderr writes to a file under the
+template's state dir (``stdout_path``, ``stderr_path``, named in the
+record). Carved, a file still empty once the cgroup is empty is removed and
+no longer named, so a busy fiberd does not pile up two empty files per
+Clone; a file with output is never removed here. Uncarved, a stray
+descendant might still write, so every file is kept.
+
 Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
 and the fiber's process group), and returns once the fiber is gone.
@@ -90,7 +97,9 @@ class Fiber:
     """One running (or ended) fiber. Built by ``Template.fork``; read by everyone.
 
     ``deadline`` is monotonic seconds on the core's clock (None: none set);
-    ``started`` is the clock's ``mono()`` at fork.
+    ``started`` is the clock's ``mono()`` at fork. ``stdout_path`` and
+    ``stderr_path`` name the output files (None: passed stdio, or, once
+    ended, an empty file removed).
     """
 
     id: str
@@ -204,6 +213,8 @@ class Fiber:
                 "epoch": self.epoch, "deadline": self.deadline, "started": self.started,
                 "mode": self.mode, "state": self.state.value,
                 "cgroup": str(self.cgroup) if self.cgroup else None,
+                "stdout": str(self.stdout_path) if self.stdout_path else None,
+                "stderr": str(self.stderr_path) if self.stderr_path else None,
                 "exit": self.exit.to_json() if self.exit else None}
 
     def on_done(self, callback: Callable[[Fiber], None]) -> None:
@@ -220,6 +231,9 @@ class Fiber:
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)
+            # Nothing in the cgroup is left to write to the output files: drop empty ones.
+            self.stdout_path = _unless_empty(self.stdout_path)
+            self.stderr_path = _unless_empty(self.stderr_path)
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:
@@ -236,6 +250,22 @@ class Fiber:
             memory_peak=peak, result=result, stopped=self._stopped)
         self.state = state
         return self.exit
+
+
+def _unless_empty(path: Path | None) -> Path | None:
+    """``path``, or None after removing it when it is empty or gone (never raises: a file
+    that cannot be checked or removed is kept and named)."""
+    if path is None:
+        return None
+    try:
+        if os.stat(path).st_size:
+            return path
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return path
+    return None
 
 
 async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:

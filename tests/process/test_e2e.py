@@ -59,6 +59,9 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
                                "ZE_AFFINITY_MASK": "0,2"}
         record = fiber.to_json()
         assert (record["uid"], record["jti"], record["epoch"]) == ("job-7", "jti-1", 3)
+        # Its stdout file has output and is named; its empty stderr file is removed.
+        assert record["stdout"] == str(fiber.stdout_path) and record["stderr"] is None
+        assert not (fiber.stdout_path.parent / f"fiber-f{i}.err").exists()
         assert ex.cpu_time is not None and ex.maxrss
         pids.add(fiber.pid)
     assert len(pids) == N and t.fibers == {}

@@ -99,6 +99,12 @@ async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, m
     assert ex.exit_code == 7 and ex.result is None
     assert fiber.stdout_path is not None and fiber.stdout_path.read_text() == "out x1 yes\n"
     assert fiber.stderr_path is not None and fiber.stderr_path.read_text() == "err\n"
+    # Uncarved, a stray descendant might still write: even empty files are kept.
+    quiet = await t.fork(FiberRequest(id="x2", mode="exec", argv=("true",)))
+    assert (await quiet.wait()).exit_code == 0
+    record = quiet.to_json()
+    assert record["stdout"] == str(quiet.stdout_path) and quiet.stdout_path.read_text() == ""
+    assert record["stderr"] == str(quiet.stderr_path) and quiet.stderr_path.read_text() == ""
     await t.stop(1.0)
 
 
