@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
 from slurm_fiber.core.grant import FiberSpec, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
@@ -183,21 +184,7 @@ class Site:
 
     def leftovers(self) -> list[int]:
         """Pids of live processes of this run (templates, fibers) found by walking /proc."""
-        needle = f"{RUN_MARK}={self.run_id}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    zombie = f.read().rpartition(b")")[2].split()[0] == b"Z"
-            except (OSError, IndexError):
-                continue
-            if needle in environ and not zombie:
-                found.append(int(entry))
-        return found
+        return marked(self.run_id, RUN_MARK)
 
     def last_log_line(self) -> str:
         try:

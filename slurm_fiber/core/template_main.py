@@ -18,7 +18,7 @@ template:
    set-up and reseeds RNGs (random by CPython's own at-fork hook; numpy if
    imported); then it blocks on its order channel (a SEQPACKET socket whose
    other end fiberd holds). Its order (one message, straight from fiberd)
-   brings the fiber's id, its result socket and stdio; it takes its stdio
+   brings the fiber's id and its stdio fds; it takes its stdio
    (passed fds, or files under the state dir), env and cwd, then runs
    ``module:function`` with JSON arguments (its result record goes back on
    the order channel) or execs an argv. End of file on the order channel dismisses the
