@@ -21,6 +21,7 @@ from pathlib import Path
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.lease.dirlease import Dir
 from slurm_fiber.lease.errors import LeaseError
+from slurm_fiber.lease.files import Owners
 from slurm_fiber.lease.holder import Holder, ProcessRef, compose_session
 from slurm_fiber.lease.names import check_purpose, check_resource
 from slurm_fiber.lease.rules import Refusal, check, gate_for, pending, prune, watch_supervisor
@@ -52,7 +53,9 @@ class Leases:
     ``ttl`` is how long a grant stays claimable once its resource is free;
     ``restart_grace`` how long a vanished supervisor process may come back
     before claims wait for a successor. ``host`` is this machine's name
-    (stale holders are proved only on it). Methods block on the state lock.
+    (stale holders are proved only on it). ``owners`` (None: a cooperative
+    area) are the uids whose lease entries, state, lock and audit files are
+    trusted, root's always (lease.files). Methods block on the state lock.
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class Leases:
         ttl: float = DEFAULT_TTL,
         restart_grace: float = DEFAULT_RESTART_GRACE,
         host: str | None = None,
+        owners: Owners = None,
     ) -> None:
-        self.dir = Dir(lease_dir)
+        self.dir = Dir(lease_dir, owners)
+        self.owners = self.dir.owners
         self.state_path = Path(state_path)
         self.clock = clock
         self.ttl = ttl
@@ -92,7 +97,7 @@ class Leases:
         if budget_gib < 0:
             raise LeaseError(f"budget must be 0 or more GiB, not {budget_gib}")
         refusal: Refusal | None = None
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             self._watch(st, now)
             current = self.dir.get(resource)
@@ -122,7 +127,7 @@ class Leases:
         lease whose record is unreadable is released only with ``force``.
         Records the release time, from which the next grant's TTL runs.
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             try:
                 current = self.dir.get(resource)
             except LeaseError:
@@ -151,7 +156,7 @@ class Leases:
         check_resource(resource)
         if not to.session:
             raise LeaseError("a grant goes to a session: name its session id")
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             self._require_supervisor(st, by)
             now = self.clock.wall()
             st.grants.append(Grant(resource, to, by.party, now, upgrade_unblock))
@@ -160,7 +165,7 @@ class Leases:
 
     def revoke(self, to: Party, by: Caller) -> list[Grant]:
         """As the supervisor, drop every grant to ``to`` (a job ended); return them."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             self._require_supervisor(st, by)
             dropped = [g for g in st.grants if g.to.same_as(to)]
             st.grants = [g for g in st.grants if not g.to.same_as(to)]
@@ -173,7 +178,7 @@ class Leases:
         over (grants kept) only once the recorded supervisor is gone. Raises
         LeaseError while another supervisor runs.
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             self._watch(st, now)
             old = st.supervisor
@@ -197,7 +202,7 @@ class Leases:
 
         Only the supervisor's own party stops it unless ``force`` (audited).
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             old = st.supervisor
             if old is not None and not old.party.same_as(caller.party):
                 if not force:
@@ -213,27 +218,27 @@ class Leases:
     ) -> None:
         """Record an upgrade running on ``installation`` (claims need unblock grants)."""
         check_resource(installation)
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             st.upgrades = [u for u in st.upgrades if u.installation != installation]
             st.upgrades.append(Upgrade(installation, reason, by.party, now, until))
 
     def upgrade_end(self, installation: str) -> bool:
         """End the upgrade on ``installation``; False when none was recorded."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             before = len(st.upgrades)
             st.upgrades = [u for u in st.upgrades if u.installation != installation]
             return len(st.upgrades) != before
 
     def prune(self) -> list[Grant]:
         """Drop the grants whose time ran out (those of held resources wait); return them."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             held = {h.env for h in self.dir.list()}
             return prune(st, held, self.clock.wall(), self.ttl)
 
     def state(self) -> State:
         """The state document as it is now (no lock taken)."""
-        return load(self.state_path)
+        return load(self.state_path, self.owners)
 
     def _watch(self, st: State, now: float) -> None:
         sup = st.supervisor
@@ -280,6 +285,7 @@ class Leases:
     ) -> None:
         append_audit(
             self.dir.path,
+            self.owners,
             {
                 "at": to_rfc3339(self.clock.wall()),
                 "action": action,
