@@ -101,12 +101,23 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
 
 def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
                environ: Mapping[str, str], delegated: Path | None) -> list[str]:
-    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL."""
-    record, _ = read_record(paths.state_dir)
+    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL.
+
+    The record is the job user's: whatever is at its name (a FIFO, a link, a
+    huge or junk file) is only a missing record (read_record never blocks),
+    and the kill passes over the job's environment and cgroup still run.
+    """
+    record, why = read_record(paths.state_dir, job.uid)
+    if record is None and why is not None and not why.endswith("No such file or directory"):
+        hook.warn("processes", f"fiberd record ignored: {why}")
     roots = [delegated] if delegated is not None else []
     if record is not None:
-        mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
-        root = survivors.trusted_root(record, delegated, mount, job.job_id)
+        try:
+            mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+            root = survivors.trusted_root(record, delegated, mount, job.job_id)
+        except (OSError, ValueError) as err:
+            hook.warn("processes", f"fiberd record's cgroup ignored: {err}")
+            root = None
         if root is not None and root not in roots:
             roots.append(root)
     slurm_conf = environ.get("SLURM_CONF") or None
