@@ -22,7 +22,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -129,12 +129,20 @@ def open_dir(path: str | os.PathLike[str], *, trusted_owners: Iterable[int] = (0
         raise
 
 
-def check_file(fd: int, where: str, *, owners: Iterable[int] | None = None,
+def check_file(fd: int, where: str | Callable[[], str], *,
+               owners: Iterable[int] | None = None,
                max_bytes: int | None = None) -> os.stat_result:
     """fstat ``fd`` and refuse it unless a regular file of one link, owned by one of
-    ``owners`` (any when None), of at most ``max_bytes``; its stat. Raises UnsafePath
+    ``owners`` (any when None), of at most ``max_bytes``; its stat. ``where`` names it in
+    messages (a callable is called only on a refusal). Raises UnsafePath
     (FileNotFoundError when the file was removed since it was opened)."""
     st = os.fstat(fd)
+    regular = stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+    if regular and (owners is None or st.st_uid in tuple(owners)) and (
+            max_bytes is None or st.st_size <= max_bytes):
+        return st
+    if callable(where):
+        where = where()
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePath(f"{where} is {_kind(st.st_mode)}, not a regular file")
     if st.st_nlink == 0:
@@ -175,7 +183,7 @@ def open_file(dir_fd: int, name: str, flags: int, *, mode: int = 0o644,
                              f"({err.strerror})") from None
         raise type(err)(err.errno, err.strerror, fd_path(dir_fd, name)) from None
     try:
-        check_file(fd, fd_path(dir_fd, name), owners=owners)
+        check_file(fd, lambda: fd_path(dir_fd, name), owners=owners)
     except BaseException:
         os.close(fd)
         raise
@@ -193,7 +201,7 @@ def read_file(dir_fd: int, name: str, *, max_bytes: int,
     """
     fd = open_file(dir_fd, name, os.O_RDONLY, owners=owners)
     try:
-        check_file(fd, fd_path(dir_fd, name), max_bytes=max_bytes)
+        check_file(fd, lambda: fd_path(dir_fd, name), max_bytes=max_bytes)
         chunks: list[bytes] = []
         size = 0
         while size <= max_bytes:

@@ -1,10 +1,12 @@
 """Leases: the claim/release/grant flow over one lease dir and one state document.
 
 This is the API other code calls (the ``lease`` commands, and on a Slurm
-node the prolog, fiberd and epilog): the prolog, acting for the supervisor,
-``grant``s a job's devices to the job's party in allocation order; the
-job's fiberd ``claim``s them; the epilog ``release``s them and ``revoke``s
-what the job never claimed. Every operation that reads the rules holds the
+node the prolog and epilog, as root): the prolog, acting for the
+supervisor, ``grant``s a job's devices to the job's party in allocation
+order and ``claim``s each in the job's name; the epilog ``release``s them
+and ``revoke``s what was never claimed (homes/slurm/leases; the job's
+fiberd only reads). Files are reached through lease.files (no link
+followed, no FIFO blocking). Every operation that reads the rules holds the
 state document's lock for its whole read-decide-write, so two claimers can
 never both use one grant; the lease directory itself (mkdir) guarantees one
 holder even against a plain shell lock that takes no state lock. Time comes
@@ -83,14 +85,18 @@ class Leases:
         purpose: str,
         budget_gib: int = 0,
         steal_stale: bool = False,
+        grant_by: Caller | None = None,
     ) -> Holder:
         """Claim ``resource`` for ``caller``; return the holder record now on disk.
 
         Claiming what the caller already holds returns its record unchanged.
         With ``steal_stale`` a holder whose process is provably gone is
-        removed first and the reclaim audited. Raises Refusal (not granted,
-        queued behind others, upgrade running, held by someone else) or
-        LeaseError.
+        removed first and the reclaim audited. With ``grant_by`` (the
+        recorded supervisor, as in ``grant``) the resource is first granted
+        to the caller's party, unless a grant to it is pending, in the same
+        locked step; a refused claim leaves that grant queued. Raises
+        Refusal (not granted, queued behind others, upgrade running, held by
+        someone else) or LeaseError.
         """
         check_resource(resource)
         check_purpose(purpose)
@@ -105,6 +111,8 @@ class Leases:
                 current = self._steal(resource, current, caller, now)
             if current is not None and current.party().same_as(caller.party):
                 return current
+            if grant_by is not None:
+                self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
             try:
                 gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
                 index = check(st, gate)
@@ -245,6 +253,14 @@ class Leases:
         if sup is not None and sup.pid:
             alive = gone_reason(ProcessRef(sup.pid, sup.pid_start or None)) is None
             watch_supervisor(sup, alive, now, self.restart_grace)
+
+    def _grant_once(self, st: State, resource: str, to: Party, by: Caller, held: bool,
+                    now: float) -> None:
+        if not to.session:
+            raise LeaseError("a grant goes to a session: name its session id")
+        self._require_supervisor(st, by)
+        if not any(g.to.same_as(to) for g in pending(st, resource, held, now, self.ttl)):
+            st.grants.append(Grant(resource, to, by.party, now))
 
     def _require_supervisor(self, st: State, by: Caller) -> None:
         if st.supervisor is None:

@@ -2,7 +2,9 @@
 
 One JSON file (path chosen by the caller) read by anyone and rewritten only
 inside :func:`update`, which holds an exclusive ``flock`` on ``<path>.lock``
-for the read-modify-write and replaces the file atomically, so concurrent
+for the read-modify-write and replaces the file atomically (both opened
+relative to their directory's fd through lease.files: never a link, never
+a FIFO, never a hard-linked lock), so concurrent
 writers lose no update and a reader never sees half a document. Top-level
 fields this version does not know are kept and written back unchanged (a
 newer writer's data survives an older one); inside the known records an

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
 from slurm_fiber.homes.slurm.paths import job_paths
+from tests.security.publicdir import public_dir
 from tests.security.users import JobUser
 from tests.slurm.hookkit import ISSUER, Site, job_env, run_hook
 
@@ -24,8 +24,9 @@ BOUND_S = 30  # far above the epilog's steps (2 s each): reaching it means a sta
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path / "site")
+def site() -> Iterator[Site]:
+    with public_dir() as scratch:
+        yield Site(scratch / "site")
 
 
 @pytest.fixture

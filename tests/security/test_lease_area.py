@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,6 +22,7 @@ from slurm_fiber.homes.slurm.jobenv import job_from_env
 from slurm_fiber.homes.slurm.leases import job_party
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.lease import Leases
+from tests.security.publicdir import public_dir
 from tests.security.users import JobUser
 from tests.slurm.hookkit import VENV_BIN, Site, job_env, run_hook
 
@@ -29,8 +30,9 @@ BOUND_S = 20  # far above any hook's step bound: reaching it means a stall
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path / "site")
+def site() -> Iterator[Site]:
+    with public_dir() as scratch:
+        yield Site(scratch / "site")
 
 
 def shared_area(site: Site) -> JobPaths:

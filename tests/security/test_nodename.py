@@ -5,17 +5,19 @@ bad slurm.conf or a wrapper can, and the hooks run as root.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
+from tests.security.publicdir import public_dir
 from tests.security.users import JobUser
 from tests.slurm.hookkit import Site, job_env, run_hook
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path / "site")
+def site() -> Iterator[Site]:
+    with public_dir() as scratch:
+        yield Site(scratch / "site")
 
 
 @pytest.mark.parametrize("node", ["..", ".", "n1\x1b[2J"])

@@ -15,6 +15,7 @@ import pytest
 
 from slurm_fiber import safefs
 from slurm_fiber.safefs import UnsafePath, open_dir, open_file, read_file, write_atomic
+from tests.security.publicdir import public_dir
 from tests.security.users import JobUser
 
 
@@ -32,12 +33,11 @@ def dfd(area: Path) -> Iterator[int]:
     os.close(fd)
 
 
-def reachable(path: Path) -> Path:
-    """Make ``path``'s parents traversable by every user (pytest's tmp dirs are 0700)."""
-    for parent in path.parents:
-        if parent.stat().st_mode & 0o001 == 0:
-            parent.chmod(parent.stat().st_mode | 0o011)
-    return path
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A scratch dir mallory can reach (not under pytest's 0700 tmp tree)."""
+    with public_dir() as scratch:
+        yield scratch
 
 
 def as_user(user: JobUser, *argv: str) -> None:
@@ -137,9 +137,9 @@ def test_a_directory_another_user_can_write_is_refused(tmp_path: Path,
     os.close(open_dir(shared / "inner", trusted_owners=(mallory.uid,)))
 
 
-def test_a_sticky_dir_is_passed_only_to_a_trusted_entry(tmp_path: Path,
+def test_a_sticky_dir_is_passed_only_to_a_trusted_entry(public: Path,
                                                         mallory: JobUser) -> None:
-    sticky = reachable(tmp_path / "sticky")
+    sticky = public / "sticky"
     sticky.mkdir()
     sticky.chmod(0o1777)
     (sticky / "mine").mkdir()
@@ -151,8 +151,9 @@ def test_a_sticky_dir_is_passed_only_to_a_trusted_entry(tmp_path: Path,
         os.close(open_dir(sticky / "hers"))
 
 
-def test_symlinks_on_the_way_only_when_a_trusted_owner_made_them(tmp_path: Path,
+def test_symlinks_on_the_way_only_when_a_trusted_owner_made_them(public: Path,
                                                                  mallory: JobUser) -> None:
+    tmp_path = public
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "alias").symlink_to("real")
@@ -161,7 +162,7 @@ def test_symlinks_on_the_way_only_when_a_trusted_owner_made_them(tmp_path: Path,
         assert os.fstat(fd).st_ino == real.stat().st_ino
     finally:
         os.close(fd)
-    sticky = reachable(tmp_path / "sticky")
+    sticky = tmp_path / "sticky"
     sticky.mkdir()
     sticky.chmod(0o1777)
     as_user(mallory, "ln", "-s", str(real), str(sticky / "planted"))

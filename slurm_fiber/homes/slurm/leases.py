@@ -162,20 +162,16 @@ def grant_and_claim_job_gpus(leases: Leases, job: SlurmJob) -> tuple[list[str], 
     if not job.gpus:
         return [], []
     by = Caller(prolog_party(job.node), name=f"slurm-fiber prolog on {job.node}")
-    leases.supervise_start(by)
-    party = job_party(job)
-    granted = {g.resource for g in leases.state().grants if g.to.same_as(party)}
-    held = {h.env for h in leases.dir.list() if h.party().same_as(party)}
-    claimer = Caller(party, name=job_holder_name(job))
+    supervisor = leases.state().supervisor
+    if supervisor is None or supervisor.gone or not supervisor.party.same_as(by.party):
+        leases.supervise_start(by)  # recorded once per node: every prolog is the same party
+    claimer = Caller(job_party(job), name=job_holder_name(job))
     resources = [gpu_resource(job.node, index) for index in job.gpus]
     refused: list[str] = []
     for resource in resources:
-        if resource in held:
-            continue
-        if resource not in granted:
-            leases.grant(resource, party, by)
-        try:
-            leases.claim(resource, claimer, f"slurm job {job.job_id}", steal_stale=True)
+        try:  # held already by the job: unchanged; else granted and claimed in one step
+            leases.claim(resource, claimer, f"slurm job {job.job_id}", steal_stale=True,
+                         grant_by=by)
         except Refusal as err:
             refused.append(f"{resource}: {err.reason}")
     return resources, refused
