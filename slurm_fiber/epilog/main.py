@@ -32,6 +32,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurm_fiber import safefs
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import survivors
 from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
@@ -82,16 +83,16 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
         n += 1
         target = audit_dir / f"job-{job.job_id}.{n}.jsonl"
     os.rename(source, target)
+    dir_fd = os.open(audit_dir, safefs.DIR_FLAGS)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        target.unlink()
-        raise OSError(errno.EINVAL, "not a regular file; dropped", str(source)) from None
+        fd = safefs.open_file(dir_fd, target.name, os.O_RDONLY)
+    except OSError as err:  # a link, a FIFO, a file of several links: never kept
+        os.unlink(target.name, dir_fd=dir_fd)
+        raise OSError(errno.EINVAL, f"not a regular file of one link; dropped ({err})",
+                      str(source)) from None
+    finally:
+        os.close(dir_fd)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            target.unlink()
-            raise OSError(errno.EINVAL, "not a regular file of one link; dropped", str(source))
         os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o600)
     finally:
