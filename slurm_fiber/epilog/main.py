@@ -11,7 +11,9 @@ environment and the site config, like the prolog. Steps, each bounded by
    delegated cgroup, the fiberd of the record and its descendants, orphans
    whose environment names the job (epilog/survivors); never "all
    processes of the user".
-3. ``leases``: release the job's GPU leases and drop its unclaimed grants.
+3. ``leases``: release the job's GPU leases and drop its unclaimed grants
+   (first making the node's lease area root's, as the prolog does, when an
+   older version left it shared).
 4. ``cgroup``: remove the job's delegated cgroup subtree.
 5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
@@ -38,7 +40,12 @@ from slurm_fiber.epilog import survivors
 from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
-from slurm_fiber.homes.slurm.leases import node_leases, release_job
+from slurm_fiber.homes.slurm.leases import (
+    moved_aside_line,
+    node_leases,
+    prepare_lease_area,
+    release_job,
+)
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
 from slurm_fiber.prolog.cgroup import job_cgroup
@@ -138,6 +145,9 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
     if not paths.lease_dir.exists():
         return True
+    moved = prepare_lease_area(paths)  # an area an older version shared: root's first
+    if moved:
+        hook.warn("leases", moved_aside_line(moved))
     released, dropped = release_job(node_leases(paths, SystemClock(), config.lease_ttl), job)
     if released or dropped:
         hook.note("leases", f"released {released}, dropped grants of {dropped}")

@@ -83,6 +83,7 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     # (grants imports it inside its functions): the prolog delays every job start.
     from slurm_fiber.homes.slurm.leases import (
         grant_and_claim_job_gpus,
+        moved_aside_line,
         node_leases,
         prepare_lease_area,
     )
@@ -91,9 +92,7 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     os.close(check_parent(paths.lease_dir.parent))  # the node dir, if state_dir failed
     moved = prepare_lease_area(paths)
     if moved:
-        hook.warn("leases", f"moved aside {len(moved)} untrusted entr"
-                  f"{'y' if len(moved) == 1 else 'ies'} of the root-only lease area: "
-                  + "; ".join(moved[:5]))
+        hook.warn("leases", moved_aside_line(moved))
     resources, refused = grant_and_claim_job_gpus(
         node_leases(paths, SystemClock(), config.lease_ttl), job)
     if refused:

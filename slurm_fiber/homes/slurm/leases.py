@@ -107,6 +107,13 @@ def prepare_lease_area(paths: JobPaths) -> list[str]:
     return moved
 
 
+def moved_aside_line(moved: list[str]) -> str:
+    """One report line for what ``prepare_lease_area`` moved aside (the first five named)."""
+    entries = "entry" if len(moved) == 1 else "entries"
+    return (f"moved aside {len(moved)} untrusted {entries} of the root-only lease area: "
+            + "; ".join(moved[:5]))
+
+
 def _aside(area: int, name: str, why: str) -> str:
     os.rename(name, f"{UNTRUSTED_PREFIX}{name}.{os.urandom(4).hex()}",
               src_dir_fd=area, dst_dir_fd=area)
