@@ -3,8 +3,9 @@
 Each round runs, for one fresh job id, the real console scripts under
 ``env -i`` with a 22.05 prolog/epilog environment (no PATH, no HOME) and a
 site config in a temporary directory: a job of a non-root-owned uid with
-one GPU, a minted token, a lease grant, and no cgroup delegation (pass
-``--delegate`` to add it where cgroup v2 is writable). A second site
+one GPU, a minted token, a lease granted and claimed in the root-only lease
+area, and no cgroup delegation (pass ``--delegate`` to add it where cgroup
+v2 is writable). A second site
 without an issuer key (no minting) is timed in the same
 rounds ("prolog_no_mint"), to show what minting costs. The baseline is
 ``python -c pass`` with the same interpreter, in the same rounds,
@@ -100,6 +101,8 @@ def main() -> None:
             argv = ["/usr/bin/env", "-i", *job_env(lean, job_id, "prolog_slurmd"),
                     str(BIN / "slurm-fiber-prolog")]
             samples["prolog_no_mint"].append(timed(argv))
+            timed(["/usr/bin/env", "-i", *job_env(lean, job_id, "epilog_slurmd"),
+                   str(BIN / "slurm-fiber-epilog")])  # frees its GPU lease; not timed
         if opts.delegate:
             parent = CGROUP2 / f"sf-bench-{os.getpid()}"
             for leftover in (parent / "n1", parent):

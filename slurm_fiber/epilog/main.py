@@ -11,7 +11,9 @@ environment and the site config, like the prolog. Steps, each bounded by
    delegated cgroup, the fiberd of the record and its descendants, orphans
    whose environment names the job (epilog/survivors); never "all
    processes of the user".
-3. ``leases``: release the job's GPU leases and drop its unclaimed grants.
+3. ``leases``: release the job's GPU leases and drop its unclaimed grants
+   (first making the node's lease area root's, as the prolog does, when an
+   older version left it shared).
 4. ``cgroup``: remove the job's delegated cgroup subtree.
 5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
@@ -32,12 +34,18 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurm_fiber import safefs
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import survivors
 from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
-from slurm_fiber.homes.slurm.leases import node_leases, release_job
+from slurm_fiber.homes.slurm.leases import (
+    moved_aside_line,
+    node_leases,
+    prepare_lease_area,
+    release_job,
+)
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
 from slurm_fiber.prolog.cgroup import job_cgroup
@@ -82,16 +90,16 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
         n += 1
         target = audit_dir / f"job-{job.job_id}.{n}.jsonl"
     os.rename(source, target)
+    dir_fd = os.open(audit_dir, safefs.DIR_FLAGS)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        target.unlink()
-        raise OSError(errno.EINVAL, "not a regular file; dropped", str(source)) from None
+        fd = safefs.open_file(dir_fd, target.name, os.O_RDONLY)
+    except OSError as err:  # a link, a FIFO, a file of several links: never kept
+        os.unlink(target.name, dir_fd=dir_fd)
+        raise OSError(errno.EINVAL, f"not a regular file of one link; dropped ({err})",
+                      str(source)) from None
+    finally:
+        os.close(dir_fd)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            target.unlink()
-            raise OSError(errno.EINVAL, "not a regular file of one link; dropped", str(source))
         os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o600)
     finally:
@@ -101,12 +109,23 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
 
 def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
                environ: Mapping[str, str], delegated: Path | None) -> list[str]:
-    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL."""
-    record, _ = read_record(paths.state_dir)
+    """Stop the job's surviving processes; descriptions of those that outlived SIGKILL.
+
+    The record is the job user's: whatever is at its name (a FIFO, a link, a
+    huge or junk file) is only a missing record (read_record never blocks),
+    and the kill passes over the job's environment and cgroup still run.
+    """
+    record, why = read_record(paths.state_dir, job.uid)
+    if record is None and why is not None and not why.endswith("No such file or directory"):
+        hook.warn("processes", f"fiberd record ignored: {why}")
     roots = [delegated] if delegated is not None else []
     if record is not None:
-        mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
-        root = survivors.trusted_root(record, delegated, mount, job.job_id)
+        try:
+            mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+            root = survivors.trusted_root(record, delegated, mount, job.job_id)
+        except (OSError, ValueError) as err:
+            hook.warn("processes", f"fiberd record's cgroup ignored: {err}")
+            root = None
         if root is not None and root not in roots:
             roots.append(root)
     slurm_conf = environ.get("SLURM_CONF") or None
@@ -126,6 +145,9 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
     if not paths.lease_dir.exists():
         return True
+    moved = prepare_lease_area(paths)  # an area an older version shared: root's first
+    if moved:
+        hook.warn("leases", moved_aside_line(moved))
     released, dropped = release_job(node_leases(paths, SystemClock(), config.lease_ttl), job)
     if released or dropped:
         hook.note("leases", f"released {released}, dropped grants of {dropped}")

@@ -10,7 +10,6 @@ core never learns which home it runs in: every home goes through the same
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -124,7 +123,6 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
     from slurm_fiber.homes.slurm.home import build_slurm_home, health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
-    from slurm_fiber.lease import ProcessRef
 
     site, job = _site_and_job(environ)
     try:
@@ -133,8 +131,7 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                                grant_poll_every=config.poll_interval)
     except SiteConfigError as err:
         raise HomeRefused(f"site config: {err}") from None
-    me = fiberdrecord.this_process(Path(config.socket), None)
-    leases = NodeLeases.for_job(site, job, clock, ProcessRef(os.getpid(), me.start))
+    leases = NodeLeases.for_job(site, job, clock)  # verifies the prolog's claims, writes nothing
     control, _reason = await select_control(dict(environ))
     home = await build_slurm_home(environ, clock, control, settings, leases=leases)
     home.on_problem = on_problem

@@ -1,64 +1,104 @@
-"""File edges shared by lease records and the state document.
+"""File edges shared by lease records, the state document, its lock and the audit log.
 
-``write_atomic`` writes a whole file or nothing: the bytes go to a temporary
-file in the same directory, are flushed to disk, and are renamed over the
-target, so a reader sees the old content or the new, never half.
-``read_json`` reads one bounded JSON document and turns every way it can be
-wrong (missing, too large, truncated, not UTF-8) into a one-line LeaseError.
+Every file is reached through a descriptor of its directory (``open_area``)
+and opened by name relative to it with slurm_fiber.safefs: never following
+a link, never blocking on a FIFO, refusing a file with more than one link,
+an untrusted owner or an oversize body. An area is either *cooperative*
+(``owners`` None: the generic ``slurm-fiber lease`` commands on a directory
+whose mode the site chose; its path is opened as the caller named it, and
+entries may belong to anyone) or *owned* (``owners`` a tuple of uids, like
+a Slurm node's root-only lease dir: every directory on the path and every
+file read must belong to those owners). ``write_atomic`` writes a whole
+file or nothing; ``read_json`` reads one bounded JSON document and turns
+every way it can be wrong (missing aside, too large, a link, a FIFO,
+truncated, not UTF-8) into a one-line LeaseError.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from slurm_fiber import safefs
 from slurm_fiber.lease.errors import LeaseError, io_failure
 
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically.
-
-    Blocks on the disk flush. On failure (read-only filesystem, disk full)
-    raises LeaseError, removes its temporary file and leaves ``path`` as it was.
-    """
-    tmp = path.parent / f".{path.name}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise io_failure(f"write {path}", err) from None
+Owners = tuple[int, ...] | None
+AREA_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def read_json(path: Path, max_bytes: int, what: str) -> Any:
-    """Read and decode the JSON document at ``path`` (at most ``max_bytes``).
+def open_area(path: Path, owners: Owners, *, create: bool = False) -> int:
+    """An fd of directory ``path`` (the caller closes it).
 
-    Raises FileNotFoundError when it does not exist (callers decide what
-    absence means) and LeaseError, naming ``what``, for anything unreadable.
+    Cooperative (``owners`` None): opened as named, created with its parents
+    when ``create``. Owned: walked with safefs.open_dir, every component
+    belonging to root or ``owners`` and writable by no one else; never
+    created here (the owner prepares it). Raises FileNotFoundError when it
+    is missing, LeaseError for anything else.
     """
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
+        if owners is not None:
+            return safefs.open_dir(path, trusted_owners=owners)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        return os.open(path, AREA_FLAGS)
     except FileNotFoundError:
         raise
+    except safefs.UnsafePath as err:
+        raise LeaseError(f"{err}; the lease area is not trusted") from None
     except OSError as err:
-        raise io_failure(f"read {what} {path}", err) from None
-    if len(raw) > max_bytes:
-        raise LeaseError(f"{what} {path} is larger than {max_bytes} bytes; it is not a record")
+        raise io_failure(f"open {path}", err) from None
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:
+    """Replace ``name`` in ``dir_fd`` (shown as ``where``) with ``data`` atomically.
+
+    Blocks on the disk flushes. On failure (read-only filesystem, disk full)
+    raises LeaseError and leaves the file as it was, with no temporary file.
+    """
+    try:
+        safefs.write_atomic(dir_fd, name, data, mode=mode)
+    except OSError as err:
+        raise io_failure(f"write {where}", err) from None
+
+
+def read_json(dir_fd: int, name: str, max_bytes: int, what: str, where: Path,
+              owners: Owners = None) -> Any:
+    """Read and decode the JSON document ``name`` in ``dir_fd`` (at most ``max_bytes``).
+
+    ``where`` is its path for messages. Raises FileNotFoundError when it does
+    not exist (callers decide what absence means) and LeaseError, naming
+    ``what``, for anything unreadable or untrusted.
+    """
+    try:
+        raw = safefs.read_file(dir_fd, name, max_bytes=max_bytes, owners=owners)
+    except FileNotFoundError:
+        raise
+    except safefs.UnsafePath as err:
+        raise LeaseError(f"{what}: {err}; it is not a record") from None
+    except OSError as err:
+        raise io_failure(f"read {what} {where}", err) from None
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise LeaseError(f"{what} {path} is not UTF-8 text") from None
+        raise LeaseError(f"{what} {where} is not UTF-8 text") from None
     except json.JSONDecodeError as err:
         raise LeaseError(
-            f"{what} {path} is not valid JSON (truncated or corrupt: {err.msg} at byte {err.pos})"
+            f"{what} {where} is not valid JSON (truncated or corrupt: {err.msg} at byte {err.pos})"
         ) from None
+    except RecursionError:
+        raise LeaseError(f"{what} {where} is nested too deeply; it is not a record") from None
+
+
+def open_regular(dir_fd: int, name: str, flags: int, what: str, where: Path,
+                 owners: Owners = None) -> int:
+    """Open (or create, with O_CREAT, mode 0644) the regular file ``name`` in ``dir_fd``
+    for a lock or an append; its fd. A link, a FIFO, a file of several links or of an
+    untrusted owner is refused with a LeaseError naming ``what``."""
+    try:
+        return safefs.open_file(dir_fd, name, flags, mode=0o644, owners=owners)
+    except safefs.UnsafePath as err:
+        raise LeaseError(f"{what}: {err}; move it aside") from None
+    except OSError as err:
+        raise io_failure(f"open {what} {where}", err) from None

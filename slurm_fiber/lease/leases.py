@@ -1,10 +1,12 @@
 """Leases: the claim/release/grant flow over one lease dir and one state document.
 
 This is the API other code calls (the ``lease`` commands, and on a Slurm
-node the prolog, fiberd and epilog): the prolog, acting for the supervisor,
-``grant``s a job's devices to the job's party in allocation order; the
-job's fiberd ``claim``s them; the epilog ``release``s them and ``revoke``s
-what the job never claimed. Every operation that reads the rules holds the
+node the prolog and epilog, as root): the prolog, acting for the
+supervisor, ``grant``s a job's devices to the job's party in allocation
+order and ``claim``s each in the job's name; the epilog ``release``s them
+and ``revoke``s what was never claimed (homes/slurm/leases; the job's
+fiberd only reads). Files are reached through lease.files (no link
+followed, no FIFO blocking). Every operation that reads the rules holds the
 state document's lock for its whole read-decide-write, so two claimers can
 never both use one grant; the lease directory itself (mkdir) guarantees one
 holder even against a plain shell lock that takes no state lock. Time comes
@@ -21,6 +23,7 @@ from pathlib import Path
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.lease.dirlease import Dir
 from slurm_fiber.lease.errors import LeaseError
+from slurm_fiber.lease.files import Owners
 from slurm_fiber.lease.holder import Holder, ProcessRef, compose_session
 from slurm_fiber.lease.names import check_purpose, check_resource
 from slurm_fiber.lease.rules import Refusal, check, gate_for, pending, prune, watch_supervisor
@@ -52,7 +55,9 @@ class Leases:
     ``ttl`` is how long a grant stays claimable once its resource is free;
     ``restart_grace`` how long a vanished supervisor process may come back
     before claims wait for a successor. ``host`` is this machine's name
-    (stale holders are proved only on it). Methods block on the state lock.
+    (stale holders are proved only on it). ``owners`` (None: a cooperative
+    area) are the uids whose lease entries, state, lock and audit files are
+    trusted, root's always (lease.files). Methods block on the state lock.
     """
 
     def __init__(
@@ -63,8 +68,10 @@ class Leases:
         ttl: float = DEFAULT_TTL,
         restart_grace: float = DEFAULT_RESTART_GRACE,
         host: str | None = None,
+        owners: Owners = None,
     ) -> None:
-        self.dir = Dir(lease_dir)
+        self.dir = Dir(lease_dir, owners)
+        self.owners = self.dir.owners
         self.state_path = Path(state_path)
         self.clock = clock
         self.ttl = ttl
@@ -78,21 +85,25 @@ class Leases:
         purpose: str,
         budget_gib: int = 0,
         steal_stale: bool = False,
+        grant_by: Caller | None = None,
     ) -> Holder:
         """Claim ``resource`` for ``caller``; return the holder record now on disk.
 
         Claiming what the caller already holds returns its record unchanged.
         With ``steal_stale`` a holder whose process is provably gone is
-        removed first and the reclaim audited. Raises Refusal (not granted,
-        queued behind others, upgrade running, held by someone else) or
-        LeaseError.
+        removed first and the reclaim audited. With ``grant_by`` (the
+        recorded supervisor, as in ``grant``) the resource is first granted
+        to the caller's party, unless a grant to it is pending, in the same
+        locked step; a refused claim leaves that grant queued. Raises
+        Refusal (not granted, queued behind others, upgrade running, held by
+        someone else) or LeaseError.
         """
         check_resource(resource)
         check_purpose(purpose)
         if budget_gib < 0:
             raise LeaseError(f"budget must be 0 or more GiB, not {budget_gib}")
         refusal: Refusal | None = None
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             self._watch(st, now)
             current = self.dir.get(resource)
@@ -100,6 +111,8 @@ class Leases:
                 current = self._steal(resource, current, caller, now)
             if current is not None and current.party().same_as(caller.party):
                 return current
+            if grant_by is not None:
+                self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
             try:
                 gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
                 index = check(st, gate)
@@ -122,7 +135,7 @@ class Leases:
         lease whose record is unreadable is released only with ``force``.
         Records the release time, from which the next grant's TTL runs.
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             try:
                 current = self.dir.get(resource)
             except LeaseError:
@@ -151,7 +164,7 @@ class Leases:
         check_resource(resource)
         if not to.session:
             raise LeaseError("a grant goes to a session: name its session id")
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             self._require_supervisor(st, by)
             now = self.clock.wall()
             st.grants.append(Grant(resource, to, by.party, now, upgrade_unblock))
@@ -160,7 +173,7 @@ class Leases:
 
     def revoke(self, to: Party, by: Caller) -> list[Grant]:
         """As the supervisor, drop every grant to ``to`` (a job ended); return them."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             self._require_supervisor(st, by)
             dropped = [g for g in st.grants if g.to.same_as(to)]
             st.grants = [g for g in st.grants if not g.to.same_as(to)]
@@ -173,7 +186,7 @@ class Leases:
         over (grants kept) only once the recorded supervisor is gone. Raises
         LeaseError while another supervisor runs.
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             self._watch(st, now)
             old = st.supervisor
@@ -197,7 +210,7 @@ class Leases:
 
         Only the supervisor's own party stops it unless ``force`` (audited).
         """
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             old = st.supervisor
             if old is not None and not old.party.same_as(caller.party):
                 if not force:
@@ -213,33 +226,41 @@ class Leases:
     ) -> None:
         """Record an upgrade running on ``installation`` (claims need unblock grants)."""
         check_resource(installation)
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             now = self.clock.wall()
             st.upgrades = [u for u in st.upgrades if u.installation != installation]
             st.upgrades.append(Upgrade(installation, reason, by.party, now, until))
 
     def upgrade_end(self, installation: str) -> bool:
         """End the upgrade on ``installation``; False when none was recorded."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             before = len(st.upgrades)
             st.upgrades = [u for u in st.upgrades if u.installation != installation]
             return len(st.upgrades) != before
 
     def prune(self) -> list[Grant]:
         """Drop the grants whose time ran out (those of held resources wait); return them."""
-        with update(self.state_path) as st:
+        with update(self.state_path, self.owners) as st:
             held = {h.env for h in self.dir.list()}
             return prune(st, held, self.clock.wall(), self.ttl)
 
     def state(self) -> State:
         """The state document as it is now (no lock taken)."""
-        return load(self.state_path)
+        return load(self.state_path, self.owners)
 
     def _watch(self, st: State, now: float) -> None:
         sup = st.supervisor
         if sup is not None and sup.pid:
             alive = gone_reason(ProcessRef(sup.pid, sup.pid_start or None)) is None
             watch_supervisor(sup, alive, now, self.restart_grace)
+
+    def _grant_once(self, st: State, resource: str, to: Party, by: Caller, held: bool,
+                    now: float) -> None:
+        if not to.session:
+            raise LeaseError("a grant goes to a session: name its session id")
+        self._require_supervisor(st, by)
+        if not any(g.to.same_as(to) for g in pending(st, resource, held, now, self.ttl)):
+            st.grants.append(Grant(resource, to, by.party, now))
 
     def _require_supervisor(self, st: State, by: Caller) -> None:
         if st.supervisor is None:
@@ -280,6 +301,7 @@ class Leases:
     ) -> None:
         append_audit(
             self.dir.path,
+            self.owners,
             {
                 "at": to_rfc3339(self.clock.wall()),
                 "action": action,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.lease.errors import io_failure
+from slurm_fiber.lease.files import Owners, open_area, open_regular
 from slurm_fiber.lease.holder import Holder, ProcessRef
 
 AUDIT_FILE = "audit.jsonl"
@@ -59,19 +60,29 @@ def holder_gone_reason(holder: Holder, this_host: str) -> str | None:
     return gone_reason(process)
 
 
-def append_audit(lease_dir: Path, record: dict[str, Any]) -> None:
+def append_audit(lease_dir: Path, owners: Owners, record: dict[str, Any]) -> None:
     """Append ``record`` as one JSON line to ``<lease_dir>/audit.jsonl``.
 
     One ``write`` on an O_APPEND descriptor, so concurrent writers never
-    interleave lines. Raises LeaseError when the line cannot be written.
+    interleave lines. The file is opened relative to the lease dir's fd and
+    refused when it is a link, a FIFO, a file of several links or (an owned
+    area, ``owners``) of an untrusted owner: root never appends to a file a
+    job user chose. Raises LeaseError when the line cannot be written.
     """
     line = json.dumps(record, sort_keys=True).encode() + b"\n"
     path = lease_dir / AUDIT_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        dir_fd = open_area(lease_dir, owners)
+    except FileNotFoundError as err:
+        raise io_failure(f"append to audit log {path}", err) from None
+    try:
+        fd = open_regular(dir_fd, AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                          "audit log", path, owners)
         try:
             os.write(fd, line)
+        except OSError as err:
+            raise io_failure(f"append to audit log {path}", err) from None
         finally:
             os.close(fd)
-    except OSError as err:
-        raise io_failure(f"append to audit log {path}", err) from None
+    finally:
+        os.close(dir_fd)

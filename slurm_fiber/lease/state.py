@@ -2,7 +2,9 @@
 
 One JSON file (path chosen by the caller) read by anyone and rewritten only
 inside :func:`update`, which holds an exclusive ``flock`` on ``<path>.lock``
-for the read-modify-write and replaces the file atomically, so concurrent
+for the read-modify-write and replaces the file atomically (both opened
+relative to their directory's fd through lease.files: never a link, never
+a FIFO, never a hard-linked lock), so concurrent
 writers lose no update and a reader never sees half a document. Top-level
 fields this version does not know are kept and written back unchanged (a
 newer writer's data survives an older one); inside the known records an
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.lease.errors import LeaseError, io_failure
-from slurm_fiber.lease.files import read_json, write_atomic
+from slurm_fiber.lease.files import Owners, open_area, open_regular, read_json, write_atomic
 from slurm_fiber.lease.names import check_resource
 from slurm_fiber.lease.records import NUMBER, fields
 from slurm_fiber.lease.times import parse_rfc3339, to_rfc3339
@@ -251,14 +253,9 @@ def _upgrade_json(u: Upgrade) -> dict[str, Any]:
     return rec | ({"until": to_rfc3339(u.until)} if u.until is not None else {})
 
 
-def load(path: Path) -> State:
-    """Read the state document without locking; a missing file is an empty State.
-
-    Safe against concurrent writers (they replace the file atomically).
-    Raises LeaseError with one line when the document is unreadable.
-    """
+def _load_at(dir_fd: int, path: Path, owners: Owners) -> State:
     try:
-        obj = read_json(path, MAX_STATE_BYTES, "state document")
+        obj = read_json(dir_fd, path.name, MAX_STATE_BYTES, "state document", path, owners)
     except FileNotFoundError:
         return State()
     try:
@@ -267,26 +264,48 @@ def load(path: Path) -> State:
         raise LeaseError(f"state document {path}: {err}; fix or move it aside") from None
 
 
+def load(path: Path, owners: Owners = None) -> State:
+    """Read the state document without locking; a missing file is an empty State.
+
+    Safe against concurrent writers (they replace the file atomically).
+    ``owners`` as in lease.files (None: a cooperative area). Raises
+    LeaseError with one line when the document is unreadable or untrusted.
+    """
+    try:
+        dir_fd = open_area(path.parent, owners)
+    except FileNotFoundError:
+        return State()
+    try:
+        return _load_at(dir_fd, path, owners)
+    finally:
+        os.close(dir_fd)
+
+
 @contextlib.contextmanager
-def update(path: Path) -> Iterator[State]:
+def update(path: Path, owners: Owners = None) -> Iterator[State]:
     """Lock, read, let the caller change, and atomically rewrite the state document.
 
     Blocks while another writer holds the lock. The document is written only
     when the ``with`` body finishes without an exception; a body that raises
-    (a Refusal, say) leaves the file untouched. Raises LeaseError when the
-    lock or the document cannot be read or written.
+    (a Refusal, say) leaves the file untouched. The lock and the document
+    are opened relative to their directory's fd, never through a link or a
+    FIFO. Raises LeaseError when the lock or the document cannot be read or
+    written (for an owned area, also when it is missing: its owner prepares it).
     """
-    lock_path = path.with_name(path.name + ".lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise io_failure(f"open state lock {lock_path}", err) from None
+        dir_fd = open_area(path.parent, owners, create=owners is None)
+    except FileNotFoundError as err:
+        raise io_failure(f"open the state's directory {path.parent}", err) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        st = load(path)
-        yield st
-        data = json.dumps(state_to_json(st), indent=1, sort_keys=True).encode() + b"\n"
-        write_atomic(path, data)
+        lock = open_regular(dir_fd, path.name + ".lock", os.O_RDWR | os.O_CREAT, "state lock",
+                            path.with_name(path.name + ".lock"), owners)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            st = _load_at(dir_fd, path, owners)
+            yield st
+            data = json.dumps(state_to_json(st), indent=1, sort_keys=True).encode() + b"\n"
+            write_atomic(dir_fd, path.name, data, path)
+        finally:
+            os.close(lock)
     finally:
-        os.close(fd)
+        os.close(dir_fd)

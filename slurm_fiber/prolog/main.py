@@ -13,7 +13,9 @@ slurmctld calls) and the site config (siteconfig). Steps, each bounded by
 5. ``spool``: import the job's spooled tokens that verify (grants).
 6. ``cgroup``: with ``delegate_cgroup``, a cgroup subtree delegated to the
    job user, recorded in the state dir (cgroup).
-7. ``leases``: grant the job's GPUs on this node to the job (homes/slurm/leases).
+7. ``leases``: make the node's lease area root-only (moving aside, in one
+   line, what a job user planted there), then grant the job's GPUs on this
+   node to the job and claim them in its name (homes/slurm/leases).
 
 Exit status: 0, unless a failed step is one the site lists in ``fatal``
 (then 1, and slurmd drains the node). Running it again for the same job is
@@ -22,6 +24,7 @@ harmless (idempotent).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from slurm_fiber.core.clock import SystemClock
@@ -37,7 +40,7 @@ from slurm_fiber.prolog.cgroup import delegate, job_cgroup
 from slurm_fiber.prolog.cli import hook_main
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
 from slurm_fiber.prolog.hook import Hook
-from slurm_fiber.prolog.statedir import make_job_dirs, write_file
+from slurm_fiber.prolog.statedir import check_parent, make_job_dirs, write_file
 
 NAME = "slurm-fiber-prolog"
 GRANT_FILE_MODE = 0o600
@@ -46,8 +49,8 @@ RECORD_FILE_MODE = 0o644
 
 def _place(hook: Hook, paths: JobPaths, job: SlurmJob, files: list[TokenFile]) -> None:
     for token in files:
-        write_file(paths.grantdir, token.name, token.data, uid=job.uid, gid=job.gid,
-                   mode=GRANT_FILE_MODE)
+        write_file(paths.grantdir, token.name, token.data, dir_owner=job.uid, uid=job.uid,
+                   gid=job.gid, mode=GRANT_FILE_MODE)
         hook.note("tokens", f"placed {paths.grantdir / token.name}")
 
 
@@ -69,8 +72,8 @@ def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     if path is None:
         raise OSError(2, "no cgroup2 mount on this node to delegate from")
     delegate(path, job.uid, job.gid)
-    write_file(paths.state_dir, paths.cgroup_file.name, f"{path}\n".encode(), uid=0, gid=0,
-               mode=RECORD_FILE_MODE)
+    write_file(paths.state_dir, paths.cgroup_file.name, f"{path}\n".encode(),
+               dir_owner=job.uid, uid=0, gid=0, mode=RECORD_FILE_MODE)
     hook.note("cgroup", f"delegated {path} to uid {job.uid}")
     return True
 
@@ -78,11 +81,23 @@ def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
     # The lease package (and psutil) only for jobs with GPUs; jwt only when minting
     # (grants imports it inside its functions): the prolog delays every job start.
-    from slurm_fiber.homes.slurm.leases import grant_job_gpus, node_leases, prepare_lease_area
+    from slurm_fiber.homes.slurm.leases import (
+        grant_and_claim_job_gpus,
+        moved_aside_line,
+        node_leases,
+        prepare_lease_area,
+    )
+    from slurm_fiber.lease import LeaseError
 
-    prepare_lease_area(paths)
-    granted = grant_job_gpus(node_leases(paths, SystemClock(), config.lease_ttl), job)
-    hook.note("leases", f"granted {' '.join(granted)} to the job")
+    os.close(check_parent(paths.lease_dir.parent))  # the node dir, if state_dir failed
+    moved = prepare_lease_area(paths)
+    if moved:
+        hook.warn("leases", moved_aside_line(moved))
+    resources, refused = grant_and_claim_job_gpus(
+        node_leases(paths, SystemClock(), config.lease_ttl), job)
+    if refused:
+        raise LeaseError("not claimed for the job: " + "; ".join(refused))
+    hook.note("leases", f"granted and claimed {' '.join(resources)} for the job")
     return True
 
 

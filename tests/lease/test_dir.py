@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from slurm_fiber.lease.dirlease import BEING_CLAIMED, Dir
+from slurm_fiber.lease.errors import LeaseError
 from slurm_fiber.lease.holder import Holder, ProcessRef, compose_session, split_session
 from slurm_fiber.lease.state import Party
 
@@ -131,3 +133,40 @@ def test_bad_resource_names_are_refused(tmp_path: Path, name: str) -> None:
             call()
         assert "\n" not in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_links_and_fifos_in_a_cooperative_dir_are_unreadable_never_followed(
+        tmp_path: Path) -> None:
+    d = Dir(tmp_path)
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(rec("gpu0").to_json()))
+    (tmp_path / "gpu0").mkdir()
+    (tmp_path / "gpu0" / "holder.json").symlink_to(secret)
+    (tmp_path / "gpu1").mkdir()
+    os.mkfifo(tmp_path / "gpu1" / "holder.json")  # would block a plain open()
+    (tmp_path / "gpu2").symlink_to(tmp_path / "gpu1")
+    listed = {h.env: h for h in d.list()}
+    assert sorted(listed) == ["gpu0", "gpu1"]  # a link is never a lease
+    assert listed["gpu0"].holder == "?" and "symbolic link" in listed["gpu0"].purpose
+    assert listed["gpu1"].holder == "?" and "is a FIFO" in listed["gpu1"].purpose
+    with pytest.raises(LeaseError, match="not a lease directory"):
+        d.get("gpu2")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another uid needs root")
+def test_an_owned_dir_trusts_only_its_owners_entries(tmp_path: Path) -> None:
+    root = tmp_path / "leases"
+    Dir(root).claim("gpu0", rec("gpu0"))
+    Dir(root).claim("gpu1", rec("gpu1"))
+    os.chown(root / "gpu1", 4242, 4242)  # a lease dir made by another user
+    os.chown(root / "gpu0" / "holder.json", 4242, 4242)  # a record another user wrote
+    owned = Dir(root, owners=(0,))
+    with pytest.raises(LeaseError, match=r"belongs to uid 4242.*untrusted, not a lease"):
+        owned.get("gpu1")
+    with pytest.raises(LeaseError, match="owned by uid 4242"):
+        owned.get("gpu0")
+    assert {h.holder for h in owned.list()} == {"?"}
+    assert Dir(root).get("gpu1") == rec("gpu1")  # cooperative: anyone's record counts
+    root.chmod(0o777)
+    with pytest.raises(LeaseError, match=r"writable by every user.*not trusted"):
+        owned.get("gpu1")

@@ -281,3 +281,20 @@ def test_the_caller_and_its_ancestors_are_protected(tmp_path: Path) -> None:
     assert protected_pids(tmp_path) == {1, os.getpid(), parent, 5}
     (tmp_path / "5" / "stat").write_text("5 (sh")  # junk ends the walk, keeping what it has
     assert protected_pids(tmp_path) == {1, os.getpid(), parent, 5}
+
+
+def test_the_epilog_tightens_a_shared_lease_area_before_releasing(site: Site,
+                                                                  test_user: JobUser) -> None:
+    env = job_env(site, 71, test_user.uid, test_user.gid, test_user.name, gpus="0")
+    assert run_hook("prolog", env).returncode == 0
+    paths = job_paths(site.state_root, "n1", 71)
+    paths.lease_dir.chmod(0o777)  # as an older version left it
+    stray = paths.lease_dir / "gpu:n1:5"
+    stray.mkdir()
+    os.chown(stray, test_user.uid, test_user.gid)  # a job user's own "lease"
+    out = run_hook("epilog", env)
+    assert out.returncode == 0
+    assert out.stderr.count("\n") == 1 and "moved aside 1 untrusted entry" in out.stderr
+    assert f"{stray} is a directory of uid {test_user.uid}" in out.stderr
+    assert paths.lease_dir.stat().st_mode & 0o7777 == 0o755
+    assert Leases(paths.lease_dir, paths.lease_state, FakeClock()).dir.list() == []

@@ -74,6 +74,14 @@ def test_end_time_when_exported() -> None:
         ("SLURM_JOB_USER", "a b", "invalid"),
         ("SLURM_JOB_PARTITION", "de bug", "invalid"),
         ("SLURMD_NODENAME", "n1/../x", "invalid"),
+        ("SLURMD_NODENAME", "..", "invalid"),
+        ("SLURMD_NODENAME", ".", "invalid"),
+        ("SLURMD_NODENAME", "n1/x", "invalid"),
+        ("SLURMD_NODENAME", "/", "invalid"),
+        ("SLURMD_NODENAME", "", "missing"),
+        ("SLURMD_NODENAME", "n1\x1b[2J", "invalid"),
+        ("SLURMD_NODENAME", "n1\nn2", "invalid"),
+        ("SLURMD_NODENAME", ".hidden", "invalid"),
         ("SLURM_CLUSTER_NAME", None, "missing"),
         ("SLURM_JOB_ACCOUNT", "a\nb", "invalid"),
         ("SLURM_JOB_GPUS", "0,x", "invalid"),
@@ -92,6 +100,17 @@ def test_bad_values_are_refused_with_a_code(var: str, value: str | None, code: s
         job_from_env(env)
     assert caught.value.code == code
     assert var in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_node_name_is_one_path_component_everywhere(tmp_path: Path) -> None:
+    from slurm_fiber.homes.slurm.paths import gpu_resource, job_paths
+
+    assert job_paths(tmp_path, "n1.rack-2_b+", 7).state_dir.parent.parent.name == "n1.rack-2_b+"
+    for bad in ("..", ".", "", "a/b", "n1\x00", "n1\t"):
+        with pytest.raises(ValueError, match="not a node name") as caught:
+            job_paths(tmp_path, bad, 7)
+        assert "\n" not in str(caught.value)
+    assert gpu_resource("n1", 0) == "gpu:n1:0"
 
 
 def test_unprintable_free_text_is_dropped_not_fatal() -> None:

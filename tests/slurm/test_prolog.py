@@ -82,16 +82,22 @@ def test_the_token_ends_at_the_jobs_end_when_slurm_says_it(site: Site,
     assert verify(site, token, "slurm:citest:42").exp == end  # type: ignore[attr-defined]
 
 
-def test_gpus_become_lease_grants_to_the_job(site: Site, test_user: JobUser) -> None:
+def test_gpus_are_granted_to_the_job_and_claimed_in_its_name(site: Site,
+                                                             test_user: JobUser) -> None:
     env = job_env(site, 43, test_user.uid, test_user.gid, test_user.name, gpus="0-1")
     assert run_hook("prolog", env).returncode == 0
     assert run_hook("prolog", env).returncode == 0  # idempotent
     paths = job_paths(site.state_root, "n1", 43)
-    state = Leases(paths.lease_dir, paths.lease_state, FakeClock()).state()
-    assert [g.resource for g in state.grants] == ["gpu:n1:0", "gpu:n1:1"]
-    party = state.grants[0].to
+    leases = Leases(paths.lease_dir, paths.lease_state, FakeClock(), owners=(0,))
+    state = leases.state()
+    assert state.grants == []  # both grants consumed by the prolog's claims
+    holders = leases.dir.list()
+    assert [h.env for h in holders] == ["gpu:n1:0", "gpu:n1:1"]
+    party = holders[0].party()
     assert party.session == "slurm-job:citest:43" and party.person == test_user.name
     assert state.supervisor is not None and state.supervisor.party.session == "slurm-prolog:n1"
+    for path in (paths.lease_dir, *paths.lease_dir.rglob("*")):
+        assert path.stat().st_uid == 0 and path.stat().st_mode & 0o022 == 0, path
 
 
 def spool_token(site: Site, audience: str, *, exp_in: float = 600, uid: str = "cp-1") -> bytes:
@@ -250,4 +256,4 @@ def test_a_strict_umask_still_lets_the_job_user_reach_its_dirs(site: Site,
                    paths.state_dir.parent):
         assert owned(parent, 0, 0o755), parent
     assert owned(paths.grantdir, test_user.uid, 0o700)
-    assert stat.S_IMODE(paths.lease_dir.stat().st_mode) == 0o777
+    assert owned(paths.lease_dir, 0, 0o755)  # root's alone, readable by the job user

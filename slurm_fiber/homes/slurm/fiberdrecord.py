@@ -7,8 +7,10 @@ for it), its socket, the cgroup subtree it carves (None when uncarved) and
 its uid. The epilog reads it (``read_record``) to stop a fiberd that outlived
 its job and, through the cgroup root, everything it started; a record that
 is missing, truncated or junk reads as None with the reason, never raises.
-Writing is atomic (temporary file, fsync, rename), so a reader sees a whole
-record or none. psutil is imported only to inspect the recorded process
+Writing is atomic (safefs.write_atomic), so a reader sees a whole record or
+none; reading never follows a link, never blocks on a FIFO and reads at
+most MAX_RECORD_BYTES, so a job user's planted record cannot stall the
+epilog (which runs as root and reads it). psutil is imported only to inspect the recorded process
 (the epilog imports this module for every job, most of which left no fiberd).
 """
 
@@ -18,6 +20,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from slurm_fiber import safefs
 
 RECORD_NAME = "fiberd.json"
 MAX_RECORD_BYTES = 8192
@@ -62,21 +66,18 @@ def this_process(socket: Path, cgroup_root: Path | None) -> FiberdRecord:
 
 
 def write_record(state_dir: Path, record: FiberdRecord) -> None:
-    """Replace the record in ``state_dir`` atomically (mode 0644). Raises OSError."""
+    """Replace the record in ``state_dir`` atomically (mode 0644). Raises OSError.
+
+    ``state_dir`` must be root's, this user's or the record's uid's, and
+    writable by no one else, all the way from "/" (safefs); the write is
+    safefs.write_atomic.
+    """
     data = json.dumps(asdict(record), sort_keys=True).encode() + b"\n"
-    target = record_path(state_dir)
-    tmp = state_dir / f".{RECORD_NAME}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    dir_fd = safefs.open_dir(state_dir, trusted_owners=(os.geteuid(), record.uid))
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        safefs.write_atomic(dir_fd, RECORD_NAME, data, mode=0o644)
     finally:
-        os.close(fd)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+        os.close(dir_fd)
 
 
 def remove_record(state_dir: Path) -> None:
@@ -110,19 +111,27 @@ def parse_record(raw: bytes) -> FiberdRecord:
                         cgroup_root=root, uid=_int(doc, "uid", 0))
 
 
-def read_record(state_dir: Path) -> tuple[FiberdRecord | None, str | None]:
-    """(the record, None), or (None, why there is none). Blocks on one small read; never raises."""
+def read_record(state_dir: Path, owner: int | None = None) -> tuple[FiberdRecord | None,
+                                                                     str | None]:
+    """(the record, None), or (None, why there is none). Never blocks (a FIFO, a link, a
+    hard link or an oversize file at the record's name is refused) and never raises.
+
+    ``owner`` is the uid the state dir and the record may belong to besides
+    root (the job user, for the epilog); None: this process's uid.
+    """
     path = record_path(state_dir)
+    owners = (0, os.geteuid() if owner is None else owner)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        dir_fd = safefs.open_dir(state_dir, trusted_owners=owners)
         try:
-            raw = os.read(fd, MAX_RECORD_BYTES + 1)
+            raw = safefs.read_file(dir_fd, RECORD_NAME, max_bytes=MAX_RECORD_BYTES,
+                                   owners=owners)
         finally:
-            os.close(fd)
+            os.close(dir_fd)
+    except safefs.UnsafePath as err:
+        return None, str(err)
     except OSError as err:
         return None, f"{path}: {err.strerror}"
-    if len(raw) > MAX_RECORD_BYTES:
-        return None, f"{path}: larger than {MAX_RECORD_BYTES} bytes"
     try:
         return parse_record(raw), None
     except ValueError as err:

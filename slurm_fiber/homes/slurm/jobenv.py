@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 MAX_ID = 2**32 - 2  # Slurm ids and Unix ids are uint32; the top values are sentinels
 MAX_FREE_TEXT = 4096
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+-]{1,128}")  # partition, node, cluster, account
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+-]{1,128}")  # partition, cluster, account
+# A node name is a path component of the node's state (paths.node_dir): it starts with a
+# letter or a digit, so it is never "", "." or "..", and holds no "/" or control character.
+NODE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 USER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
 RANGE_PATTERN = re.compile(r"(\d{1,6})(?:-(\d{1,6}))?")
 MAX_INDICES = 1024
@@ -120,6 +123,25 @@ def _name(env: Mapping[str, str], var: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
+NODE_RULE = "letters, digits and _ . + -, starting with a letter or digit"
+
+
+def _node(env: Mapping[str, str]) -> str:
+    value = _required(env, "SLURMD_NODENAME")
+    if not NODE_PATTERN.fullmatch(value):
+        raise SlurmParseError("invalid",
+                              f"SLURMD_NODENAME={value[:80]!r} is not a node name ({NODE_RULE})")
+    return value
+
+
+def check_node(node: str) -> str:
+    """``node`` when it is a valid node name (NODE_PATTERN); SlurmParseError ("invalid",
+    one line) otherwise. Pure."""
+    if not NODE_PATTERN.fullmatch(node):
+        raise SlurmParseError("invalid", f"{node[:80]!r} is not a node name ({NODE_RULE})")
+    return node
+
+
 def _optional_name(env: Mapping[str, str], var: str) -> str | None:
     return _name(env, var, NAME_PATTERN) if env.get(var) else None
 
@@ -153,7 +175,7 @@ def job_from_env(env: Mapping[str, str]) -> SlurmJob:
         gid=parse_id(_required(env, "SLURM_JOB_GID"), "SLURM_JOB_GID"),
         user=_name(env, "SLURM_JOB_USER", USER_PATTERN),
         partition=_name(env, "SLURM_JOB_PARTITION", NAME_PATTERN),
-        node=_name(env, "SLURMD_NODENAME", NAME_PATTERN),
+        node=_node(env),
         cluster=_name(env, "SLURM_CLUSTER_NAME", NAME_PATTERN),
         gpus=gpus,
         gpu_source=gpu_source,

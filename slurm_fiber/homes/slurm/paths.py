@@ -16,7 +16,8 @@ cannot disagree. The layout, under the state root (default
 
 Paths are per node name because several slurmd may share one host (the test
 cluster runs n1 and n2 on 127.0.0.1), and their GPU 0s are different
-devices. Pure: nothing here touches the file system.
+devices. Pure: nothing here touches the file system. Node names are checked
+(``node_dir``), like job ids, which are integers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_fiber.homes.slurm.jobenv import check_node
 
 DEFAULT_STATE_ROOT = Path("/var/lib/slurm-fiber")
 STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
@@ -60,15 +63,18 @@ def state_root(env: Mapping[str, str] | None = None) -> Path:
 
 
 def node_dir(root: str | os.PathLike[str], node: str) -> Path:
-    """The per-node directory under ``root``; ``node`` is a validated Slurm node name."""
-    return Path(root) / "nodes" / node
+    """The per-node directory under ``root``. Raises ValueError (SlurmParseError) when
+    ``node`` is not a node name (jobenv.NODE_PATTERN: never "..", "/", empty or control
+    characters), so no caller can step out of ``root``."""
+    return Path(root) / "nodes" / check_node(node)
 
 
 def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:
     """The paths of job ``job_id`` on ``node`` under state root ``root``.
 
     ``node`` and ``job_id`` come from a validated SlurmJob (jobenv), so they
-    are single path components. Pure; never raises.
+    are single path components; a node name that is not one raises
+    ValueError (node_dir). Pure.
     """
     here = node_dir(root, node)
     state = here / "jobs" / str(job_id)
