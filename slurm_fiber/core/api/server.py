@@ -285,6 +285,8 @@ class _Connection:
             await self.serve_requests()
         except PeerGone:
             pass
+        except Exception:  # a defect, not the client: this connection ends, the server carries on
+            log.exception("connection from %s failed", self.peer)
         finally:
             watchdog.cancel()
             if self.pending_read is not None:
