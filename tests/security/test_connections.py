@@ -9,12 +9,23 @@ the server is full the longest-idle connection of the heaviest uid is shed.
 The server is the real ApiServer (over the API tests' process-running
 service) on a real socket; the hostile clients are real processes of the
 real users ``sfmallory`` and ``sfalice``.
+
+Out of descriptors (a low RLIMIT_NOFILE on a real fiberd process): before,
+about 50 idle connections left every later client waiting in the listen
+backlog with no answer while fiberd logged a warning 20 times a second. Now
+a spare descriptor lets fiberd shed an idle connection (``busy``) or answer
+the newcomer ``busy``, logs one line, and serves normally once descriptors
+are free.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+import socket
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +35,9 @@ import pytest
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.clock import SystemClock
 from tests.api.procservice import Served, serve
+from tests.api.tests_api_helpers import read_replies
+from tests.runtime.kit import Site
+from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
 from tests.security.hostile_clients import ask, hold
 from tests.security.users import JobUser
 
@@ -102,3 +116,36 @@ def test_other_users_together_never_take_the_owners_slots_and_a_full_server_shed
         finally:
             for c in owners:
                 c.close()
+
+
+def test_out_of_descriptors_fiberd_sheds_idle_connections_answers_and_recovers(
+        tmp_path: Path) -> None:
+    site = Site(tmp_path, uuid.uuid4().hex)
+    site.drop()
+    log_path = tmp_path / "fiberd.log"
+    with log_path.open("w") as log, fiberd(site, stderr=log) as proc:
+        path = wait_socket(site, proc)
+        wait_ready(path)
+        in_use = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (in_use + 8, hard))
+        idle: list[socket.socket] = []
+        try:
+            for _ in range(50):
+                idle.append(socket.socket(socket.AF_UNIX))
+                idle[-1].connect(str(path))
+            with FiberdClient(path, timeout=20) as late:  # answered, not left in the backlog
+                assert late.request("ready") == {"ready": True}
+            shed = [read_replies(s) for s in idle[:40]]  # the oldest: shed to make room
+            assert all(r and r[0]["error"]["code"] == "busy" and
+                       "out of file descriptors" in r[0]["error"]["reason"] for r in shed), shed
+        finally:
+            for s in idle:
+                s.close()
+        with FiberdClient(path, timeout=20) as client:  # descriptors free again: all works
+            fiber = client.clone(grant="g1", exec={"argv": ["true"]}, wait=True)
+            assert fiber["grant"] == "g1" and client.wait_exit()["status"] == 0
+        proc.terminate()
+        proc.wait(30)
+    lines = log_path.read_text().splitlines()
+    assert len([line for line in lines if "out of file descriptors" in line]) == 1, lines

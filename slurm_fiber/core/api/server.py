@@ -499,6 +499,7 @@ class ApiServer:
         self._accepting: asyncio.Task[None] | None = None
         self._open: dict[asyncio.Task[None], _Connection] = {}
         self._reserve: int | None = None  # a spare descriptor, given up to answer at EMFILE
+        self._shedding: set[asyncio.Task[None]] = set()  # connections shed, not yet closed
         self.fd_log = RateLimitedLog(clock)
 
     @property
@@ -563,6 +564,9 @@ class ApiServer:
                 self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept forever. Out of descriptors, each round either answers the waiting client
+        (with the spare descriptor), sheds one idle connection to get the spare back, or
+        sleeps (0.05 s doubling to 1 s): it never spins."""
         loop = asyncio.get_running_loop()
         pause = _ACCEPT_BACKOFF[0]
         while True:
@@ -572,29 +576,49 @@ class ApiServer:
                 await _readable(loop, listener.fileno())
                 continue
             except OSError as e:
-                if e.errno in _OUT_OF_FDS and self._reserve is not None:
-                    os.close(self._reserve)  # one descriptor to answer the waiting client with
-                    self._reserve = None
-                    try:
-                        spared: socket.socket | None = listener.accept()[0]
-                    except OSError:
-                        spared = None
-                    if spared is not None:
-                        self._out_of_fds(spared, e)
-                    self._take_reserve()
-                    if spared is not None:
-                        continue
-                if e.errno not in _OUT_OF_FDS and e.errno not in (errno.ENOBUFS, errno.ENOMEM):
+                if e.errno not in (*_OUT_OF_FDS, errno.ENOBUFS, errno.ENOMEM):
                     log.info("accept failed: %s", e)  # e.g. a client that left (ECONNABORTED)
+                    continue
+                if e.errno in _OUT_OF_FDS and await self._answer_without_fds(listener, e):
+                    pause = _ACCEPT_BACKOFF[0]
                     continue
                 self.fd_log.warn(f"fiberd cannot accept a connection: {e.strerror}; "
                                  f"pausing accept up to {_ACCEPT_BACKOFF[1]:g} s at a time")
-                await self.clock.sleep(pause)  # never spin on a listener that stays readable
+                await self.clock.sleep(pause)
                 pause = min(pause * 2, _ACCEPT_BACKOFF[1])
                 self._take_reserve()
                 continue
             pause = _ACCEPT_BACKOFF[0]
             self._admit(sock, out_of_fds=False)
+
+    async def _answer_without_fds(self, listener: socket.socket, error: OSError) -> bool:
+        """Accept hit EMFILE/ENFILE: serve or answer the waiting client with the spare
+        descriptor, or (spare taken by another part of fiberd) shed the idlest connection to
+        get it back. False when neither was possible (the caller backs off)."""
+        if self._reserve is None:
+            victim = self._idlest(self.config.owners())
+            if victim is None:
+                return False
+            self._shed(victim, "fiberd is out of file descriptors")
+            await self._shed_done()
+            self._take_reserve()
+            return self._reserve is not None
+        os.close(self._reserve)  # one descriptor to answer the waiting client with
+        self._reserve = None
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            self._take_reserve()
+            return False
+        self._out_of_fds(sock, error)
+        await self._shed_done()
+        self._take_reserve()
+        return True
+
+    async def _shed_done(self) -> None:
+        """Wait (at most 1 s) until the connections being shed have closed their sockets."""
+        if self._shedding:
+            await asyncio.wait(set(self._shedding), timeout=_ACCEPT_BACKOFF[1])
 
     def _out_of_fds(self, sock: socket.socket, error: OSError) -> None:
         """A client accepted with the spare descriptor: let it in by shedding, or answer busy."""
@@ -643,7 +667,11 @@ class ApiServer:
         conn.task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        self._open.pop(task, None)
+        conn = self._open.pop(task, None)
+        self._shedding.discard(task)
+        if conn is not None:  # a task cancelled before it ran never reached run()'s cleanup
+            conn.decoder.close()
+            conn.sock.close()
         self._take_reserve()  # a shed connection's descriptor is free again
 
     def _no_room(self, peer: Peer, out_of_fds: bool) -> str | None:
@@ -666,10 +694,24 @@ class ApiServer:
         victim = self._shed_candidate(peer, counts)
         if victim is None:
             return f"{why}; retry later"
+        self._shed(victim, why)
+        return None
+
+    def _shed(self, victim: _Connection, why: str) -> None:
         idle = self.clock.mono() - victim.since
+        if victim.task is not None:
+            self._shedding.add(victim.task)
         victim.shed(f"{why}: this connection was idle for {idle:.0f} s and was closed to "
                     "make room; reconnect when you have a request")
-        return None
+
+    def _idlest(self, owners: frozenset[int]) -> _Connection | None:
+        """The longest-idle connection of the uid holding the most (another user's first)."""
+        counts = Counter(c.peer.uid for c in self._open.values()
+                         if c.peer is not None and c.shed_reason is None)
+        idle = [c for c in self._open.values()
+                if c.phase is Phase.IDLE and c.shed_reason is None and c.peer is not None]
+        return min(idle, default=None, key=lambda c: (
+            c.peer.uid in owners, -counts[c.peer.uid], c.since))  # type: ignore[union-attr]
 
     def _shed_candidate(self, peer: Peer, counts: Counter[int]) -> _Connection | None:
         """The idle connection to close for ``peer``: the longest idle of the heaviest uid.
