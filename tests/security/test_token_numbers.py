@@ -10,6 +10,8 @@ audited ``invalid_token`` miss, and the daemon and its valid grants carry on.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -82,3 +84,17 @@ def test_a_huge_number_in_a_grant_file_refuses_that_grant_alone(site: Site,
         assert client.clone(grant="g1", exec={"argv": ["true"]})["grant"] == "g1"
         grants = [g["uid"] for g in client.request("list_grants")["grants"]]  # type: ignore[union-attr]
         assert grants == ["g1"]
+
+
+def test_token_inspect_and_verify_show_a_huge_time_without_a_traceback(site: Site) -> None:
+    script = Path(sys.executable).with_name("slurm-fiber")
+    token = signed(site, exp=HUGE, iat=-HUGE)
+    inspect = subprocess.run([str(script), "token", "inspect", token], capture_output=True,
+                             text=True, timeout=60)
+    assert inspect.returncode == 0 and "Traceback" not in inspect.stderr, inspect.stderr
+    shown = json.loads(inspect.stdout)
+    assert shown["exp_utc"] == shown["iat_utc"] == "out of range" and "expires_in" not in shown
+    verify = subprocess.run([str(script), "token", "verify", "--trust", f"site={site.jwks}",
+                             "--aud", AUDIENCE, token], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stderr
+    assert json.loads(verify.stdout)["reason"] == "bad_claim"
