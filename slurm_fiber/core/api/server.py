@@ -394,6 +394,11 @@ class _Connection:
         except FiberNotFound as e:
             await self.refuse(rid, op_name, ApiError(ErrorCode.NOT_FOUND, str(e)))
         except Exception as e:
+            if isinstance(e, OSError) and e.errno in _OUT_OF_FDS:  # not a defect: retryable
+                reason = f"fiberd is out of file descriptors ({e.strerror}); retry later"
+                self.server.fd_log.warn(f"op {op_name} from {self.peer} failed: {reason}")
+                await self.refuse(rid, op_name, ApiError(ErrorCode.BUSY, reason))
+                return
             log.exception("op %s from %s failed", op_name, self.peer)
             await self.refuse(rid, op_name, ApiError(
                 ErrorCode.INTERNAL, f"fiberd failed on this request: {type(e).__name__}: {e}"))
