@@ -22,11 +22,12 @@ from typing import Any, NoReturn
 import typer
 
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.core.fiberspec import fiber_spec_to_json, parse_fiber_spec
+from slurm_fiber.core.fiberspec import fiber_spec_to_json, number_in_range, parse_fiber_spec
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.mint import ALGS, generate_key, load_private_key, mint, save_private_key
 from slurm_fiber.core.tokens import (
     MAX_TOKEN_BYTES,
+    MAX_UNIX_TIME,
     TokenRefused,
     TokenVerifier,
     decode_unverified,
@@ -221,11 +222,10 @@ def token_inspect(token: str = TOKEN_ARG) -> None:
                            "claims": decoded.claims, "signature_bytes": len(decoded.signature)}
     for name in ("iat", "nbf", "exp"):
         value = decoded.claims.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            try:
-                out[f"{name}_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
-            except (OverflowError, OSError, ValueError):
-                out[f"{name}_utc"] = "out of range"
+        if number_in_range(value, 0, MAX_UNIX_TIME, integer=False):  # never a huge int as float
+            out[f"{name}_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
             if name == "exp":
                 out["expires_in"] = round(value - time.time(), 1)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[f"{name}_utc"] = "out of range"
     typer.echo(json.dumps(out, indent=2, default=str))

@@ -2,9 +2,14 @@
 
 ``parse_fiber_spec`` is the one place a token's (or a saved state's) ``fiber``
 object becomes a ``FiberSpec``. It is strict on purpose: an unknown member, a
-wrong type, a non-positive limit or a malformed module name is refused with
-``BadFiberClaim`` (a one-line reason naming the member), because a typo such as
-``"fibres"`` silently meaning "unlimited" would be worse than a refusal.
+wrong type, a limit outside its range (``LIMIT_RANGES``) or a malformed module
+name is refused with ``BadFiberClaim`` (a one-line reason naming the member),
+because a typo such as ``"fibres"`` silently meaning "unlimited" would be worse
+than a refusal. A claim is hostile input (it is parsed before the signature is
+checked): no value, however large (``10**400``), non-finite or oddly typed
+(``true``), makes parsing raise anything but ``BadFiberClaim``;
+``number_in_range`` is the one range check, shared with the token's times, and
+it compares exactly, never converting a huge integer to a float.
 ``fiber_spec_to_json`` is its inverse: ``parse_fiber_spec(fiber_spec_to_json(s)) == s``.
 """
 
@@ -21,6 +26,15 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DEVICE_KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _INT_LIMITS = ("fibers", "memory", "pids")
 _FLOAT_LIMITS = ("cpu", "seconds")
+
+# The largest value each limit may take: what the kernel (or the runtime) can apply.
+LIMIT_RANGES: dict[str, int] = {
+    "fibers": 1 << 20,  # concurrent fibers; far beyond what pids allow anyway
+    "memory": (1 << 63) - 1,  # bytes: memory.max is read as a 64-bit number
+    "pids": 1 << 22,  # PID_MAX_LIMIT on 64-bit Linux; pids.max refuses more
+    "cpu": 1 << 20,  # CPUs: the cpu.max quota stays far below the kernel's 2**44 µs
+    "seconds": 1_000_000_000,  # about 31 years
+}
 
 
 class BadFiberClaim(ValueError):
@@ -79,16 +93,31 @@ def _template(obj: object) -> TemplateSpec:
     return TemplateSpec(preload=preload, warm=warm, env=dict(env))
 
 
+def number_in_range(value: object, low: float, high: float, *, integer: bool,
+                    low_open: bool = False) -> bool:
+    """Whether ``value`` is a JSON number (not a bool) in [low, high] (or (low, high]).
+
+    ``integer`` accepts only ints. Never raises: a huge int is compared
+    exactly with the bounds (Python compares int and float without
+    converting), and NaN or an infinity is never in range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return (low < value if low_open else low <= value) and value <= high
+
+
 def _limits(obj: object) -> Limits:
     raw = _object(obj, "fiber.limits", {*_INT_LIMITS, *_FLOAT_LIMITS})
     values: dict[str, int | float] = {}
     for name, value in raw.items():
         is_int = name in _INT_LIMITS
-        ok_type = isinstance(value, int) if is_int else isinstance(value, int | float)
-        if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value <= 0:
+        high = LIMIT_RANGES[name]
+        if not number_in_range(value, 0, high, integer=is_int, low_open=True):
             kind = "a positive integer" if is_int else "a positive number"
-            raise BadFiberClaim(f"fiber.limits.{name} must be {kind}")
-        values[name] = value if is_int else float(value)
+            raise BadFiberClaim(f"fiber.limits.{name} must be {kind} of at most {high}")
+        values[name] = value if is_int else float(value)  # type: ignore[arg-type]
     return Limits(**values)  # type: ignore[arg-type]
 
 

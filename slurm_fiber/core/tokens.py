@@ -7,7 +7,10 @@ segments, the header (before any crypto), the issuer and key, the signature
 the claims of DESIGN §3 and their times against the injected clock. PyJWT's
 algorithm objects do the signature; PyJWT never reads the wall clock here.
 Leeway widens ``nbf`` and ``iat`` only, never ``exp``, so it cannot lengthen a
-lease. Nothing but ``TokenRefused`` escapes ``verify``.
+lease. Nothing but ``TokenRefused`` escapes ``verify``: the header and the
+claims are parsed before the signature is checked, so every value in them is
+hostile input, and no number (``10**400``, ``1e400``, ``true``, negative) gets
+further than a ``bad_claim`` refusal.
 
 Every refusal carries one ``TokenReason`` (the closed set below) and a one-line
 ``detail`` a person can act on:
@@ -24,8 +27,9 @@ Every refusal carries one ``TokenReason`` (the closed set below) and a one-line
 | ``key_issuer_mismatch`` | the ``kid`` belongs to another trusted issuer |
 | ``bad_signature`` | the signature does not verify |
 | ``missing_claim`` | ``iss``, ``sub``, ``aud``, ``exp``, ``iat``, ``jti`` or ``fiber`` is absent |
-| ``bad_claim`` | a claim has the wrong type or appears twice; ``exp`` ≤ ``iat``; |
-|               | ``fiber`` is not a valid grant |
+| ``bad_claim`` | a claim has the wrong type or appears twice; a time is not a number |
+|               | of Unix seconds in [0, ``MAX_UNIX_TIME``]; ``exp`` ≤ ``iat``; |
+|               | ``fiber`` is not a valid grant (e.g. a limit out of its range) |
 | ``bad_uid`` | ``sub`` is not a grant UID (``[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}``) |
 | ``wrong_audience`` | ``aud`` does not contain this verifier's audience |
 | ``expired`` | ``exp`` ≤ now (no leeway) |
@@ -39,7 +43,6 @@ import base64
 import binascii
 import enum
 import json
-import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,11 +50,12 @@ from typing import Any
 from jwt.algorithms import Algorithm, get_default_algorithms
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
+from slurm_fiber.core.fiberspec import BadFiberClaim, number_in_range, parse_fiber_spec
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.trust import TrustedKey, TrustStore
 
 MAX_TOKEN_BYTES = 64 * 1024
+MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the last second every date library shows
 ALLOWED_ALGS = ("EdDSA", "ES256")
 SUPPORTED_CRIT: frozenset[str] = frozenset()  # no JWS extension is understood
 _B64URL = re.compile(rb"[A-Za-z0-9_-]*")
@@ -210,8 +214,9 @@ def _claim(claims: dict[str, Any], name: str, kind: type | tuple[type, ...], wha
 
 def _time_claim(claims: dict[str, Any], name: str) -> float:
     value = _claim(claims, name, (int, float), "a number of Unix seconds")
-    if not math.isfinite(value):
-        raise TokenRefused(TokenReason.BAD_CLAIM, f"claim {name!r} must be finite")
+    if not number_in_range(value, 0, MAX_UNIX_TIME, integer=False):
+        raise TokenRefused(TokenReason.BAD_CLAIM,
+                           f"claim {name!r} must be Unix seconds from 0 to {MAX_UNIX_TIME}")
     return float(value)
 
 

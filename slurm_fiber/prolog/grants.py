@@ -9,8 +9,10 @@
 - Imported (the site sets ``spool_dir``): every ``*.jwt`` a control plane
   dropped in ``<spool_dir>/<cluster>/<id>/``, verified first with the site's
   trust table for the job's audience; an invalid one is skipped with a
-  one-line reason. File ``spool-<name>.jwt``, so it never replaces the
-  minted one.
+  one-line reason. Each file is judged alone: nothing one file holds (a
+  FIFO, a directory, a hostile number, any verifier failure) can stop the
+  others from being imported. File ``spool-<name>.jwt``, so it never
+  replaces the minted one.
 
 Everything here is a pure function of the config, the job and the clock,
 except reading the key and the spool (small, bounded, link-free reads).
@@ -20,12 +22,17 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
+
+if TYPE_CHECKING:
+    from slurm_fiber.core.tokens import TokenVerifier
 
 SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
 MAX_SPOOL_FILES = 64
@@ -77,13 +84,38 @@ def spool_dir(config: SiteConfig, job: SlurmJob) -> Path | None:
 
 
 def _read_small(path: Path, limit: int) -> bytes:
+    # TODO(safefs): safefs.read_file(dir_fd, name, max_bytes=limit) once it lands.
     fd = os.open(path, READ_FLAGS)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
         data = os.read(fd, limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
+def _judge(verifier: TokenVerifier, path: Path) -> bytes | str:
+    """The bytes of the token at ``path`` if it verifies, else a one-line reason it is skipped.
+
+    Never raises: a spooled file is untrusted input, and whatever is wrong with
+    it must cost that file alone, not the job's other tokens.
+    """
+    from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused
+
+    try:
+        data = _read_small(path, MAX_TOKEN_BYTES)
+        verifier.verify(data)
+    except TokenRefused as err:
+        return f"{err.reason}: {err.detail}"
+    except OSError as err:
+        return err.strerror or str(err)
+    except ValueError as err:
+        return str(err)
+    except Exception as err:  # a verifier defect must not drop the other tokens
+        return f"could not be checked ({type(err).__name__}: {err})"
     return data
 
 
@@ -94,7 +126,7 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
     A missing spool directory gives nothing and no complaint. Raises OSError
     only when the directory exists but cannot be listed.
     """
-    from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused, TokenVerifier
+    from slurm_fiber.core.tokens import TokenVerifier
     from slurm_fiber.core.trust import TrustStore
 
     where = spool_dir(config, job)
@@ -114,17 +146,11 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
             if not name.startswith("."):
                 problems.append(f"{where / name}: skipped, not a <name>.jwt file")
             continue
-        try:
-            data = _read_small(where / name, MAX_TOKEN_BYTES)
-            verifier.verify(data)
-        except TokenRefused as err:
-            problems.append(f"{where / name}: skipped, {err.reason}: {err.detail}")
+        judged = _judge(verifier, where / name)
+        if isinstance(judged, str):
+            problems.append(f"{where / name}: skipped, {' '.join(judged.split())}")
             continue
-        except (OSError, ValueError) as err:
-            reason = err.strerror if isinstance(err, OSError) else str(err)
-            problems.append(f"{where / name}: skipped, {reason}")
-            continue
-        found.append(TokenFile(f"spool-{match.group(1)}.jwt", data))
+        found.append(TokenFile(f"spool-{match.group(1)}.jwt", judged))
     if len(names) > MAX_SPOOL_FILES:
         problems.append(f"{where}: only the first {MAX_SPOOL_FILES} files were read")
     return found, problems

@@ -5,7 +5,8 @@ runs ``module:function`` in a fresh interpreter (call mode) with the passed
 stdio descriptors, tracks each child with a pidfd, reaps it with wait4 for
 its rusage, and can signal and stop it. Grants named ``cold-*`` miss with
 ``cold`` (retryable) and ``gone-*`` with ``unknown_grant`` (final); a grant
-named ``boom`` makes the service raise. ``served`` runs an ApiServer for it
+named ``boom`` makes the service raise (``emfile``: raise EMFILE, as when fiberd is
+out of descriptors). ``served`` runs an ApiServer for it
 on a loop in a background thread, as fiberd would, so tests can use
 blocking clients, threads and subprocesses against it.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -90,6 +92,8 @@ class ProcService:
             return Miss(MissCode.UNKNOWN_GRANT, f"no grant {grant} here")
         if grant == "boom":
             raise RuntimeError("the runtime broke")
+        if grant == "emfile":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
         self.stdio_seen.append(stdio)
         env = {**os.environ, **request.env}
         result_fd = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -104,3 +105,17 @@ def test_invalid_requests_are_refused_with_a_code(body, nfds, code, field) -> No
         parse_request(body, nfds)
     assert (e.value.code, e.value.field) == (code, field)
     assert "\n" not in e.value.reason
+
+
+def test_nesting_is_bounded_exactly_and_brackets_in_strings_do_not_count() -> None:
+    from slurm_fiber.core.api.framing import MAX_DEPTH, parse_body
+
+    deepest = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
+    assert parse_body(deepest)[1] is None
+    for body in (b"[" + deepest + b"]", b'{"a":' * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1),
+                 b"[" * 100_000 + b"]" * 100_000):
+        value, error = parse_body(body)
+        assert value is None and error == f"frame body nests arrays/objects deeper than " \
+                                           f"{MAX_DEPTH} levels"
+    tricky = b'{"s":"' + b"[{" * 200 + b'\\"]","t":[' + b'"\\\\[",' * 100 + b"1]}"
+    assert parse_body(tricky) == (json.loads(tricky), None)

@@ -111,6 +111,15 @@ def test_service_failure_is_an_internal_error_and_the_server_carries_on(served) 
     assert [r.code for r in served.refusals] == ["internal"]
 
 
+def test_a_request_failing_for_want_of_descriptors_is_busy_not_internal(served) -> None:
+    with FiberdClient(served.path) as c:
+        with pytest.raises(Refused) as e:
+            c.clone(exec={"argv": ["true"]}, grant="emfile")
+        assert e.value.code == "busy" and "out of file descriptors" in e.value.reason
+        assert c.request("ready") == {"ready": True}
+    assert [r.code for r in served.refusals] == ["busy"]
+
+
 @pytest.mark.parametrize(("message", "code"), [
     ({"op": "launch"}, "unknown_op"),
     ({"op": "status", "extra": 1}, "bad_request"),

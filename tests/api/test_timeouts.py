@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
+import pytest
 from procservice import serve
 from tests_api_helpers import read_replies
 
@@ -45,3 +46,20 @@ def test_idle_and_slow_clients_time_out_and_others_are_unaffected(tmp_path) -> N
         assert [r.code for r in s.refusals] == ["timeout", "timeout"]
         idle.close()
         slow.close()
+
+
+def test_running_out_of_descriptors_is_logged_once_a_minute_on_the_injected_clock(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from slurm_fiber.core.api.server import LOG_EVERY, RateLimitedLog
+
+    clock = FakeClock()
+    fd_log = RateLimitedLog(clock)
+    with caplog.at_level("WARNING", logger="slurm_fiber.core.api.server"):
+        assert fd_log.warn("out of descriptors")
+        assert not any(fd_log.warn("out of descriptors") for _ in range(500))
+        clock.advance(LOG_EVERY - 1)
+        assert not fd_log.warn("out of descriptors")
+        clock.advance(1)
+        assert fd_log.warn("out of descriptors")
+    assert [r.getMessage() for r in caplog.records] == [
+        "out of descriptors", "out of descriptors (501 more since the last such line)"]

@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.core.mint import generate_key
 from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenReason, TokenRefused, TokenVerifier
 
 from .tokenkit import AUDIENCE, DROP, b64
@@ -242,3 +243,49 @@ def test_a_memoised_refusal_is_raised_again(verifier, site, clock):
     token = site.mint(clock, sub="bad uid")
     first, second = refused(verifier, token), refused(verifier, token)
     assert first.reason is second.reason is R.BAD_UID and first is not second
+
+
+HUGE = 10**400  # a JSON integer Python parses exactly and no float can hold
+HOSTILE_NUMBERS = [HUGE, -HUGE, "1e400", "-1e400", -1, -0.5, True, False]
+NUMBER_CLAIMS = ["exp", "iat", "nbf", *(f"fiber.limits.{n}" for n in
+                                        ("fibers", "memory", "pids", "cpu", "seconds"))]
+
+
+def claims_with(site, clock, where: str, value: object) -> bytes:
+    """The site's claims as JSON with ``where`` set to ``value`` (a str is spliced in raw)."""
+    marker = "__HOSTILE__"
+    claims = site.claims(clock)
+    if where.startswith("fiber.limits."):
+        claims["fiber"] = {"limits": {where.rpartition(".")[2]: marker}}
+    else:
+        claims[where] = marker
+    raw = value if isinstance(value, str) else json.dumps(value)
+    return json.dumps(claims).replace(f'"{marker}"', raw).encode()
+
+
+@pytest.mark.parametrize("where", NUMBER_CLAIMS)
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=lambda v: str(v)[:8])
+def test_out_of_range_numbers_are_bad_claims_never_a_crash(verifier, site, clock, where, value):
+    payload = claims_with(site, clock, where, value)
+    err = refused(verifier, site.sign(payload))
+    assert err.reason is R.BAD_CLAIM and where.rpartition(".")[2] in err.detail
+    # not signed by the site (parsed all the same, before the signature): bad_signature
+    forged = site.sign(payload, key=generate_key("EdDSA"))
+    assert refused(verifier, forged).reason is R.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize(("name", "high"), [("fibers", 1 << 20), ("memory", (1 << 63) - 1),
+                                            ("pids", 1 << 22), ("seconds", 1_000_000_000)])
+def test_limits_have_an_upper_bound_the_kernel_can_apply(verifier, site, clock, name, high):
+    ok = verifier.verify(site.mint(clock, fiber={"limits": {name: high}}))
+    assert getattr(ok.spec.limits, name) == high
+    err = refused(verifier, site.mint(clock, fiber={"limits": {name: high + 1}}))
+    assert err.reason is R.BAD_CLAIM and f"at most {high}" in err.detail
+
+
+def test_times_up_to_the_year_9999_and_no_further(verifier, site, clock):
+    from slurm_fiber.core.tokens import MAX_UNIX_TIME
+
+    assert verifier.verify(site.mint(clock, exp=MAX_UNIX_TIME)).exp == MAX_UNIX_TIME
+    err = refused(verifier, site.mint(clock, exp=MAX_UNIX_TIME + 1))
+    assert err.reason is R.BAD_CLAIM and "'exp'" in err.detail

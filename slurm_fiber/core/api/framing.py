@@ -15,15 +15,23 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
+import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, count
 
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a 64 KiB token plus generous arguments
 MAX_FDS = 3  # stdin, stdout, stderr
 STDIO_NAMES = ("stdin", "stdout", "stderr")  # the descriptors a clone may pass, in order
+MAX_DEPTH = 64  # nesting levels of arrays and objects in a frame body
+_TOO_DEEP = f"frame body nests arrays/objects deeper than {MAX_DEPTH} levels"
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_BRACKET_WEIGHT = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 
 
 def close_all(fds: Iterable[int]) -> None:
@@ -71,13 +79,37 @@ def encode_frame(message: object, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
 
 
 def parse_body(body: bytes) -> tuple[object, str | None]:
-    """The JSON value of a frame body, or (None, a one-line reason it is not JSON)."""
+    """The JSON value of a frame body, or (None, a one-line reason it is not usable JSON).
+
+    Never raises. Nesting deeper than ``MAX_DEPTH`` is refused: beyond what
+    the C parser takes (it raises RecursionError) and below it, so that no
+    later step (validation, encoding for a template, audit) recurses on it.
+    """
     try:
-        return json.loads(body.decode("utf-8")), None
+        value = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         return None, "frame body is not UTF-8"
     except ValueError as e:
         return None, f"frame body is not JSON ({e.msg} at byte {e.pos})"
+    except RecursionError:
+        return None, _TOO_DEEP
+    # Only a body with more brackets than MAX_DEPTH can nest that deep: skip the walk otherwise.
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:
+        return None, _TOO_DEEP
+    return value, None
+
+
+def _depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in ``body``, valid JSON (a scalar is 0).
+
+    Works on the bytes at C speed (about one parse's cost): strings are cut
+    out, then the running count of brackets is taken with accumulate.
+    """
+    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKET)
+    if not brackets:
+        return 0
+    # opening brackets weigh 2, closing 0: the running sum minus the count is the depth
+    return max(map(operator.sub, accumulate(brackets.translate(_BRACKET_WEIGHT)), count(1)))
 
 
 class FrameDecoder:

@@ -10,6 +10,19 @@ reason, is counted in the metrics and reported to the ``audit`` callback;
 nothing a client sends can stop the server or reach another connection.
 Idle clients, clients that stall mid-frame and clients that stop reading
 replies are disconnected on deadlines kept on the injected Clock.
+
+Admission (docs/socket-protocol.md, "Connection limits"): the peer is read
+and checked at accept, before the connection takes a slot. A uid other than
+fiberd's own and root ("another user") may hold at most
+``max_connections_per_uid`` connections, and other users together at most
+``max_connections - owner_reserve``, so no number of idle connections from
+other users can lock fiberd's own user out. When every slot is taken, or
+accept fails for want of file descriptors (EMFILE/ENFILE), fiberd sheds the
+longest-idle connection of the uid holding the most (another user may shed
+only its own or a heavier uid's) to let the newcomer in, or answers the
+newcomer ``busy``; a spare descriptor is kept for exactly that, so a full fd
+table never leaves a client unanswered and accept never spins. Running out
+of descriptors is logged as one line per minute at most.
 """
 
 from __future__ import annotations
@@ -18,12 +31,14 @@ import array
 import asyncio
 import contextlib
 import enum
+import errno
 import logging
 import math
 import os
 import signal
 import socket
 import struct
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +87,9 @@ MAX_REPLY = 16 << 20  # replies (fiber lists) may be larger than requests
 _RECV_SIZE = 65536
 _ANC_SIZE = socket.CMSG_SPACE(16 * array.array("i").itemsize)  # room to see "too many"
 _PEERCRED = struct.Struct("3i")
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+_ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
+LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,8 @@ class ServerConfig:
     allowed_gids: frozenset[int] = frozenset()
     max_frame: int = DEFAULT_MAX_FRAME
     max_connections: int = 256
+    max_connections_per_uid: int = 64  # for each uid other than fiberd's own and root
+    owner_reserve: int = 32  # slots only fiberd's own uid and root may take
     idle_timeout: float = 300.0  # no request started for this long: disconnect
     frame_timeout: float = 10.0  # a started frame not finished within this: disconnect
     write_timeout: float = 10.0  # a reply not taken by the client within this: disconnect
@@ -91,6 +111,10 @@ class ServerConfig:
     def uids(self) -> frozenset[int]:
         if self.allowed_uids is not None:
             return self.allowed_uids
+        return frozenset({os.getuid(), 0})
+
+    def owners(self) -> frozenset[int]:
+        """The uids the connection limits never count as "another user": fiberd's own and root."""
         return frozenset({os.getuid(), 0})
 
 
@@ -133,6 +157,44 @@ def _mark_ready(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Wait until ``fd`` is readable (or has a connection to accept)."""
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, _mark_ready, fut)
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+
+
+def _peer_of(sock: socket.socket) -> Peer:
+    """The connected peer's pid, uid and gid (SO_PEERCRED). Raises OSError."""
+    pid, uid, gid = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+class RateLimitedLog:
+    """Logs a warning at most once per ``every`` seconds (on ``clock``), counting the rest."""
+
+    def __init__(self, clock: Clock, every: float = LOG_EVERY) -> None:
+        self.clock = clock
+        self.every = every
+        self.next_at = -math.inf
+        self.suppressed = 0
+
+    def warn(self, message: str) -> bool:
+        """Log ``message`` unless one was logged less than ``every`` s ago; True if logged."""
+        now = self.clock.mono()
+        if now < self.next_at:
+            self.suppressed += 1
+            return False
+        more = f" ({self.suppressed} more since the last such line)" if self.suppressed else ""
+        log.warning("%s%s", message, more)
+        self.suppressed, self.next_at = 0, now + self.every
+        return True
+
+
 def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     fds: list[int] = []
     for level, kind, data in ancdata:
@@ -146,12 +208,13 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 class _Connection:
     """One accepted client. Runs as one task; its watchdog cancels it on a deadline."""
 
-    def __init__(self, server: ApiServer, sock: socket.socket) -> None:
+    def __init__(self, server: ApiServer, sock: socket.socket, peer: Peer) -> None:
         self.server = server
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.decoder = FrameDecoder(server.config.max_frame)
-        self.peer: Peer | None = None
+        self.peer: Peer | None = peer
+        self.shed_reason: str | None = None
         self.phase = Phase.IDLE
         self.since = server.clock.mono()
         self.phase_changed = asyncio.Event()
@@ -197,12 +260,7 @@ class _Connection:
     # --- I/O -----------------------------------------------------------------------------
 
     async def _wait_readable(self) -> None:
-        fut: asyncio.Future[None] = self.loop.create_future()
-        self.loop.add_reader(self.sock.fileno(), _mark_ready, fut)
-        try:
-            await fut
-        finally:
-            self.loop.remove_reader(self.sock.fileno())
+        await _readable(self.loop, self.sock.fileno())
 
     async def _read_frame(self) -> Frame | None:
         """The next frame, None at end of stream. Raises FramingError."""
@@ -270,21 +328,22 @@ class _Connection:
 
     # --- the connection's life --------------------------------------------------------
 
+    def shed(self, reason: str) -> None:
+        """Close this (idle) connection to make room: a ``busy`` reply, audited, then cancel."""
+        self.shed_reason = reason
+        self.server.refusal(Refusal(ErrorCode.BUSY.value, reason, self.peer))
+        self.send_nowait(error_reply(None, ApiError(ErrorCode.BUSY, reason)))
+        if self.task is not None:
+            self.task.cancel()
+
     async def run(self) -> None:
         watchdog = asyncio.ensure_future(self.watchdog())
         try:
-            pid, uid, gid = _PEERCRED.unpack(
-                self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-            self.peer = Peer(pid=pid, uid=uid, gid=gid)
-            config = self.server.config
-            if not peer_allowed(self.peer, config.uids(), config.allowed_gids):
-                await self.refuse(None, None, ApiError(
-                    ErrorCode.FORBIDDEN,
-                    f"uid {uid} (gid {gid}) may not use this fiberd; ask its owner to allow it"))
-                return
             await self.serve_requests()
         except PeerGone:
             pass
+        except Exception:  # a defect, not the client: this connection ends, the server carries on
+            log.exception("connection from %s failed", self.peer)
         finally:
             watchdog.cancel()
             if self.pending_read is not None:
@@ -335,6 +394,11 @@ class _Connection:
         except FiberNotFound as e:
             await self.refuse(rid, op_name, ApiError(ErrorCode.NOT_FOUND, str(e)))
         except Exception as e:
+            if isinstance(e, OSError) and e.errno in _OUT_OF_FDS:  # not a defect: retryable
+                reason = f"fiberd is out of file descriptors ({e.strerror}); retry later"
+                self.server.fd_log.warn(f"op {op_name} from {self.peer} failed: {reason}")
+                await self.refuse(rid, op_name, ApiError(ErrorCode.BUSY, reason))
+                return
             log.exception("op %s from %s failed", op_name, self.peer)
             await self.refuse(rid, op_name, ApiError(
                 ErrorCode.INTERNAL, f"fiberd failed on this request: {type(e).__name__}: {e}"))
@@ -438,27 +502,38 @@ class ApiServer:
         self.closing = False
         self._claimed: ClaimedSocket | None = None
         self._accepting: asyncio.Task[None] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._open: dict[asyncio.Task[None], _Connection] = {}
+        self._reserve: int | None = None  # a spare descriptor, given up to answer at EMFILE
+        self._shedding: set[asyncio.Task[None]] = set()  # connections shed, not yet closed
+        self.fd_log = RateLimitedLog(clock)
 
     @property
     def connections(self) -> int:
         """How many client connections are open now."""
-        return len(self._connections)
+        return len(self._open)
+
+    def connections_by_uid(self) -> dict[int, int]:
+        """How many connections each peer uid holds now."""
+        return dict(Counter(c.peer.uid for c in self._open.values() if c.peer is not None))
 
     async def start(self) -> None:
         """Claim the socket path and begin accepting. Raises SocketPathError."""
         self._claimed = claim_socket(self.config.path, self.config.mode)
+        self._take_reserve()
         self._accepting = asyncio.ensure_future(self._accept_loop(self._claimed.sock))
 
     async def close(self) -> None:
         """Stop accepting, drop every connection, remove the socket. Idempotent."""
         self.closing = True
-        tasks = [t for t in (self._accepting, *self._connections) if t is not None]
+        tasks = [t for t in (self._accepting, *self._open) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._claimed is not None:
             self._claimed.release()
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
 
     def refusal(self, refusal: Refusal) -> None:
         """Count and audit one refusal; an audit callback failure is logged, not raised."""
@@ -485,23 +560,180 @@ class ApiServer:
             case _:
                 return {"content_type": CONTENT_TYPE, "text": self.metrics.render()}
 
+    # --- accepting and admission ---------------------------------------------------------
+
+    def _take_reserve(self) -> None:
+        """Hold the spare descriptor again if it was given up (no-op when fds are still short)."""
+        if self._reserve is None:
+            with contextlib.suppress(OSError):
+                self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
     async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept forever. Out of descriptors, each round either answers the waiting client
+        (with the spare descriptor), sheds one idle connection to get the spare back, or
+        sleeps (0.05 s doubling to 1 s): it never spins."""
         loop = asyncio.get_running_loop()
+        pause = _ACCEPT_BACKOFF[0]
         while True:
             try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError as e:  # EMFILE and friends: back off briefly, keep serving
-                log.warning("accept failed: %s", e)
-                await self.clock.sleep(0.05)
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                await _readable(loop, listener.fileno())
                 continue
-            sock.setblocking(False)
-            conn = _Connection(self, sock)
-            if len(self._connections) >= self.config.max_connections:
-                reason = f"fiberd has {len(self._connections)} connections open; retry later"
-                self.refusal(Refusal(ErrorCode.BUSY.value, reason, None))
-                conn.send_nowait(error_reply(None, ApiError(ErrorCode.BUSY, reason)))
-                sock.close()
+            except OSError as e:
+                if e.errno not in (*_OUT_OF_FDS, errno.ENOBUFS, errno.ENOMEM):
+                    log.info("accept failed: %s", e)  # e.g. a client that left (ECONNABORTED)
+                    continue
+                if e.errno in _OUT_OF_FDS and await self._answer_without_fds(listener, e):
+                    pause = _ACCEPT_BACKOFF[0]
+                    continue
+                self.fd_log.warn(f"fiberd cannot accept a connection: {e.strerror}; "
+                                 f"pausing accept up to {_ACCEPT_BACKOFF[1]:g} s at a time")
+                await self.clock.sleep(pause)
+                pause = min(pause * 2, _ACCEPT_BACKOFF[1])
+                self._take_reserve()
                 continue
-            conn.task = asyncio.ensure_future(conn.run())
-            self._connections.add(conn.task)
-            conn.task.add_done_callback(self._connections.discard)
+            pause = _ACCEPT_BACKOFF[0]
+            self._admit(sock, out_of_fds=False)
+
+    async def _answer_without_fds(self, listener: socket.socket, error: OSError) -> bool:
+        """Accept hit EMFILE/ENFILE: serve or answer the waiting client with the spare
+        descriptor, or (spare taken by another part of fiberd) shed the idlest connection to
+        get it back. False when neither was possible (the caller backs off)."""
+        if self._reserve is None:
+            victim = self._idlest(self.config.owners())
+            if victim is None:
+                return False
+            self._shed(victim, "fiberd is out of file descriptors")
+            await self._shed_done()
+            self._take_reserve()
+            return self._reserve is not None
+        os.close(self._reserve)  # one descriptor to answer the waiting client with
+        self._reserve = None
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            self._take_reserve()
+            return False
+        self._out_of_fds(sock, error)
+        await self._shed_done()
+        self._take_reserve()
+        return True
+
+    async def _shed_done(self) -> None:
+        """Wait (at most 1 s) until the connections being shed have closed their sockets."""
+        if self._shedding:
+            await asyncio.wait(set(self._shedding), timeout=_ACCEPT_BACKOFF[1])
+
+    def _out_of_fds(self, sock: socket.socket, error: OSError) -> None:
+        """A client accepted with the spare descriptor: let it in by shedding, or answer busy."""
+        self.fd_log.warn(
+            f"fiberd is out of file descriptors ({errno.errorcode.get(error.errno or 0, '?')}: "
+            f"{error.strerror}) with {self.connections} connections open: shedding idle ones "
+            "and answering busy; raise its RLIMIT_NOFILE (LimitNOFILE=, ulimit -n)")
+        self._admit(sock, out_of_fds=True)
+
+    def _admit(self, sock: socket.socket, *, out_of_fds: bool) -> None:
+        """Start serving ``sock``, or answer it (forbidden / busy, audited) and close it.
+
+        Never raises: a failure here costs this one client, never the accept loop.
+        """
+        try:
+            self._admit_or_refuse(sock, out_of_fds)
+        except Exception:
+            log.exception("admitting a connection failed")
+            sock.close()
+
+    def _admit_or_refuse(self, sock: socket.socket, out_of_fds: bool) -> None:
+        sock.setblocking(False)
+        try:
+            peer = _peer_of(sock)
+        except OSError:
+            sock.close()
+            return
+        config = self.config
+        error: ApiError | None = None
+        if not peer_allowed(peer, config.uids(), config.allowed_gids):
+            error = ApiError(ErrorCode.FORBIDDEN, f"uid {peer.uid} (gid {peer.gid}) may not use "
+                                                  "this fiberd; ask its owner to allow it")
+        else:
+            busy = self._no_room(peer, out_of_fds)
+            if busy is not None:
+                error = ApiError(ErrorCode.BUSY, busy)
+        if error is not None:
+            self.refusal(Refusal(error.code.value, error.reason, peer))
+            with contextlib.suppress(OSError):  # a new socket's buffer is empty: never blocks
+                sock.send(encode_frame(error_reply(None, error)), socket.MSG_DONTWAIT)
+            sock.close()
+            return
+        conn = _Connection(self, sock, peer)
+        conn.task = asyncio.ensure_future(conn.run())
+        self._open[conn.task] = conn
+        conn.task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        conn = self._open.pop(task, None)
+        self._shedding.discard(task)
+        if conn is not None:  # a task cancelled before it ran never reached run()'s cleanup
+            conn.decoder.close()
+            conn.sock.close()
+        self._take_reserve()  # a shed connection's descriptor is free again
+
+    def _no_room(self, peer: Peer, out_of_fds: bool) -> str | None:
+        """None when ``peer`` may have a connection now (shedding one if need be), else why not."""
+        config, owners = self.config, self.config.owners()
+        counts = Counter(c.peer.uid for c in self._open.values()
+                         if c.peer is not None and c.shed_reason is None)
+        if peer.uid not in owners:
+            if counts[peer.uid] >= config.max_connections_per_uid:
+                return (f"uid {peer.uid} has {counts[peer.uid]} connections open, the most one "
+                        "user may hold here; close some")
+            others = sum(n for uid, n in counts.items() if uid not in owners)
+            if others >= config.max_connections - config.owner_reserve:
+                return (f"other users hold {others} connections, all they may share here "
+                        f"({config.owner_reserve} are kept for fiberd's own user); retry later")
+        if not out_of_fds and sum(counts.values()) < config.max_connections:
+            return None
+        why = ("fiberd is out of file descriptors" if out_of_fds
+               else f"fiberd has {sum(counts.values())} connections open")
+        victim = self._shed_candidate(peer, counts)
+        if victim is None:
+            return f"{why}; retry later"
+        self._shed(victim, why)
+        return None
+
+    def _shed(self, victim: _Connection, why: str) -> None:
+        idle = self.clock.mono() - victim.since
+        if victim.task is not None:
+            self._shedding.add(victim.task)
+        victim.shed(f"{why}: this connection was idle for {idle:.0f} s and was closed to "
+                    "make room; reconnect when you have a request")
+
+    def _idlest(self, owners: frozenset[int]) -> _Connection | None:
+        """The longest-idle connection of the uid holding the most (another user's first)."""
+        counts = Counter(c.peer.uid for c in self._open.values()
+                         if c.peer is not None and c.shed_reason is None)
+        idle = [c for c in self._open.values()
+                if c.phase is Phase.IDLE and c.shed_reason is None and c.peer is not None]
+        return min(idle, default=None, key=lambda c: (
+            c.peer.uid in owners, -counts[c.peer.uid], c.since))  # type: ignore[union-attr]
+
+    def _shed_candidate(self, peer: Peer, counts: Counter[int]) -> _Connection | None:
+        """The idle connection to close for ``peer``: the longest idle of the heaviest uid.
+
+        fiberd's own user and root may shed anyone's idle connection; another
+        user only its own or one of a uid holding more connections than it.
+        """
+        owners = self.config.owners()
+
+        def may_shed(conn: _Connection) -> bool:
+            if conn.phase is not Phase.IDLE or conn.shed_reason is not None or conn.peer is None:
+                return False
+            uid = conn.peer.uid
+            return peer.uid in owners or uid == peer.uid or (
+                uid not in owners and counts[uid] > counts[peer.uid])
+
+        candidates = [c for c in self._open.values() if may_shed(c)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: (-counts[c.peer.uid], c.since))  # type: ignore[union-attr]
