@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     import asyncio
 
 CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
+BACKEND = "cgroup v2"  # how the enforcement record names what writes these limits
 CPU_PERIOD_US = 100_000
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -74,6 +75,11 @@ class LimitOutcome:
     value: str
     enforced: bool
     reason: str = ""  # "not enforced: <why>" when not enforced
+
+    @property
+    def limit(self) -> str:
+        """The grant limit this file keeps ("memory", "pids", "cpu": its controller)."""
+        return self.file.partition(".")[0]
 
     def to_json(self) -> dict[str, object]:
         return {"file": self.file, "value": self.value, "enforced": self.enforced,
@@ -287,11 +293,37 @@ class CgroupManager:
     returns None and removal does nothing. Not thread-safe; used on the loop.
     """
 
+    backend = BACKEND
+
     def __init__(self, root: Path | None, why_none: str = "no cgroup root given") -> None:
         """``why_none``: the home's reason when it gives no root (shown in status and audit)."""
         self.root = root
         self.status = _probe(root, why_none)
         self._root_enabled: set[str] | None = None
+
+    def root_controllers(self) -> set[str]:
+        """The controllers enabled for grant cgroups (enabling the offered ones on first use).
+
+        Empty when uncarved. Blocks briefly on cgroupfs.
+        """
+        if not self.carved or self.root is None:
+            return set()
+        if self._root_enabled is None:
+            self._root_enabled = enable_controllers(self.root)
+        return self._root_enabled
+
+    def predict(self, limits: Limits) -> tuple[LimitOutcome, ...] | None:
+        """How ``carve_grant`` would fare with ``limits``, without carving: None when
+        uncarved, else one outcome per limit set, enforced where its controller is
+        enabled for grant cgroups. (A write the kernel refuses is only seen by carving.)"""
+        if not self.carved or self.root is None:
+            return None
+        enabled = self.root_controllers()
+        return tuple(
+            LimitOutcome(file, value, True) if controller in enabled else
+            LimitOutcome(file, value, False, f"not enforced: the {controller} controller is "
+                         f"not enabled for cgroups under {self.root}")
+            for controller, file, value in limit_plan(limits))
 
     @property
     def carved(self) -> bool:
@@ -312,8 +344,7 @@ class CgroupManager:
         path = self.grant_path(uid)
         if path is None or self.root is None:
             return None
-        if self._root_enabled is None:
-            self._root_enabled = enable_controllers(self.root)
+        self.root_controllers()
         path.mkdir(exist_ok=True)
         enable_controllers(path)
         (path / "template").mkdir(exist_ok=True)
@@ -410,7 +441,7 @@ def _drain(fd: int) -> None:
 
 
 __all__ = [
-    "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
+    "BACKEND", "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
     "controllers", "empty", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
     "memory_peak", "pids", "populated", "remove_tree", "safe_name", "wait_empty",
     "write_limits",
