@@ -29,6 +29,8 @@ from tests.runtime.kit import Site
 from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
 
 DELEGATE = {"cgroup-root": "delegate"}
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Site:
     return Site(tmp_path, uuid.uuid4().hex)
