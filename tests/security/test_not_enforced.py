@@ -19,7 +19,7 @@ import pytest
 from slurm_fiber.core.api.client import FiberdClient, Missed
 from tests.process.conftest import UNIFIED, cgroup2_usable
 from tests.runtime.kit import Site
-from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
+from tests.runtime.test_commands import BIN, fiberd, wait_ready, wait_socket
 
 CGROUP_LIMITS = ("memory", "pids", "cpu")
 ASKS = {"memory": 256 << 20, "pids": 64, "cpu": 0.5, "seconds": 600.0, "fibers": 4}
@@ -84,6 +84,12 @@ def test_status_list_grants_and_the_admit_record_say_which_limits_are_enforced(
         assert host["unenforced"] == [n for n in CGROUP_LIMITS if kernel[n] is None]
         (grant,) = request(sock, "list_grants")["grants"]  # type: ignore[misc]
         check_record(grant["enforcement"], kernel)
+        shown = subprocess.run([str(BIN / "fiberctl"), "status", "--socket", str(sock)],
+                               capture_output=True, text=True, timeout=60, check=True).stdout
+        (line,) = [x for x in shown.splitlines() if x.startswith("status.enforcement.grants.g1")]
+        for name in CGROUP_LIMITS:
+            assert (f"{name} NOT enforced (" in line) is (kernel[name] is None), line
+        assert "seconds by fiberd" in line and line.endswith("devices: env only")
     (admit,) = audit(site, "admit")
     check_record(admit["enforcement"], kernel)  # type: ignore[arg-type]
 
