@@ -10,7 +10,11 @@ cgroup whose ``subtree_control`` enables controllers. Controllers (memory,
 pids, cpu) are enabled in ``subtree_control`` where the parent offers them;
 the grant's limits are written on the grant cgroup where its controller is
 enabled, and every limit that could not be written is reported as
-``not enforced: <why>`` (never silently dropped). Stopping uses
+``not enforced: <why>`` (never silently dropped). ``CgroupManager.predict``
+says the same before carving (which controllers are enabled for grant
+cgroups), for the admission's enforcement record and ``--strict-limits``;
+``CgroupManager.backend`` ("cgroup v2") is how those records name what
+enforces a written limit (core.enforcement). Stopping uses
 ``cgroup.kill`` (a SIGKILL to every process in the subtree, race-free with
 concurrent forks); emptiness is learnt from ``cgroup.events``
 (``populated 0``), watched with inotify; empty cgroups are removed.
