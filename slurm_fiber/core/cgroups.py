@@ -66,6 +66,11 @@ class CgroupStatus:
     reason: str
     root: Path | None
 
+    @property
+    def cause(self) -> str:
+        """The reason without the uncarved mode's standard consequences (for limit records)."""
+        return self.reason.removesuffix(_UNCARVED)
+
     def to_json(self) -> dict[str, object]:
         return {"carved": self.carved, "reason": self.reason,
                 "root": str(self.root) if self.root else None}
@@ -393,8 +398,11 @@ async def kill_and_remove(cgroup: Path) -> None:
     await asyncio.to_thread(remove_tree, cgroup)
 
 
+_UNCARVED = "; running uncarved: processes tracked by pidfd, limits not enforced"
+
+
 def _probe(root: Path | None, why_none: str) -> CgroupStatus:
-    suffix = "; running uncarved: processes tracked by pidfd, limits not enforced"
+    suffix = _UNCARVED
     if root is None:
         return CgroupStatus(False, why_none + suffix, None)
     if not (root / "cgroup.controllers").is_file():

@@ -387,7 +387,7 @@ class Core:
         return AdmitRefused(miss)
 
     def _uncarved_reason(self) -> str:
-        return f"fiberd runs uncarved ({self.cgroups.status.reason})"
+        return f"no cgroup to enforce it in: {self.cgroups.status.cause}"
 
     def _expected(self, limits: Limits) -> Enforcement:
         """The enforcement record a grant with ``limits`` would get here (before carving)."""

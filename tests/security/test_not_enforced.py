@@ -56,7 +56,7 @@ def check_record(record: dict[str, object], kernel: dict[str, str | None]) -> No
         by = kernel[name] if name in CGROUP_LIMITS else "fiberd"
         assert entry["enforced_by"] == by, (name, entry)
         if by is None:
-            assert name in str(entry["not_enforced"]) or "uncarved" in entry["not_enforced"]
+            assert name in str(entry["not_enforced"]) or "no cgroup" in entry["not_enforced"]
     assert record["unenforced"] == [n for n in CGROUP_LIMITS if kernel[n] is None]
     assert record["devices"]["confined_by"] == ENV_ONLY  # type: ignore[index]
 
