@@ -41,7 +41,7 @@ log = logging.getLogger("slurm_fiber.sweep")
 
 TREE_NAME = re.compile(re.escape(TREE_PREFIX) + r"([1-9][0-9]{0,9})")
 EMPTY_WITHIN = 10.0  # seconds a swept tree may take to empty after cgroup.kill
-READY_RESET_WITHIN = 10.0  # seconds the "not ready" publish may take at start
+READY_RESET_WITHIN = 5.0  # seconds the "not ready" publish may hold up delivery at start
 
 
 @dataclass(frozen=True)
