@@ -328,11 +328,18 @@ class CgroupManager:
         if not self.carved or self.root is None:
             return None
         enabled = self.root_controllers()
-        return tuple(
-            LimitOutcome(file, value, True) if controller in enabled else
-            LimitOutcome(file, value, False, f"not enforced: the {controller} controller is "
-                         f"not enabled for cgroups under {self.root}")
-            for controller, file, value in limit_plan(limits))
+        offered = controllers(self.root)
+        out = []
+        for controller, file, value in limit_plan(limits):
+            if controller in enabled:
+                out.append(LimitOutcome(file, value, True))
+                continue
+            why = (f"not enabled for cgroups under {self.root}" if controller in offered else
+                   f"not available to {self.root} (its cgroup v2 offers: "
+                   f"{' '.join(sorted(offered)) or 'none'})")
+            out.append(LimitOutcome(file, value, False,
+                                    f"not enforced: the {controller} controller is {why}"))
+        return tuple(out)
 
     @property
     def carved(self) -> bool:
