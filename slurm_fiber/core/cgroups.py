@@ -271,6 +271,10 @@ def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
     for controller, file, value in limit_plan(limits):
         if controller not in enabled:
             why = f"not enforced: the {controller} controller is not enabled for {cgroup}"
+            offered = controllers(cgroup.parent)
+            if controller not in offered:
+                why += (f" (nor offered to {cgroup.parent}: its cgroup v2 offers "
+                        f"{' '.join(sorted(offered)) or 'none'})")
             out.append(LimitOutcome(file, value, False, why))
             continue
         try:
