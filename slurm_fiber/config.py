@@ -33,12 +33,16 @@ the working directory (environment and flags).
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 1 | fiber processes a ready template forks ahead, in their cgroups (0..16; 0: none) |
+| strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 
 List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
 (trust: a table) and comma-separated in the environment and flags; a trust
 entry there is ``issuer=path``, split at its last "=" (issuer URLs may hold one).
+Switches (strict_limits) are TOML booleans, ``true``/``false`` (also
+``1``/``0``, ``yes``/``no``, ``on``/``off``) in the environment, and a bare
+``--strict-limits`` / ``--no-strict-limits`` flag.
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ class FiberdConfig:
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
     spares: int = 1
+    strict_limits: bool = False
     log_format: str = "text"
     log_level: str = "info"
 
@@ -218,6 +223,19 @@ def _devices(value: object) -> tuple[Device, ...]:
     return tuple(devices)
 
 
+_TRUE_WORDS = ("true", "1", "yes", "on")
+_FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def _switch(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _text(value).lower()
+    if text in _TRUE_WORDS or text in _FALSE_WORDS:
+        return text in _TRUE_WORDS
+    raise _Refused(f"must be true or false, got {value!r}")
+
+
 def _count(low: int, high: int) -> Callable[[object], int]:
     def parse(value: object) -> int:
         if isinstance(value, str) and value.strip().isdigit():
@@ -280,6 +298,7 @@ class Option:
     parse: Callable[[object], Any]
     help: str
     paths: bool = False  # its value holds paths made absolute against the source's directory
+    switch: bool = False  # a boolean: a bare --flag / --no-flag on the command line
 
     @property
     def env(self) -> str:
@@ -318,6 +337,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace", _seconds(0, 3600, zero_ok=True), "seconds between SIGTERM and SIGKILL"),
     Option("spares", _count(0, 16),
            "fiber processes each ready template forks ahead (0: fork on each Clone)"),
+    Option("strict_limits", _switch,
+           "refuse (unenforceable) a grant asking for limits this host does not enforce",
+           switch=True),
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),
@@ -347,6 +369,8 @@ def describe() -> str:
 def _show(value: object) -> str:
     if value is None or value == () or value == {}:
         return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

@@ -2,7 +2,8 @@
 
 ``run_fiberd`` is the daemon's whole life on one asyncio loop: open the audit
 log and the grant book (refusing to start on a corrupt state file), sweep the
-cgroups a dead predecessor left, serve the socket, feed the home's
+cgroups a dead predecessor left (homes.sweep), serve the socket, publish "not
+ready" over the predecessor's stale readiness, feed the home's
 deliveries into the core (``drive``), run the home and the core's upkeep, and
 register the core for the home's scope losses. It returns when ``stop`` is
 set (fiberd's CLI sets it on SIGTERM/SIGINT) or when the home's ``run``
@@ -36,6 +37,7 @@ from slurm_fiber.core.trust import TrustStore
 from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, log_problem
 from slurm_fiber.homes.seam import Home, LosesScope
+from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
 
 log = logging.getLogger("slurm_fiber.fiberd")
 
@@ -132,9 +134,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()
     cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home))
-    swept = await cgroups.sweep()
+    swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
-                grace=config.grace, spares=config.spares)
+                grace=config.grace, spares=config.spares, strict_limits=config.strict_limits)
     server = ApiServer(core, _server_config(config), clock=clock,
                        audit=_audit_refusal(audit))
     try:
@@ -142,9 +144,11 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     except SocketPathError as err:
         audit.close()
         raise FiberdRefused(str(err)) from None
+    readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
                 socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
-                swept=[str(p) for p in swept])
+                swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
+                readiness=readiness)
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     return Running(core, server, audit, Path(config.socket))

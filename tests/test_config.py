@@ -205,3 +205,15 @@ def test_the_configuration_builds_a_standalone_home(
     asyncio.run(main())
     assert json.loads((tmp_path / "ready.json").read_text())["warm"] == ["g"]
     assert home.cgroup_root() is None and "uncarved" in home.cgroup_reason()
+
+
+def test_strict_limits_is_a_switch_from_any_source(tmp_path: Path) -> None:
+    assert load_config(env={}).strict_limits is False
+    toml = tmp_path / "f.toml"
+    toml.write_text("strict_limits = true\n")
+    assert load_config(str(toml), env={}).strict_limits is True
+    assert load_config(str(toml), env={"FIBERD_STRICT_LIMITS": "no"}).strict_limits is False
+    assert load_config(env={"FIBERD_STRICT_LIMITS": "1"}, flags={"strict_limits": False}
+                       ).strict_limits is False
+    with pytest.raises(ConfigError, match=r"FIBERD_STRICT_LIMITS.*true or false"):
+        load_config(env={"FIBERD_STRICT_LIMITS": "maybe"})

@@ -14,7 +14,7 @@ function raised or the fiber died); 2 usage error; 65 fiberd refused the
 request (``code: reason`` printed); 69 fiberd unreachable or the
 connection broke; 75 a retryable miss (cold, capacity, source_stale,
 fenced, denied); 77 a final miss (invalid_token, unknown_grant, expired,
-warm_failed, closed); 130 gave up waiting after a third Ctrl-C. ``run``
+warm_failed, closed, unenforceable); 130 gave up waiting after a third Ctrl-C. ``run``
 exits with the fiber's status (its exit code, or 128+N when signal N
 killed it), so a command's own exit code can coincide with those above:
 the miss or refusal line on stderr tells them apart.
@@ -265,7 +265,41 @@ def status(args: argparse.Namespace) -> None:
     print(f"ready: {report['ready']}")
     for section in ("status", "health"):
         for key, value in report[section].items():  # type: ignore[union-attr]
+            if section == "status" and key == "enforcement" and isinstance(value, dict):
+                for line in enforcement_lines(value):
+                    print(f"status.enforcement.{line}")
+                continue
             print(f"{section}.{key}: {json.dumps(value)}")
+
+
+def enforcement_lines(enforcement: dict[str, object]) -> list[str]:
+    """``status``'s enforcement section, one line each: strict_limits, what this host
+    enforces for a grant asking every limit, and each grant's record."""
+    lines = [f"strict_limits: {json.dumps(enforcement.get('strict_limits'))}"]
+    host = enforcement.get("host")
+    if isinstance(host, dict):
+        lines.append(f"host: {describe_enforcement(host)}")
+    grants = enforcement.get("grants")
+    for uid, record in (grants.items() if isinstance(grants, dict) else []):
+        if isinstance(record, dict):
+            lines.append(f"grants.{uid}: {describe_enforcement(record)}")
+    return lines
+
+
+def describe_enforcement(record: dict[str, object]) -> str:
+    """An enforcement record for people: each limit asked for (every limit, in the host's
+    record) with what enforces it or "NOT enforced (why)", then how devices are confined."""
+    parts = []
+    limits = record.get("limits")
+    for name, entry in (limits.items() if isinstance(limits, dict) else []):
+        if not isinstance(entry, dict) or ("asked" in entry and entry["asked"] is None):
+            continue
+        by = entry.get("enforced_by")
+        parts.append(f"{name} by {by}" if by else
+                     f"{name} NOT enforced ({entry.get('not_enforced')})")
+    devices = record.get("devices")
+    confined = devices.get("confined_by") if isinstance(devices, dict) else None
+    return "; ".join([*(parts or ["no limits asked"]), f"devices: {confined}"])
 
 
 def _grant_options(parser: argparse.ArgumentParser) -> None:

@@ -1,9 +1,10 @@
 """fiberd's command-line options, generated from the configuration's option table.
 
-Every option of ``slurm_fiber.config.OPTIONS`` becomes a ``--flag`` whose help
-names its environment variable, so the table stays the one place an option
-is described. ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags``
-turns the parsed flags into a ``FiberdConfig``.
+Every option of ``slurm_fiber.config.OPTIONS`` becomes a ``--flag VALUE`` (a
+switch: a bare ``--flag`` / ``--no-flag``) whose help names its environment
+variable, so the table stays the one place an option is described.
+``fiberd`` and ``fiberd-run`` share them. ``load_from_flags`` turns the
+parsed flags into a ``FiberdConfig``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ def option_parameters() -> list[inspect.Parameter]:
     params = [inspect.Parameter("config", KW, annotation=str | None, default=typer.Option(
         None, "--config", metavar="FILE", help=CONFIG_HELP, show_default=False))]
     for opt in OPTIONS:
+        help_text = f"{opt.help} [env {opt.env}; default {default_text(opt)}]"
+        if opt.switch:
+            flag = f"{opt.flag}/--no-{opt.flag[2:]}"
+            params.append(inspect.Parameter(opt.name, KW, annotation=bool | None,
+                                            default=typer.Option(None, flag, show_default=False,
+                                                                 help=help_text)))
+            continue
         params.append(inspect.Parameter(opt.name, KW, annotation=str | None, default=typer.Option(
-            None, opt.flag, metavar=opt.name.upper(), show_default=False,
-            help=f"{opt.help} [env {opt.env}; default {default_text(opt)}]")))
+            None, opt.flag, metavar=opt.name.upper(), show_default=False, help=help_text)))
     return params
 
 

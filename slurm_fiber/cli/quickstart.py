@@ -6,7 +6,8 @@ whose template preloads real, slow-to-import modules, starts the real
 progress while the template warms, times a cold interpreter start with the
 same imports, runs Clones through the socket in call mode and exec mode,
 prints a short table (cold start vs Clone p50/p99, the ratio, the cgroup
-mode, where the audit log is), and stops fiberd cleanly: it then walks /proc
+mode with the limits this host does not enforce and how devices are
+confined, where the audit log is), and stops fiberd cleanly: it then walks /proc
 and fails if any template or fiber of this run is still alive. Afterwards
 only the audit log is kept (everything with ``--keep``; everything on a
 failure, so fiberd's log can be read). Works as root or as a plain user (a
@@ -52,7 +53,8 @@ HELP = (
     '(standalone home) whose warm template preloads slow-to-import modules, then Clones '
     'through its socket timed against a cold `python -c "import ..."`.\n\n'
     'Prints progress on stderr while the template warms, then a table: cold start vs Clone '
-    'p50/p99 (call mode and exec mode), the ratio, the cgroup mode and where the audit log is '
+    'p50/p99 (call mode and exec mode), the ratio, the cgroup mode (with the limits this host '
+    'does not enforce and how devices are confined) and where the audit log is '
     '(read it with `slurm-fiber audit --path FILE`). fiberd is stopped at the end and nothing '
     'of the run is left running. Only the audit log is kept, unless --keep.\n\n'
     'Exit codes: 0 success; 1 failed (one line says why); 2 usage error.'
@@ -105,12 +107,26 @@ def table(figures: dict[str, Any]) -> str:
         f"preloads ({len(figures['preloads'])}): {', '.join(figures['preloads'])}",
         f"template warmed in {figures['warm_seconds']:.2f} s; "
         f"{figures['clones_per_mode']} clones per mode through fiberd's socket",
-        f"cgroups: {figures['mode']} ({figures['cgroups']['reason']})",
+        f"cgroups: {figures['mode']} ({figures['cgroups']['reason']}); "
+        f"{enforcement_brief(figures.get('enforcement'))}",
         f"audit log: {figures['audit_path']}",
         f"  read it: slurm-fiber audit --path {figures['audit_path']}",
         "fiberd stopped cleanly; nothing of this run is left running",
     ]
     return "\n".join(lines)
+
+
+def enforcement_brief(host: object) -> str:
+    """What this host enforces, briefly: the limits a grant could ask for that nothing
+    enforces here, and how devices are confined (``status``'s enforcement host record)."""
+    if not isinstance(host, dict):
+        return "limits enforced: unknown"
+    missing = host.get("unenforced") or []
+    devices = host.get("devices")
+    confined = devices.get("confined_by") if isinstance(devices, dict) else "unknown"
+    limits = (f"limits NOT enforced here: {', '.join(map(str, missing))}" if missing
+              else "every limit enforced")
+    return f"{limits}; devices: {confined}"
 
 
 def finish(site: Site, keep: bool) -> list[int]:
@@ -126,6 +142,11 @@ def finish(site: Site, keep: bool) -> list[int]:
             if entry != site.audit_path:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     return left
+
+
+def _host_enforcement(status: dict[str, object]) -> object:
+    enforcement = status.get("enforcement")
+    return enforcement.get("host") if isinstance(enforcement, dict) else None
 
 
 def run(preloads: tuple[str, ...], clones: int, cold_runs: int, cgroup_root: str,
@@ -151,6 +172,7 @@ def run(preloads: tuple[str, ...], clones: int, cold_runs: int, cgroup_root: str
     return {"run_id": site.run_id, "preloads": list(preloads), **figures,
             "clones_per_mode": clones, "warm_seconds": round(warm, 3), "mode": status.get("mode"),
             "cgroups": status.get("cgroups"), "audit_path": str(site.audit_path),
+            "enforcement": _host_enforcement(status),
             "kept": str(root), "kept_everything": keep, "left_running": left}
 
 

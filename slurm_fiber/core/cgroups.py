@@ -10,7 +10,11 @@ cgroup whose ``subtree_control`` enables controllers. Controllers (memory,
 pids, cpu) are enabled in ``subtree_control`` where the parent offers them;
 the grant's limits are written on the grant cgroup where its controller is
 enabled, and every limit that could not be written is reported as
-``not enforced: <why>`` (never silently dropped). Stopping uses
+``not enforced: <why>`` (never silently dropped). ``CgroupManager.predict``
+says the same before carving (which controllers are enabled for grant
+cgroups), for the admission's enforcement record and ``--strict-limits``;
+``CgroupManager.backend`` ("cgroup v2") is how those records name what
+enforces a written limit (core.enforcement). Stopping uses
 ``cgroup.kill`` (a SIGKILL to every process in the subtree, race-free with
 concurrent forks); emptiness is learnt from ``cgroup.events``
 (``populated 0``), watched with inotify; empty cgroups are removed.
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
     import asyncio
 
 CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
+BACKEND = "cgroup v2"  # how the enforcement record names what writes these limits
 CPU_PERIOD_US = 100_000
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -60,6 +65,11 @@ class CgroupStatus:
     carved: bool
     reason: str
     root: Path | None
+
+    @property
+    def cause(self) -> str:
+        """The reason without the uncarved mode's standard consequences (for limit records)."""
+        return self.reason.removesuffix(_UNCARVED)
 
     def to_json(self) -> dict[str, object]:
         return {"carved": self.carved, "reason": self.reason,
@@ -74,6 +84,11 @@ class LimitOutcome:
     value: str
     enforced: bool
     reason: str = ""  # "not enforced: <why>" when not enforced
+
+    @property
+    def limit(self) -> str:
+        """The grant limit this file keeps ("memory", "pids", "cpu": its controller)."""
+        return self.file.partition(".")[0]
 
     def to_json(self) -> dict[str, object]:
         return {"file": self.file, "value": self.value, "enforced": self.enforced,
@@ -256,6 +271,10 @@ def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
     for controller, file, value in limit_plan(limits):
         if controller not in enabled:
             why = f"not enforced: the {controller} controller is not enabled for {cgroup}"
+            offered = controllers(cgroup.parent)
+            if controller not in offered:
+                why += (f" (nor offered to {cgroup.parent}: its cgroup v2 offers "
+                        f"{' '.join(sorted(offered)) or 'none'})")
             out.append(LimitOutcome(file, value, False, why))
             continue
         try:
@@ -287,11 +306,44 @@ class CgroupManager:
     returns None and removal does nothing. Not thread-safe; used on the loop.
     """
 
+    backend = BACKEND
+
     def __init__(self, root: Path | None, why_none: str = "no cgroup root given") -> None:
         """``why_none``: the home's reason when it gives no root (shown in status and audit)."""
         self.root = root
         self.status = _probe(root, why_none)
         self._root_enabled: set[str] | None = None
+
+    def root_controllers(self) -> set[str]:
+        """The controllers enabled for grant cgroups (enabling the offered ones on first use).
+
+        Empty when uncarved. Blocks briefly on cgroupfs.
+        """
+        if not self.carved or self.root is None:
+            return set()
+        if self._root_enabled is None:
+            self._root_enabled = enable_controllers(self.root)
+        return self._root_enabled
+
+    def predict(self, limits: Limits) -> tuple[LimitOutcome, ...] | None:
+        """How ``carve_grant`` would fare with ``limits``, without carving: None when
+        uncarved, else one outcome per limit set, enforced where its controller is
+        enabled for grant cgroups. (A write the kernel refuses is only seen by carving.)"""
+        if not self.carved or self.root is None:
+            return None
+        enabled = self.root_controllers()
+        offered = controllers(self.root)
+        out = []
+        for controller, file, value in limit_plan(limits):
+            if controller in enabled:
+                out.append(LimitOutcome(file, value, True))
+                continue
+            why = (f"not enabled for cgroups under {self.root}" if controller in offered else
+                   f"not available to {self.root} (its cgroup v2 offers: "
+                   f"{' '.join(sorted(offered)) or 'none'})")
+            out.append(LimitOutcome(file, value, False,
+                                    f"not enforced: the {controller} controller is {why}"))
+        return tuple(out)
 
     @property
     def carved(self) -> bool:
@@ -312,8 +364,7 @@ class CgroupManager:
         path = self.grant_path(uid)
         if path is None or self.root is None:
             return None
-        if self._root_enabled is None:
-            self._root_enabled = enable_controllers(self.root)
+        self.root_controllers()
         path.mkdir(exist_ok=True)
         enable_controllers(path)
         (path / "template").mkdir(exist_ok=True)
@@ -358,8 +409,11 @@ async def kill_and_remove(cgroup: Path) -> None:
     await asyncio.to_thread(remove_tree, cgroup)
 
 
+_UNCARVED = "; running uncarved: processes tracked by pidfd, limits not enforced"
+
+
 def _probe(root: Path | None, why_none: str) -> CgroupStatus:
-    suffix = "; running uncarved: processes tracked by pidfd, limits not enforced"
+    suffix = _UNCARVED
     if root is None:
         return CgroupStatus(False, why_none + suffix, None)
     if not (root / "cgroup.controllers").is_file():
@@ -410,7 +464,7 @@ def _drain(fd: int) -> None:
 
 
 __all__ = [
-    "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
+    "BACKEND", "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
     "controllers", "empty", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
     "memory_peak", "pids", "populated", "remove_tree", "safe_name", "wait_empty",
     "write_limits",

@@ -288,8 +288,8 @@ class GrantBook:
             if reading.fresh:
                 return Miss(MissCode.UNKNOWN_GRANT,
                             f"no grant {uid!r} here and the control plane is answering")
-            return Miss(MissCode.SOURCE_STALE,
-                        f"no grant {uid!r} here yet, and the control plane is {reading.state}",
+            source = reading.down or f"the control plane is {reading.state}"
+            return Miss(MissCode.SOURCE_STALE, f"no grant {uid!r} here yet, and {source}",
                         retry_after=RETRY_HINT)
         view = self._view(uid)
         if view.expired:

@@ -13,6 +13,11 @@ none; the NVIDIA container toolkit reads ``void``. Level Zero reads an empty
 ``ZE_AFFINITY_MASK`` as *all* devices, and ROCm / ``GPU_DEVICE_ORDINAL`` are
 not documented to read empty as none, so those get ``-1``: an index no device
 has, which every one of these runtimes filters out, leaving none visible.
+
+This is the only confinement of devices between grants: visibility, not
+access. No device cgroup stops a fiber from opening another device node its
+uid may open, so every grant's enforcement record says devices are
+confined "env only" (``core.enforcement``), never more.
 """
 
 from __future__ import annotations

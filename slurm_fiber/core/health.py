@@ -9,6 +9,14 @@ the home has a control plane, a fence ends ``fence_ttl`` after the last sync.
 A home with no control plane at all (the standalone host) builds its health
 with ``control_plane=False``: it is always fresh, and fences never end by
 silence. All readings are on the clock's monotonic scale.
+
+A grant source can also be known to be down while the control plane answers
+(a grantdir that is missing or cannot be read): its reader calls
+``mark_down(source, reason)``, and until ``mark_up(source)`` every reading is
+stale (``reason`` says why), with or without a control plane, so a Clone
+for a grant not yet delivered misses with the retryable ``source_stale``
+rather than the final ``unknown_grant``. A source being down does not end
+fences: fibers already running keep their deadlines.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class HealthReading:
     state: HealthState
     age: float | None
     control_plane: bool
+    down: str | None = None  # why a grant source is down (then the state is stale)
 
     @property
     def fresh(self) -> bool:
@@ -53,6 +62,15 @@ class SourceHealth:
         self.stale_after = stale_after
         self.control_plane = control_plane
         self._last_sync: float | None = None
+        self._down: dict[str, str] = {}  # grant source -> why it is down
+
+    def mark_down(self, source: str, reason: str) -> None:
+        """Say that ``source`` (e.g. the grantdir's path) cannot deliver grants now, and why."""
+        self._down[source] = reason
+
+    def mark_up(self, source: str) -> None:
+        """Say that ``source`` delivers again (a no-op when it was not down)."""
+        self._down.pop(source, None)
 
     def mark_sync(self) -> None:
         """Record that the control plane answered now."""
@@ -66,6 +84,9 @@ class SourceHealth:
     def read(self) -> HealthReading:
         """The state now: fresh, stale or never (always fresh without a control plane)."""
         age = None if self._last_sync is None else self._clock.mono() - self._last_sync
+        if self._down:
+            return HealthReading(HealthState.STALE, age, self.control_plane,
+                                 "; ".join(self._down.values()))
         if not self.control_plane:
             return HealthReading(HealthState.FRESH, age, False)
         if age is None:

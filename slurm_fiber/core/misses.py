@@ -1,8 +1,10 @@
 """Miss codes: the only way a Clone that starts no fiber answers.
 
-The set is closed and matches DESIGN §4. Each miss carries a one-line reason
-a person can act on and, where retrying makes sense, when to retry. Callers
-(fiberctl, homes, conform) key on ``code`` and ``retryable``, never on text.
+The set is closed and matches DESIGN §4, plus ``unenforceable`` (final: a
+fiberd run with ``strict_limits`` refuses a grant asking for limits it cannot
+enforce). Each miss carries a one-line reason a person can act on and, where
+retrying makes sense, when to retry. Callers (fiberctl, homes, conform) key on
+``code`` and ``retryable``, never on text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class MissCode(enum.StrEnum):
     WARM_FAILED = "warm_failed"
     CAPACITY = "capacity"
     CLOSED = "closed"
+    UNENFORCEABLE = "unenforceable"  # strict limits: the grant asks for limits not enforced here
 
     @property
     def retryable(self) -> bool:

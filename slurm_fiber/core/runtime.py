@@ -50,8 +50,9 @@ from slurm_fiber.core.decisions import (
     invalid_token_miss,
 )
 from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.enforcement import Enforcement, grant_enforcement, host_enforcement
 from slurm_fiber.core.fibers import Fiber, enforce_deadline
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.templates import (
@@ -94,6 +95,7 @@ class _Grant:
     channel: DeviceChannel
     release: ReleaseDevices
     cgroup: GrantCgroup | None
+    enforcement: Enforcement
     watcher: asyncio.Task[None] | None = None
     retired: list[Template] = field(default_factory=list)
 
@@ -120,13 +122,15 @@ class Core:
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
     the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
     processes each ready template forks ahead. ``python`` is the
-    interpreter templates run.
+    interpreter templates run. ``strict_limits``: refuse (``unenforceable``)
+    a grant asking for a limit nothing here enforces, instead of running it
+    with that limit reported as not enforced.
     """
 
     def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
                  spares: int = 1, python: str = sys.executable,
-                 prune_after: float = DEFAULT_PRUNE_AFTER) -> None:
+                 prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False) -> None:
         self.home = home
         self.book = book
         self.verifier = verifier
@@ -138,6 +142,7 @@ class Core:
         self.spares = spares
         self.python = python
         self.prune_after = prune_after
+        self.strict_limits = strict_limits
         self.closing = False
         self._grants: dict[str, _Grant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -148,6 +153,7 @@ class Core:
         self._released: set[str] = set()  # fiber ids whose release is audited
         self._tasks: set[asyncio.Task[object]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
+        self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -171,16 +177,23 @@ class Core:
         """Admit a verified token and warm its grant's template (returns before it is warm).
 
         Raises AdmitRefused (denied, expired, closed, devices or cgroup
-        refused), audited with its code and reason.
+        refused, or under strict limits ``unenforceable``), audited with its
+        code and reason. The admit record carries the token's enforcement
+        record (which of its limits are enforced, by what; how devices are
+        confined).
         """
         if self.closing:
             raise self._refuse(vt, closed_miss())
+        expected = self._expected(vt.spec.limits)
+        if self.strict_limits:
+            self._refuse_unenforceable(vt, expected)
         outcome = self.book.admit(vt)
         if isinstance(outcome, Miss):
             raise self._refuse(vt, outcome)
+        self._unenforceable.pop(vt.uid, None)
         self._write(AuditEvent.ADMIT, uid=vt.uid, jti=vt.jti, issuer=vt.issuer,
                     lease_end=outcome.lease_end.wall, new_grant=outcome.new_grant,
-                    leeway=vt.leeway_used)
+                    leeway=vt.leeway_used, enforcement=expected.to_json())
         async with self._lock(vt.uid):
             grant = self._grants.get(vt.uid)
             spec = self.book_spec(vt.uid) or outcome.spec
@@ -195,6 +208,7 @@ class Core:
         """Remove the grant: deny the UID until its tokens expire, stop its fibers and
         template, release its devices and cgroup; returns once its fibers are gone."""
         removed = self.book.remove(uid)
+        self._unenforceable.pop(uid, None)
         self._write(AuditEvent.REMOVE, uid=uid, jtis=list(removed.jtis),
                     denied_until=removed.until)
         await self._retire(uid, "removed")
@@ -276,6 +290,8 @@ class Core:
             return self._miss(None, resolved, caller)
         uid = resolved
         grant = self._grants.get(uid)
+        if grant is None and uid in self._unenforceable:
+            return self._miss(uid, self._unenforceable[uid], caller)
         running = len(grant.template.fibers) if grant is not None else 0
         decision = self.book.decide_clone(uid, _template_view(grant), running)
         if isinstance(decision, Miss):
@@ -310,6 +326,7 @@ class Core:
                 "fibers": len(grant.template.fibers) if grant else 0,
                 "devices": grant.channel.to_json() if grant else [],
                 "limits": _limits_json(view.spec),
+                "enforcement": grant.enforcement.to_json() if grant else None,
             })
         return out
 
@@ -321,14 +338,28 @@ class Core:
                 "templates_stopping": len(self._retiring),
                 "fibers_running": self.fibers_running(), "cgroups": cgroups,
                 "mode": "carved" if cgroups["carved"] else "uncarved",
+                "enforcement": self.enforcement_status(),
                 "scope": {c.key: c.value for c in self.home.scope()},
                 "audit_path": str(self.audit.path), "audit_seq": self.audit.seq}
+
+    def enforcement_status(self) -> JsonMap:
+        """What is enforced here: ``strict_limits``; ``host``, what a grant asking for every
+        limit would get (no ``asked`` values); ``grants``, each provisioned grant's record."""
+        host = host_enforcement(self.cgroups.predict(Limits(memory=1, pids=1, cpu=1.0)),
+                                backend=self.cgroups.backend,
+                                uncarved_reason=self._uncarved_reason()).to_json()
+        limits = host["limits"]
+        assert isinstance(limits, dict)
+        host["limits"] = {name: {k: v for k, v in entry.items() if k != "asked"}
+                          for name, entry in limits.items()}
+        return {"strict_limits": self.strict_limits, "host": host,
+                "grants": {uid: g.enforcement.to_json() for uid, g in self._grants.items()}}
 
     def health(self) -> JsonMap:
         reading = self.home.health().read()
         fence = self.book.fence_end()
         return {"state": reading.state.value, "age": reading.age,
-                "control_plane": reading.control_plane,
+                "control_plane": reading.control_plane, "source_down": reading.down,
                 "fence_ends_in": None if fence is None else max(0.0, fence - self.clock.mono()),
                 "epoch": self.book.epoch}
 
@@ -350,10 +381,36 @@ class Core:
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
 
-    def _refuse(self, vt: VerifiedToken, miss: Miss) -> AdmitRefused:
+    def _refuse(self, vt: VerifiedToken, miss: Miss, **fields: object) -> AdmitRefused:
         self._write(AuditEvent.REFUSE, uid=vt.uid, jti=vt.jti, code=miss.code.value,
-                    reason=miss.reason, detail=miss.detail)
+                    reason=miss.reason, detail=miss.detail, **fields)
         return AdmitRefused(miss)
+
+    def _uncarved_reason(self) -> str:
+        return f"no cgroup to enforce it in: {self.cgroups.status.cause}"
+
+    def _expected(self, limits: Limits) -> Enforcement:
+        """The enforcement record a grant with ``limits`` would get here (before carving)."""
+        return grant_enforcement(limits, self.cgroups.predict(limits),
+                                 backend=self.cgroups.backend,
+                                 uncarved_reason=self._uncarved_reason())
+
+    def _carved(self, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
+        """The enforcement record of a carved (or, None, uncarved) grant cgroup."""
+        return grant_enforcement(limits, None if cgroup is None else cgroup.limits,
+                                 backend=self.cgroups.backend,
+                                 uncarved_reason=self._uncarved_reason())
+
+    def _refuse_unenforceable(self, vt: VerifiedToken, record: Enforcement) -> None:
+        """Under strict limits: raise the audited ``unenforceable`` refusal when ``record``
+        leaves a limit unenforced, and remember it for Clones naming the UID."""
+        reason = record.refusal(vt.uid)
+        if reason is None:
+            return
+        miss = Miss(MissCode.UNENFORCEABLE, reason,
+                    detail=",".join(e.limit for e in record.unenforced()))
+        self._unenforceable[vt.uid] = miss
+        raise self._refuse(vt, miss, enforcement=record.to_json())
 
     async def _provision(self, vt: VerifiedToken, spec: FiberSpec) -> None:
         """Devices, cgroup and a warming template for a newly admitted grant."""
@@ -365,13 +422,21 @@ class Core:
                                         detail="devices_refused")) from None
         try:
             cgroup = self.cgroups.carve_grant(vt.uid, spec.limits)
+            enforcement = self._enforced(vt.uid, cgroup, spec.limits)
+            if self.strict_limits:
+                self._refuse_unenforceable(vt, enforcement)
             template = await self._start_template(vt.uid, spec, channel, cgroup)
-        except OSError as err:
+        except (OSError, AdmitRefused) as err:
             await asyncio.to_thread(release)
+            if isinstance(err, AdmitRefused):
+                if vt.uid not in self._grants:  # nothing of the grant runs in it
+                    with contextlib.suppress(OSError):
+                        await self.cgroups.remove_grant(vt.uid)
+                raise
             raise self._refuse(vt, Miss(MissCode.WARM_FAILED,
                                         f"cannot start the template of {vt.uid!r}: {err}",
                                         detail="template_start")) from None
-        grant = _Grant(vt.uid, spec, template, channel, release, cgroup)
+        grant = _Grant(vt.uid, spec, template, channel, release, cgroup, enforcement)
         self._grants[vt.uid] = grant
         grant.watcher = self._spawn(self._watch(grant))
 
@@ -381,9 +446,20 @@ class Core:
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
                                     clock=self.clock, python=self.python, spares=self.spares)
 
+    def _enforced(self, uid: str, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
+        """The record of what carving wrote; audited (``enforcement``) when it differs from
+        what was expected at admission (a limit write the kernel refused)."""
+        record = self._carved(cgroup, limits)
+        if record.outcome() != self._expected(limits).outcome():
+            self._write("enforcement", uid=uid, enforcement=record.to_json())
+        return record
+
     async def _replace_template(self, grant: _Grant, spec: FiberSpec) -> None:
-        """A renewal changed the template: warm a new one; the old one stops once its
-        fibers have ended."""
+        """A renewal changed the grant: write its limits again, warm a new template; the
+        old one stops once its fibers have ended."""
+        if grant.cgroup is not None and spec.limits != grant.spec.limits:
+            grant.cgroup = self.cgroups.carve_grant(grant.uid, spec.limits)
+        grant.enforcement = self._carved(grant.cgroup, spec.limits)
         old = grant.template
         grant.template = await self._start_template(grant.uid, spec, grant.channel,
                                                     grant.cgroup)
@@ -465,10 +541,13 @@ class Core:
         held = [g.uid for g in self.book.grants()]
         if len(held) == 1:
             return held[0]
+        if not held and len(self._unenforceable) == 1:
+            return next(iter(self._unenforceable.values()))
         if not held:
             reading = self.home.health().read()
             code = MissCode.UNKNOWN_GRANT if reading.fresh else MissCode.SOURCE_STALE
-            return Miss(code, "no grant is admitted here; deliver one or carry a token",
+            why = f" ({reading.down})" if reading.down else ""
+            return Miss(code, f"no grant is admitted here{why}; deliver one or carry a token",
                         retry_after=None if reading.fresh else 1.0)
         return Miss(MissCode.UNKNOWN_GRANT,
                     f"{len(held)} grants are admitted ({', '.join(held[:5])}); name one")

@@ -16,7 +16,9 @@ given), and then carves that root itself, the nested-delegation pattern.
 
 A placement without a root always carries a one-line reason; nothing here
 raises for a machine that lacks a usable cgroup v2. ``Delegation.undo``
-moves the process back and removes what delegation created.
+moves the process back and removes what delegation created. A fiberd killed
+before it could undo leaves its ``slurm-fiber.<pid>`` tree; the next
+fiberd's start-up sweep (homes.sweep) removes it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 
 SELF_LEAF = "_fiberd"
+TREE_PREFIX = "slurm-fiber."  # + pid: the tree a fiberd delegates itself in the hierarchy's root
 DELEGATE = "delegate"
 PROC_MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -190,7 +193,7 @@ def _carve(here: str, *, is_root: bool) -> Delegation:
     root = here
     try:
         if is_root:
-            root = os.path.join(here, f"slurm-fiber.{os.getpid()}")
+            root = os.path.join(here, f"{TREE_PREFIX}{os.getpid()}")
             os.mkdir(root)
             created.append(root)
         leaf = os.path.join(root, SELF_LEAF)

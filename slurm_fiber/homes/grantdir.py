@@ -16,6 +16,12 @@ starting with "." are never read, so a writer can write ``.name.tmp`` and
 rename it into place. A directory writable by group or others, or owned by
 someone other than the expected owner or root, is refused.
 
+A directory that is missing (or cannot be read) is not a refusal but an
+outage of the grant source: it is reported once, the home's ``SourceHealth``
+(when given) is marked down so Clones miss with the retryable
+``source_stale`` instead of a final ``unknown_grant``, and it is polled
+until it appears; then its grants load and the health is marked up again.
+
 With ``follow_symlinks``, symlinks are followed when they resolve inside the
 directory. ``secret_volume`` reads a Kubernetes Secret volume as the kubelet's
 AtomicWriter lays it out (``name.jwt -> ..data/name.jwt``, ``..data ->
@@ -43,6 +49,7 @@ import jwt
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import valid_uid
+from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.seam import GrantEvent
 
@@ -51,6 +58,7 @@ GRANT_SUFFIX = ".jwt"
 _DIR_SUBJECT = "."  # the subject of problems with the directory itself
 DATA_LINK = "..data"  # the kubelet's symlink to a Secret volume's current payload
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MISSING = "grantdir_missing"  # the code of a directory that is not there (or cannot be stat'ed)
 
 
 class GrantDirRefused(Exception):
@@ -125,7 +133,8 @@ class GrantDir:
     ``on_problem`` receives each skipped file or directory problem once
     until it changes; it must not raise. ``secret_volume`` reads a
     Kubernetes Secret volume (see the module text; it implies following
-    symlinks, only into ``..data``).
+    symlinks, only into ``..data``). ``health`` is marked down while the
+    directory is missing, unreadable or refused, and up once a poll lists it.
     """
 
     def __init__(
@@ -138,6 +147,7 @@ class GrantDir:
         follow_symlinks: bool = False,
         secret_volume: bool = False,
         owner: int | None = None,
+        health: SourceHealth | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("grantdir interval must be a positive number of seconds")
@@ -148,6 +158,7 @@ class GrantDir:
         self.secret_volume = secret_volume
         self.owner = os.geteuid() if owner is None else owner
         self._on_problem = on_problem
+        self._health = health
         self._files: dict[str, _Held] = {}
         self._reported: dict[str, tuple[str, object]] = {}
 
@@ -159,9 +170,7 @@ class GrantDir:
         try:
             st = os.stat(self.path)
         except OSError as err:
-            raise GrantDirRefused(
-                "grantdir_missing", f"grantdir {self.path}: {err.strerror}"
-            ) from None
+            raise GrantDirRefused(MISSING, f"grantdir {self.path}: {err.strerror}") from None
         if not stat.S_ISDIR(st.st_mode):
             raise GrantDirRefused("grantdir_not_dir", f"grantdir {self.path} is not a directory")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
@@ -179,6 +188,17 @@ class GrantDir:
                 f"run: chown {self.owner} {self.path}",
             )
 
+    def check_at_start(self) -> None:
+        """The check before delivery starts: raise GrantDirRefused for a directory that
+        exists and is refused (marking the health down); a missing one is reported, the
+        health marked down, and delivery waits for it (polling). Never blocks long."""
+        try:
+            self.check()
+        except GrantDirRefused as err:
+            self._down(err.code, err.reason)
+            if err.code != MISSING:
+                raise
+
     def uids(self) -> set[str]:
         """The UIDs the files held at the last poll."""
         return {held.uid for held in self._files.values()}
@@ -194,12 +214,15 @@ class GrantDir:
             self.check()
             names = sorted(n for n in os.listdir(self.path) if self._is_grant_name(n))
         except GrantDirRefused as err:
-            self._report(_DIR_SUBJECT, _Bad(err.code, err.reason, err.reason))
+            self._down(err.code, err.reason)
             return []
         except OSError as err:
-            self._report(_DIR_SUBJECT, _Bad("grantdir_unreadable", err.strerror or "", err.errno))
+            self._down("grantdir_unreadable",
+                       f"grantdir {self.path} cannot be listed: {err.strerror}")
             return []
         self._reported.pop(_DIR_SUBJECT, None)
+        if self._health is not None:
+            self._health.mark_up(self.path)
         before = self.uids()
         added: list[GrantEvent] = []
         present: set[str] = set()
@@ -226,10 +249,11 @@ class GrantDir:
     async def events(self) -> AsyncIterator[GrantEvent]:
         """Deliver events forever: a poll at once, then one every ``interval`` of the clock.
 
-        Raises GrantDirRefused before the first poll when ``check`` fails;
+        Raises GrantDirRefused before the first poll when the directory is
+        refused (``check_at_start``); a missing directory is waited for, and
         later failures are reported and skipped. Ends only when cancelled.
         """
-        self.check()
+        self.check_at_start()
         while True:
             for event in self.poll():
                 yield event
@@ -253,6 +277,12 @@ class GrantDir:
         self._files[name] = _Held(digest, uid)
         self._reported.pop(name, None)
         return GrantEvent.added(content)
+
+    def _down(self, code: str, reason: str) -> None:
+        """The directory cannot deliver: report it (once until it changes), mark health down."""
+        self._report(_DIR_SUBJECT, _Bad(code, reason, reason))
+        if self._health is not None:
+            self._health.mark_down(self.path, reason)
 
     def _report(self, subject: str, bad: _Bad) -> None:
         key = (bad.code, bad.version)

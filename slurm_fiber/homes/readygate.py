@@ -6,9 +6,10 @@ whenever that fact flips. One publish is in flight at a time and no lock is
 held across it: a ``publish_ready`` arriving meanwhile records its change and
 returns, and the publisher in flight sends the newest state once its call
 returns, so the control plane sees states in the order they were decided,
-never an older state after a newer one. A failed publish leaves the
-published state as it was, so the next ``publish_ready`` or ``republish``
-sends it again. The gate does not log; ``republish`` reports whether the
+never an older state after a newer one. A failed or cancelled publish
+leaves the published state unknown (the plane may have taken it or not),
+so the next ``publish_ready`` or ``republish`` sends the current state
+whatever it is. The gate does not log; ``republish`` reports whether the
 outcome changed so the home logs each distinct failure, and the recovery,
 once.
 """
@@ -87,10 +88,13 @@ class ReadyGate:
             while True:
                 fact = self.ready()
                 err = await self._publish_once(sorted(self._warm))
-                if err is None:
-                    self._published = fact
+                # A failed send may still have reached the plane: its state is unknown.
+                self._published = fact if err is None else None
                 if self.ready() == fact:
                     return err
+        except BaseException:
+            self._published = None  # cancelled mid-send: the plane may hold either state
+            raise
         finally:
             self._in_flight = False
 

@@ -9,11 +9,14 @@ fiberd's own cgroup, or absent with a stated reason.
 
 "No control plane" means:
 
-* **health** is ``SourceHealth(control_plane=False)``: always fresh, never
-  marked, so nothing here goes stale;
+* **health** is ``SourceHealth(control_plane=False)``: fresh, except while
+  the grantdir is missing, unreadable or refused: then it is stale (the
+  grantdir marks it down) and a Clone for a grant not delivered yet misses
+  with the retryable ``source_stale``, until the directory appears and its
+  grants load;
 * **miss codes**: a Clone for a UID that was never admitted misses with
-  ``unknown_grant`` (a final "no"), never ``source_stale``, because nobody
-  else could know better; a removed grant misses with ``denied``;
+  ``unknown_grant`` (a final "no") while the grantdir is readable, because
+  nobody else could know better; a removed grant misses with ``denied``;
 * **fences** never end by silence: a fiber runs until its lease, its own
   time limit, an epoch bump or its grant's removal (a deleted grant file).
 """
@@ -79,9 +82,10 @@ class StandaloneHome:
         cgroup: str | None = None,
         on_problem: ProblemSink = log_problem,
     ) -> None:
-        self._grantdir = GrantDir(grantdir, clock, poll_interval, on_problem=on_problem)
         self._clock = clock
         self._health = SourceHealth(clock, stale_after, control_plane=False)
+        self._grantdir = GrantDir(grantdir, clock, poll_interval, on_problem=on_problem,
+                                  health=self._health)
         self._devices = DeviceChannel.of(devices)
         self._ready_file = ready_file
         self._notify_socket = notify_socket
@@ -113,8 +117,11 @@ class StandaloneHome:
         return NAME
 
     async def grants(self) -> AsyncIterator[GrantEvent]:
-        """The grantdir's deliveries; raises GrantDirRefused when the directory is refused."""
-        self._grantdir.check()
+        """The grantdir's deliveries; raises GrantDirRefused when the directory is refused.
+
+        A missing grantdir is waited for (health stale meanwhile, see grantdir).
+        """
+        self._grantdir.check_at_start()
         return self._grantdir.events()
 
     def own_grant(self) -> bytes | None:
@@ -122,7 +129,7 @@ class StandaloneHome:
         return None
 
     def health(self) -> SourceHealth:
-        """Always fresh: there is no control plane to fall silent."""
+        """Fresh (no control plane to fall silent) unless the grantdir is down."""
         return self._health
 
     def cgroup_root(self) -> str | None:

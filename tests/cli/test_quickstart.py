@@ -54,6 +54,10 @@ def test_quickstart_json_runs_end_to_end_and_leaves_only_the_audit_log() -> None
         assert clone["p50_ms"] < cold and clone["speedup_p50"] > 1
     assert cold >= 100  # the default preloads import slowly (≥ 200 ms on a quiet machine)
     assert figures["mode"] in {"carved", "uncarved"} and figures["cgroups"]["reason"]
+    host = figures["enforcement"]
+    assert host["devices"]["confined_by"] == "env only"
+    assert set(host["unenforced"]) <= {"memory", "pids", "cpu"}
+    assert host["limits"]["seconds"]["enforced_by"] == "fiberd"
     assert "warming" in out.stderr and "template 'quickstart' is warm" in out.stderr
 
     kept, audit = Path(figures["kept"]), Path(figures["audit_path"])
@@ -94,5 +98,7 @@ def test_without_a_cgroup_root_it_runs_uncarved_and_says_so() -> None:
     out = quickstart("--cgroup-root", "none", "--clones", "2", "--cold-runs", "1")
     assert out.returncode == 0, out.stderr
     assert "cgroups: uncarved (" in out.stdout and "nothing of this run is left" in out.stdout
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("cgroups: uncarved (")]
+    assert line.endswith("; limits NOT enforced here: memory, pids, cpu; devices: env only")
     audit = Path(out.stdout.split("audit log: ")[1].split("\n")[0])
     subprocess.run(["rm", "-rf", str(audit.parent)], check=True)

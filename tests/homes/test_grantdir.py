@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.core.health import HealthState, SourceHealth
 from slurm_fiber.homes import MAX_TOKEN_BYTES, EventKind, GrantDir, GrantDirRefused, Problem
 from slurm_fiber.homes.grantdir import unverified_uid
 
@@ -194,22 +196,60 @@ def test_an_unreadable_file_is_reported_once(clock: FakeClock) -> None:
             return
         os.chown(root, NOBODY, NOBODY)
         os.chown(f, NOBODY, NOBODY)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child polls as nobody and writes its problem codes back
-            try:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                d = Dir(root, clock)
-                events = d.poll() + d.poll()
-                os.write(write, repr((events, d.codes())).encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as got:
-            answer = got.read().decode()
-        os.waitpid(pid, 0)
-        assert answer == repr(([], ["unreadable"]))
+
+        def poll_twice() -> object:
+            d = Dir(root, clock)
+            return d.poll() + d.poll(), d.codes()
+
+        assert as_nobody(poll_twice) == repr(([], ["unreadable"]))
+
+
+def as_nobody(work: Callable[[], object]) -> str:
+    """``repr(work())`` computed in a child running as nobody (root reads anything)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child works as nobody and writes the repr of its answer back
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write, repr(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as got:
+        answer = got.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_a_missing_or_unlistable_directory_marks_the_health_down_until_it_is_listed(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    health = SourceHealth(clock, 60.0, control_plane=False)
+    missing = Dir(tmp_path / "grants", clock, health=health)
+    missing.gd.check_at_start()  # waited for, not refused
+    assert missing.poll() == [] and missing.codes() == ["grantdir_missing"]
+    reading = health.read()
+    assert reading.state is HealthState.STALE and str(missing.path) in str(reading.down)
+    missing.path.mkdir(mode=0o700)
+    (missing.path / "a.jwt").write_bytes(token("alpha"))
+    assert missing.poll() == [("added", "alpha")] and health.read().fresh
+    if os.geteuid() != 0:
+        pytest.skip("an unlistable directory needs a second user (root lists anything)")
+    with scratch_dirs(1) as (root,):
+        os.chown(root, NOBODY, NOBODY)
+        root.chmod(0o300)  # its owner may enter and write it, not list it
+
+        def down_then_up() -> object:
+            seen = SourceHealth(clock, 60.0, control_plane=False)
+            d = Dir(root, clock, health=seen)
+            before = (d.poll(), d.codes(), seen.read().state.value, seen.read().down)
+            root.chmod(0o700)
+            return before, d.poll(), seen.read().state.value
+
+        before, after, state = ast.literal_eval(as_nobody(down_then_up))
+        assert before[:3] == ([], ["grantdir_unreadable"], "stale")
+        assert "cannot be listed" in before[3] and (after, state) == ([], "fresh")
 
 
 def test_a_directory_writable_by_others_is_refused(clock: FakeClock, tmp_path: Path) -> None:

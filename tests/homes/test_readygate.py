@@ -261,3 +261,27 @@ def test_a_failure_while_newer_state_waits_still_sends_the_newest() -> None:
 
     asyncio.run(main())
     assert plane.calls == [["a"], []]
+
+
+def test_a_publish_cancelled_in_flight_leaves_the_state_unknown_so_the_next_is_sent() -> None:
+    """fiberd publishes "not ready" at start; a "ready" the plane takes but whose caller is
+    cancelled (shutdown) must not make the later "not ready" look already published."""
+
+    async def main() -> None:
+        plane = Plane()
+        gate = ReadyGate(plane.publish)
+        first = asyncio.create_task(gate.publish_ready("", False))
+        await plane.settle()
+        await first
+        up = await in_flight(gate)  # the plane has it, its answer never comes back
+        up.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await up
+        assert plane.futures.pop(0).cancelled()  # no answer will come for it
+        down = asyncio.create_task(gate.publish_ready("a", False))
+        await tick()
+        assert plane.calls == [[], ["a"], []]
+        await plane.settle()
+        await down
+
+    asyncio.run(main())

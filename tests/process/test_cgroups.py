@@ -11,6 +11,7 @@ import pytest
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager, safe_name
+from slurm_fiber.core.enforcement import grant_enforcement
 from slurm_fiber.core.grant import Limits
 from tests.process.helpers import cgroup_dirs
 
@@ -132,3 +133,51 @@ def test_wait_empty_returns_for_an_empty_or_vanished_cgroup(cgroup_root: Path):
     asyncio.run(cgroups.wait_empty(cgroup_root / "empty"))
     cgroups.remove_tree(cgroup_root / "empty")
     assert not (cgroup_root / "empty").exists()
+
+
+# ---------------------------------------------------------------- enforcement records
+
+
+def fake_root(tmp_path: Path, offered: str) -> Path:
+    root = fake_cgroup(tmp_path / "root", offered)
+    (root / "cgroup.procs").write_text("")
+    return root
+
+
+def test_predict_says_what_carving_will_enforce_without_carving(tmp_path: Path):
+    mgr = CgroupManager(fake_root(tmp_path, "memory hugetlb"))
+    assert mgr.carved
+    limits = Limits(memory=1 << 30, pids=8, cpu=2.0)
+    predicted = mgr.predict(limits)
+    assert predicted is not None
+    assert [(o.limit, o.enforced) for o in predicted] == [
+        ("memory", True), ("pids", False), ("cpu", False)]
+    assert predicted[1].reason.endswith(
+        f"the pids controller is not available to {mgr.root} (its cgroup v2 offers: "
+        "hugetlb memory)")
+    assert not mgr.grant_path("u").exists()  # nothing carved
+    assert CgroupManager(None).predict(limits) is None
+
+
+def test_a_grant_record_names_what_enforces_each_limit_and_why_not():
+    limits = Limits(memory=1 << 20, pids=4, seconds=30.0)
+    written = (cgroups.LimitOutcome("memory.max", "1048576", True),
+               cgroups.LimitOutcome("pids.max", "4", False,
+                                    "not enforced: the pids controller is not enabled for /g"))
+    record = grant_enforcement(limits, written, backend="cgroup v2", uncarved_reason="-")
+    assert record.outcome() == (("memory", "cgroup v2"), ("pids", None), ("cpu", None),
+                                ("seconds", "fiberd"), ("fibers", None))
+    assert [e.limit for e in record.unenforced()] == ["pids"]
+    assert record.to_json()["limits"]["pids"] == {  # type: ignore[index]
+        "asked": 4, "enforced_by": None,
+        "not_enforced": "the pids controller is not enabled for /g"}
+    assert record.devices.by == "env only"
+    refusal = record.refusal("g")
+    assert refusal is not None and "(pids)" in refusal and "not enabled for /g" in refusal
+    assert record.summary() == ("enforced: memory (cgroup v2), seconds (fiberd); "
+                                "NOT enforced: pids; devices: env only")
+    uncarved = grant_enforcement(limits, None, backend="cgroup v2", uncarved_reason="no root")
+    assert [(e.limit, e.reason) for e in uncarved.unenforced()] == [
+        ("memory", "no root"), ("pids", "no root")]
+    assert grant_enforcement(Limits(fibers=2), None, backend="x",
+                             uncarved_reason="-").refusal("g") is None

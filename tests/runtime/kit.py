@@ -53,12 +53,14 @@ class Site:
 
     def token(self, uid: str = "g1", *, ttl: float = 3600, preload: tuple[str, ...] = (),
               fibers: int | None = None, seconds: float | None = None,
-              audience: str = AUDIENCE, devices: tuple[str, ...] = ()) -> str:
+              audience: str = AUDIENCE, devices: tuple[str, ...] = (),
+              memory: int | None = None, pids: int | None = None,
+              cpu: float | None = None) -> str:
         spec = FiberSpec(
             devices=devices,
             template=TemplateSpec(preload=("tests.runtime.targets", *preload),
                                   env={"SF_TEST_MARK": self.mark, "PYTHONPATH": str(REPO)}),
-            limits=Limits(fibers=fibers, seconds=seconds))
+            limits=Limits(fibers=fibers, seconds=seconds, memory=memory, pids=pids, cpu=cpu))
         now = time.time()
         return mint(self.key, issuer="site", uid=uid, audience=audience, iat=now,
                     exp=now + ttl, spec=spec)

@@ -19,11 +19,13 @@ from tests.runtime.kit import AUDIENCE, Site
 BIN = Path(sys.executable).parent
 
 
-def flags(site: Site, **over: str) -> list[str]:
+def flags(site: Site, **over: str | None) -> list[str]:
+    """fiberd's flags for ``site``; ``over`` adds or replaces options (value None: a bare
+    switch such as ``strict-limits``)."""
     options = {"state-dir": str(site.state), "trust": f"site={site.jwks}",
                "audience": AUDIENCE, "poll-interval": "0.05", "grace": "0.3",
                "cgroup-root": "none", "audit-fsync": "never", **over}
-    return [f"--{k}={v}" for k, v in options.items()]
+    return [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
 
 
 def env() -> dict[str, str]:
@@ -31,10 +33,12 @@ def env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def fiberd(site: Site, **popen: Any) -> Iterator[subprocess.Popen[str]]:
-    """A ``fiberd`` process for ``site``; SIGKILLed (with its group) if a test leaves it."""
-    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site)], env=env(), text=True,
-                            start_new_session=True, **popen)
+def fiberd(site: Site, options: dict[str, str | None] | None = None,
+           **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """A ``fiberd`` process for ``site`` (``options``: see ``flags``); SIGKILLed (with its
+    group) if a test leaves it."""
+    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site, **(options or {}))], env=env(),
+                            text=True, start_new_session=True, **popen)
     try:
         yield proc
     finally:

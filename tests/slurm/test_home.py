@@ -17,7 +17,6 @@ from replay import FIXTURES, Replay, alive, env_file, losses
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import HealthState
-from slurm_fiber.homes.grantdir import GrantDirRefused
 from slurm_fiber.homes.seam import EventKind, Home
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice
 from slurm_fiber.homes.slurm.control import (
@@ -262,20 +261,24 @@ def test_paths_convention(tmp_path: Path) -> None:
 
 def test_grants_come_from_the_jobs_grantdir(tmp_path: Path, clock: FakeClock) -> None:
     home = make_home(tmp_path, clock)
-    with pytest.raises(GrantDirRefused) as err:
-        asyncio.run(home.grants())
-    assert err.value.code == "grantdir_missing"
-    home.paths.grantdir.mkdir(mode=0o700)
+    home.health().mark_sync()  # the control plane answers
     token = jwt.encode({"sub": "g1"}, "k" * 32, algorithm="HS256").encode()
-    (home.paths.grantdir / "g1.jwt").write_bytes(token)
 
     async def first() -> object:
-        events = await home.grants()
+        events = await home.grants()  # a missing grantdir is waited for, health stale
         assert events is not None
-        return await anext(events)
+        pending = asyncio.ensure_future(anext(events))
+        await clock.settle()
+        assert not pending.done() and not home.health().read().fresh
+        assert "grantdir" in str(home.health().read().down)
+        home.paths.grantdir.mkdir(mode=0o700)
+        (home.paths.grantdir / "g1.jwt").write_bytes(token)
+        await clock.advance_and_settle(home.config.grant_poll_every)
+        return await pending
 
     event = asyncio.run(first())
     assert event.kind is EventKind.GRANT_ADDED and event.token == token  # type: ignore[attr-defined]
+    assert home.health().read().fresh
 
 
 def test_readiness_goes_to_the_file_and_the_comment(tmp_path: Path, clock: FakeClock) -> None:

@@ -106,10 +106,9 @@ class KubernetesHome:
         self.condition_type = condition_type
         self._clock = clock
         self._interval = poll_interval
-        self._grantdir = GrantDir(
-            grantdir, clock, poll_interval, on_problem=on_problem, secret_volume=True
-        )
         self._health = SourceHealth(clock, stale_after, control_plane=True)
+        self._grantdir = GrantDir(grantdir, clock, poll_interval, on_problem=on_problem,
+                                  secret_volume=True, health=self._health)
         self.poll = HealthPoll(self._health, poll_interval, clock, self._round,
                                on_error=self._poll_failed, on_recovered=self._poll_recovered)
         self.scope_loss = ScopeLossQueue()
@@ -134,8 +133,9 @@ class KubernetesHome:
         return f"k8s:{self.identity.namespace}:{self.identity.name}"
 
     async def grants(self) -> AsyncIterator[GrantEvent]:
-        """The Secret volume's deliveries; raises GrantDirRefused when it cannot be trusted."""
-        self._grantdir.check()
+        """The Secret volume's deliveries; raises GrantDirRefused when it cannot be trusted
+        (a missing one is waited for, the health stale meanwhile)."""
+        self._grantdir.check_at_start()
         return self._grantdir.events()
 
     def own_grant(self) -> bytes | None:

@@ -184,10 +184,14 @@ class SlurmHome:
         return "slurm"
 
     async def grants(self) -> AsyncIterator[GrantEvent] | None:
-        """The job's grantdir, polled; raises GrantDirRefused when it cannot be trusted."""
+        """The job's grantdir, polled; raises GrantDirRefused when it cannot be trusted.
+
+        A missing one is waited for, the health stale meanwhile (see grantdir).
+        """
         grantdir = GrantDir(self.paths.grantdir, self.clock, self.config.grant_poll_every,
-                            on_problem=self.on_problem, owner=self.job.uid)
-        grantdir.check()
+                            on_problem=self.on_problem, owner=self.job.uid,
+                            health=self._health)
+        grantdir.check_at_start()
         return grantdir.events()
 
     def own_grant(self) -> bytes | None:
