@@ -81,15 +81,17 @@ class SlurmCluster:
         mine = {k: v for k, v in self.env.items() if k.startswith(("SLURM_", "FIBERD_"))}
         return {"PATH": JOB_PATH, "LANG": "C.UTF-8", **mine}
 
-    def run(self, *argv: str, user: JobUser | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command with the cluster's SLURM_CONF, as root or (``user``)
-        as that account through ``runuser``; blocks until it exits."""
+    def run(self, *argv: str, user: JobUser | None = None, timeout: float = 60,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command (a Slurm client, fiberctl) with the cluster's SLURM_CONF and
+        ``extra_env``, as root or (``user``) as that account through ``runuser`` with
+        ``job_env``; blocks until it exits."""
         if user is None:
-            return subprocess.run(list(argv), capture_output=True, text=True, env=self.env,
-                                  timeout=timeout)
+            return subprocess.run(list(argv), capture_output=True, text=True,
+                                  env=self.env | (extra_env or {}), timeout=timeout)
         return subprocess.run([RUNUSER, "-u", user.name, "--", *argv], capture_output=True,
-                              text=True, env=self.job_env(), cwd="/", timeout=timeout)
+                              text=True, env=self.job_env() | (extra_env or {}), cwd="/",
+                              timeout=timeout)
 
     def srun(self, *args: str, user: JobUser | None,
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -231,15 +233,26 @@ def _job_dirs(request: pytest.FixtureRequest) -> Iterator[Path]:
 
 
 @pytest.fixture
+def private_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Path:
+    """A new root-owned dir (0755) for a private cluster's run dir: under /tmp and reachable
+    by all, as munged and job users need (pytest's tmp_path is below a 0700 dir, which
+    any concurrent pytest run resets to 0700)."""
+    path = _job_dirs / f"private-{request.node.name[:40]}"
+    path.mkdir(mode=0o755)
+    return path
+
+
+@pytest.fixture
 def job_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Callable[[JobUser], Path]:
     """``job_dir(user)``: a new work dir owned by ``user``, mode 0700 (no other job user
     reads it; root, the test, does)."""
     counter = itertools.count()
+    return lambda user: new_job_dir(
+        _job_dirs / f"{request.node.name[:40]}-{user.name}-{next(counter)}", user)
 
-    def make(user: JobUser) -> Path:
-        path = _job_dirs / f"{request.node.name[:40]}-{user.name}-{next(counter)}"
-        path.mkdir(mode=0o700)
-        os.chown(path, user.uid, user.gid)
-        return path
 
-    return make
+def new_job_dir(path: Path, user: JobUser) -> Path:
+    """Make ``path`` (a new dir) ``user``'s, mode 0700; returns it."""
+    path.mkdir(mode=0o700)
+    os.chown(path, user.uid, user.gid)
+    return path
