@@ -1,7 +1,8 @@
 """The `slurm_cluster` fixture: the bare-host 2-node Slurm cluster, running or brought up here.
 
 It uses a cluster that is already up (read through `bare-host status --json`
-and `bare-host env`), or, as root on Debian, runs `bare-host up` (with the
+and `bare-host env`; as root, `bare-host up` first refreshes its site venv
+from the checkout's current sources), or, as root on Debian, runs `bare-host up` (with the
 slurm_fiber prolog and epilog wired in) and `down` at the end of the
 session. When neither works it skips with the reason (CI turns that skip
 into a failure, as intended).
@@ -170,7 +171,11 @@ def _can_bring_up() -> str | None:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     started_here = False
-    if bare_host("status", "--json").returncode != 0:
+    if bare_host("status", "--json").returncode == 0:
+        if os.geteuid() == 0:  # refresh its site venv: the jobs run this checkout's code
+            up = bare_host("up", timeout=600)
+            assert up.returncode == 0, f"bare-host up (refresh): {up.stderr.strip()[-2000:]}"
+    else:
         reason = _can_bring_up()
         if reason:
             pytest.skip(f"no Slurm cluster up and cannot start one: {reason}")
