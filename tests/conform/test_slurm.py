@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -56,6 +55,14 @@ def conform_on(cluster: SlurmCluster, user: JobUser,
                           check=False)
 
 
+def stage_job(cluster: SlurmCluster) -> str:
+    """`scontrol -o show job` of the stage's latest job (slurmctld keeps ended jobs a while)."""
+    out = cluster.run("scontrol", "-o", "show", "job").stdout.splitlines()
+    mine = [line for line in out if " JobName=slurm-fiber-conform " in line]
+    assert mine, "slurmctld knows no job of the stage"
+    return max(mine, key=lambda line: int(line.split()[0].removeprefix("JobId=")))
+
+
 def jobs_of_the_stage(cluster: SlurmCluster) -> str:
     out = cluster.run("squeue", "-h", "-n", "slurm-fiber-conform", "-o", "%i %T %u")
     return out.stdout.strip()
@@ -71,13 +78,10 @@ def test_every_clause_passes_on_the_real_cluster(slurm_cluster: SlurmCluster,
     assert outcomes(report) == dict.fromkeys(CLAUSES, "pass"), run.stdout + run.stderr[-3000:]
     assert run.returncode == 0
     assert LEASE_FINDING not in run.stderr  # every GPU claim after a release was granted
-    # The scancel reached fiberd: through the home's poll (every 5 s), or first through the
-    # epilog removing the job's grantdir (about a second after the scancel), on a busy host.
-    assert "slurm home: scope lost: job" in run.stderr or "grantdir_missing: " in run.stderr
-    named = re.search(r"(?:scope lost: job |/jobs/)(\d+)", run.stderr)
-    assert named is not None, run.stderr
-    job = named.group(1)
-    shown = slurm_cluster.run("scontrol", "-o", "show", "job", job).stdout
+    # The scancel reaches fiberd through the home's poll (every 5 s, "slurm home: scope lost")
+    # or, on a busy host, first through the epilog removing the job's grant files about a
+    # second after it: scope.loss accepts either, so neither line is required here.
+    shown = stage_job(slurm_cluster)
     assert f" UserId={job_user.name}({job_user.uid}) " in shown, shown
     assert "Traceback" not in run.stderr
     assert took < 120, f"conform --home slurm took {took:.1f} s"
