@@ -11,6 +11,15 @@ site config's ``home_defaults``), but trusting only the harness's issuer, so the
 prolog's own grant ``job-<id>.jwt`` (the site issuer's) is refused and never
 warms a template of its own; the clauses use their own UIDs.
 
+The job runs as a job user, as on a site: run as root, the stage submits
+with ``runuser -u <user> -- sbatch`` where ``<user>`` is
+``$SLURM_FIBER_CONFORM_USER`` (default ``nobody``), from a job dir of its
+own (``/tmp/sf-conform-*``, owned by that user, mode 0700, removed on
+close) and with a plain environment (PATH, locale and the SLURM_* variables
+only); run as anyone else, it submits as itself. The step environment the
+job writes there is read without following a link, non-blocking, and
+bounded in size: the job user owns that dir.
+
 fiberd's own state (grant book, audit log, socket, template logs) is kept
 in the stage dir, not the job's state dir: this fiberd is not a step of
 the job, so unlike fiberd-run it outlives the job's end, and the epilog
@@ -55,9 +64,13 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import re
+import shutil
 import socket
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -91,6 +104,11 @@ JOB_SCRIPT = """#!/bin/sh
 srun --overlap -n1 env -0 > step.env.tmp && mv step.env.tmp step.env
 exec sleep 1800
 """
+JOB_USER_ENV = "SLURM_FIBER_CONFORM_USER"
+DEFAULT_JOB_USER = "nobody"
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+RUNUSER = "/usr/sbin/runuser"
+MAX_STEP_ENV = 1 << 20  # bytes of the step environment the stage reads
 CTLD_PORT = re.compile(r"^\s*SlurmctldPort\s*=.*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -108,11 +126,45 @@ def parse_env0(data: bytes) -> dict[str, str]:
     return {key: value for key, sep, value in pairs if sep}
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm client command with this process's environment; bounded, never raises."""
+def job_user(environ: Mapping[str, str], euid: int) -> pwd.struct_passwd | None:
+    """The account the stage's job runs as: None (submit as this process) unless ``euid`` is
+    root, then ``$SLURM_FIBER_CONFORM_USER`` or ``nobody``. Raises StageCannot for an account
+    that does not exist, or for root itself."""
+    if euid != 0:
+        return None
+    name = environ.get(JOB_USER_ENV) or DEFAULT_JOB_USER
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise StageCannot(f"{JOB_USER_ENV}={name}: no such account") from None
+    if entry.pw_uid == 0:
+        raise StageCannot(f"{JOB_USER_ENV}={name} is root: jobs run as a job user")
+    return entry
+
+
+def job_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the job's submitter gets: a plain PATH and locale and the SLURM_* variables. Pure."""
+    return {"PATH": JOB_PATH, "LANG": "C.UTF-8",
+            **{k: v for k, v in environ.items() if k.startswith("SLURM_")}}
+
+
+def read_job_file(path: Path, max_bytes: int) -> bytes:
+    """A regular file the job user wrote, read without following a link or blocking on a FIFO,
+    at most ``max_bytes``; OSError otherwise. TODO(safefs): safefs.read_file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            raise OSError(f"{path}: not a regular file of at most {max_bytes} bytes")
+        return f.read(max_bytes)
+
+
+def _run(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command (a Slurm client) with ``env`` (default: this process's); bounded, never
+    raises."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                              check=False)
+                              check=False, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
         return subprocess.CompletedProcess(argv, 1, "", str(err))
 
@@ -142,6 +194,7 @@ class SlurmStage(OpenedStage):
         self._sampler: asyncio.Task[None] | None = None
         self._last_doc: object = None
         self._history: list[bool] = []
+        self._job_dir: Path | None = None
 
     @property
     def job(self) -> SlurmJob:
@@ -209,16 +262,30 @@ class SlurmStage(OpenedStage):
                 self._held_record.rename(self._paths.cgroup_file)
         return _run("scancel", str(self._job_id))
 
+    def _job_dir_for(self, workdir: Path, user: pwd.struct_passwd | None) -> Path:
+        """Where the job runs: ``workdir`` for a job of this process's user, else a new dir
+        in /tmp owned by ``user``, mode 0700."""
+        if user is None:
+            return workdir
+        self._job_dir = Path(tempfile.mkdtemp(prefix="sf-conform-", dir="/tmp"))
+        os.chown(self._job_dir, user.pw_uid, user.pw_gid)
+        return self._job_dir
+
     def _start_job(self, workdir: Path) -> dict[str, str]:
-        script = workdir / "job.sh"
+        user = job_user(os.environ, os.geteuid())
+        jobdir = self._job_dir_for(workdir, user)
+        script = jobdir / "job.sh"
         script.write_text(JOB_SCRIPT)
-        out = _run("sbatch", "--parsable", "--gres=gpu:1", "--time=30", "-n1",
-                   "--job-name=slurm-fiber-conform", f"--chdir={workdir}",
-                   f"--output={workdir}/job.out", str(script))
+        script.chmod(0o644)
+        argv = ["sbatch", "--parsable", "--gres=gpu:1", "--time=30", "-n1",
+                "--job-name=slurm-fiber-conform", f"--chdir={jobdir}",
+                f"--output={jobdir}/job.out", str(script)]
+        out = (_run(*argv) if user is None else
+               _run(RUNUSER, "-u", user.pw_name, "--", *argv, env=job_env(os.environ)))
         if out.returncode != 0:
             raise StageCannot(f"sbatch failed: {out.stderr.strip()[:300]}")
         self._job_id = int(out.stdout.strip().split(";")[0])
-        env_file, deadline = workdir / "step.env", time.monotonic() + START_TIMEOUT
+        env_file, deadline = jobdir / "step.env", time.monotonic() + START_TIMEOUT
         while not env_file.exists():
             state = _run("squeue", "-h", "-j", str(self._job_id), "-o", "%T").stdout.strip()
             if state not in ("PENDING", "CONFIGURING", "RUNNING"):
@@ -227,11 +294,15 @@ class SlurmStage(OpenedStage):
             if time.monotonic() > deadline:
                 raise StageCannot(f"job {self._job_id} still {state} after {START_TIMEOUT:g} s")
             time.sleep(0.1)
-        return parse_env0(env_file.read_bytes())
+        try:
+            return parse_env0(read_job_file(env_file, MAX_STEP_ENV))
+        except OSError as err:
+            raise StageCannot(f"job {self._job_id}: its step environment: {err}") from None
 
     def _job_out(self) -> str:
         with contextlib.suppress(OSError):
-            return (self.root / "job.out").read_text()[-300:].strip() or "no output"
+            out = read_job_file((self._job_dir or self.root) / "job.out", MAX_STEP_ENV)
+            return out.decode(errors="replace")[-300:].strip() or "no output"
         return "no output"
 
     async def close(self) -> None:
@@ -247,6 +318,9 @@ class SlurmStage(OpenedStage):
         if self._refuser is not None:
             self._refuser.close()
             self._refuser = None
+        if self._job_dir is not None:
+            shutil.rmtree(self._job_dir, ignore_errors=True)
+            self._job_dir = None
 
     # ---- fiberd
 

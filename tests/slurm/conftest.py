@@ -1,26 +1,42 @@
 """The `slurm_cluster` fixture: the bare-host 2-node Slurm cluster, running or brought up here.
 
 It uses a cluster that is already up (read through `bare-host status --json`
-and `bare-host env`), or, as root on Debian, runs `bare-host up` (with the
+and `bare-host env`; as root, `bare-host up` first refreshes its site venv
+from the checkout's current sources), or, as root on Debian, runs `bare-host up` (with the
 slurm_fiber prolog and epilog wired in) and `down` at the end of the
 session. When neither works it skips with the reason (CI turns that skip
-into a failure, as intended). `test_user` is a non-root account for jobs
-whose ownership matters (created with useradd when absent).
+into a failure, as intended).
+
+Jobs run as unprivileged users, as on a site: ``SlurmCluster.submit`` and
+``srun`` take the ``user`` to submit as (``runuser -u <user> -- sbatch``, which
+works on every Slurm release, unlike sbatch's removed ``--uid``), with a plain
+environment (no root HOME, venv or PYTHONPATH). ``job_user`` (sfalice) and
+``other_user`` (sfmallory) are the two accounts of tests/security/users.py,
+``test_user`` (sfjob) the one the hook tests use; ``job_dir`` gives a job user
+a work dir of its own (0700), outside pytest's root-only tmp_path. A job that
+must still run as root passes ``user=None`` and says why at the call.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import pwd
+import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.security.users import ALICE, MALLORY, JobUser
+from tests.security.users import job_user as make_job_user
+
 BARE_HOST = Path(__file__).resolve().parents[2] / "docker" / "slurm-cluster" / "bare-host"
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
 
@@ -43,29 +59,54 @@ def exports(text: str) -> dict[str, str]:
 class SlurmCluster:
     """A running cluster: ``env`` for client commands, its run dir and node names.
 
-    ``site_config`` is the slurm_fiber site config its prolog and epilog use
-    (None when it was brought up with --no-hooks).
+    ``site_config`` is the slurm_fiber site config its prolog and epilog use and
+    ``site_venv`` the site install jobs run (both None when it was brought up
+    with --no-hooks).
     """
 
     env: dict[str, str]
     run_dir: Path
     nodes: tuple[str, ...]
     site_config: Path | None = None
+    site_venv: Path | None = None
 
-    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command with the cluster's SLURM_CONF; blocks until it exits."""
-        return subprocess.run(list(argv), capture_output=True, text=True, env=self.env,
+    @property
+    def site_bin(self) -> Path:
+        """The site venv's bin dir (fiberd-run, fiberctl); fails the test without hooks."""
+        assert self.site_venv is not None, "the cluster is up without hooks: bare-host down"
+        return self.site_venv / "bin"
+
+    def job_env(self) -> dict[str, str]:
+        """What a job user's command gets: a plain PATH and locale, and of ``env`` only the
+        cluster's and fiberd's variables (SLURM_*, FIBERD_*), nothing of root's."""
+        mine = {k: v for k, v in self.env.items() if k.startswith(("SLURM_", "FIBERD_"))}
+        return {"PATH": JOB_PATH, "LANG": "C.UTF-8", **mine}
+
+    def run(self, *argv: str, user: JobUser | None = None, timeout: float = 60,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command (a Slurm client, fiberctl) with the cluster's SLURM_CONF and
+        ``extra_env``, as root or (``user``) as that account through ``runuser`` with
+        ``job_env``; blocks until it exits."""
+        if user is None:
+            return subprocess.run(list(argv), capture_output=True, text=True,
+                                  env=self.env | (extra_env or {}), timeout=timeout)
+        return subprocess.run([RUNUSER, "-u", user.name, "--", *argv], capture_output=True,
+                              text=True, env=self.job_env() | (extra_env or {}), cwd="/",
                               timeout=timeout)
 
-    def srun(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return self.run("srun", *args, timeout=timeout)
+    def srun(self, *args: str, user: JobUser | None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return self.run("srun", *args, user=user, timeout=timeout)
 
-    def submit(self, script: str, *sbatch_args: str, workdir: Path) -> int:
-        """sbatch ``script`` (text) from ``workdir``; returns the job id or fails the test."""
+    def submit(self, script: str, *sbatch_args: str, workdir: Path,
+               user: JobUser | None) -> int:
+        """sbatch ``script`` (text) from ``workdir`` as ``user`` (None: root); returns the job
+        id or fails the test."""
         path = workdir / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
+        path.chmod(0o644)
         out = self.run("sbatch", "--parsable", f"--chdir={workdir}",
-                       f"--output={workdir}/slurm-%j.out", *sbatch_args, str(path))
+                       f"--output={workdir}/slurm-%j.out", *sbatch_args, str(path), user=user)
         assert out.returncode == 0, f"sbatch failed: {out.stderr.strip()}"
         return int(out.stdout.strip().split(";")[0])
 
@@ -130,7 +171,11 @@ def _can_bring_up() -> str | None:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     started_here = False
-    if bare_host("status", "--json").returncode != 0:
+    if bare_host("status", "--json").returncode == 0:
+        if os.geteuid() == 0:  # refresh its site venv: the jobs run this checkout's code
+            up = bare_host("up", timeout=600)
+            assert up.returncode == 0, f"bare-host up (refresh): {up.stderr.strip()[-2000:]}"
+    else:
         reason = _can_bring_up()
         if reason:
             pytest.skip(f"no Slurm cluster up and cannot start one: {reason}")
@@ -145,6 +190,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         nodes=tuple(variables["SLURM_FIBER_CLUSTER_NODES"].split()),
         site_config=Path(variables["SLURM_FIBER_CONFIG"]) if "SLURM_FIBER_CONFIG" in variables
         else None,
+        site_venv=Path(variables["SLURM_FIBER_SITE_VENV"])
+        if "SLURM_FIBER_SITE_VENV" in variables else None,
     )
     yield cluster
     if started_here:
@@ -154,24 +201,63 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 TEST_USER = "sfjob"
 
 
-@dataclass(frozen=True)
-class JobUser:
-    """A non-root account jobs can run as: name, uid, gid."""
-
-    name: str
-    uid: int
-    gid: int
+def _account(name: str) -> JobUser:
+    if os.geteuid() != 0:
+        pytest.skip("creating job users and submitting as them needs root")
+    return make_job_user(name)
 
 
 @pytest.fixture(scope="session")
 def test_user() -> JobUser:
-    """The non-root job user (useradd once, idempotent); skips when not root."""
-    if os.geteuid() != 0:
-        pytest.skip("creating the job test user needs root")
-    try:
-        entry = pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
-                        TEST_USER], capture_output=True)  # a parallel run may win the race
-        entry = pwd.getpwnam(TEST_USER)
-    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
+    """The non-root job user of the hook tests (useradd once, idempotent); skips when not
+    root."""
+    return _account(TEST_USER)
+
+
+@pytest.fixture(scope="session")
+def job_user() -> JobUser:
+    """The job user of the cluster tests (sfalice)."""
+    return _account(ALICE)
+
+
+@pytest.fixture(scope="session")
+def other_user() -> JobUser:
+    """A second job user, for one job against another (sfmallory)."""
+    return _account(MALLORY)
+
+
+@pytest.fixture(scope="session")
+def _job_dirs(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Where job users' work dirs go: root's, 0755, outside pytest's 0700 tmp root; kept
+    (for the jobs' logs) when a test failed."""
+    base = Path(tempfile.mkdtemp(prefix="sf-jobs-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    if not request.session.testsfailed:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Path:
+    """A new root-owned dir (0755) for a private cluster's run dir: under /tmp and reachable
+    by all, as munged and job users need (pytest's tmp_path is below a 0700 dir, which
+    any concurrent pytest run resets to 0700)."""
+    path = _job_dirs / f"private-{request.node.name[:40]}"
+    path.mkdir(mode=0o755)
+    return path
+
+
+@pytest.fixture
+def job_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Callable[[JobUser], Path]:
+    """``job_dir(user)``: a new work dir owned by ``user``, mode 0700 (no other job user
+    reads it; root, the test, does)."""
+    counter = itertools.count()
+    return lambda user: new_job_dir(
+        _job_dirs / f"{request.node.name[:40]}-{user.name}-{next(counter)}", user)
+
+
+def new_job_dir(path: Path, user: JobUser) -> Path:
+    """Make ``path`` (a new dir) ``user``'s, mode 0700; returns it."""
+    path.mkdir(mode=0o700)
+    os.chown(path, user.uid, user.gid)
+    return path

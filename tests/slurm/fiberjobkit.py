@@ -8,14 +8,16 @@ job id, and is written whole (tmp + mv) when a test waits for it.
 ``leftovers`` names everything of a job that must be gone after its epilog:
 its processes (by the job id and this cluster's SLURM_CONF in their
 environment), its fiberd and fibers by pid, its delegated cgroup, its state
-dir (with the grant files), and its GPU leases held or granted. The
-commands are this checkout's venv's, by absolute path: jobs run as root.
+dir (with the grant files), and its GPU leases held or granted. Jobs run as
+a job user with the cluster's site install (``bare-host up`` makes it): the
+script sets ``SF`` to the site venv's bin dir, and bodies call
+``$SF/fiberctl`` (``FIBERCTL``) by absolute path, as docs/slurm.md tells job
+authors.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,15 +31,14 @@ from slurm_fiber.lease import Leases
 if TYPE_CHECKING:
     from conftest import SlurmCluster
 
-BIN = Path(sys.executable).parent
-FIBERD_RUN = BIN / "fiberd-run"
-FIBERCTL = BIN / "fiberctl"
+FIBERCTL = '"$SF/fiberctl"'  # in a job script: the site venv's fiberctl
 READY_S = 60  # how long a job waits for its fiberd before it gives up
 
 PRELUDE = f"""#!/bin/sh
+SF="{{bin}}"
 cd "{{work}}"
 id=$SLURM_JOB_ID
-srun --overlap -n1 {FIBERD_RUN} > "fiberd-$id.log" 2>&1 &
+srun --overlap -n1 "$SF/fiberd-run" > "fiberd-$id.log" 2>&1 &
 step=$!
 i=0
 until {FIBERCTL} status --json > "status-$id.tmp" 2>/dev/null \\
@@ -54,10 +55,11 @@ while [ ! -f "release-$id" ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done
 """
 
 
-def job_script(work: Path, body: str, *, hold: bool = False) -> str:
-    """The job's script: fiberd started and ready, then ``body`` (sh, ``$id`` is the job id),
-    then (``hold``) a wait of at most 300 s for ``release-<id>`` in ``work``."""
-    return PRELUDE.format(work=work) + body + (HOLD if hold else "")
+def job_script(cluster: SlurmCluster, work: Path, body: str, *, hold: bool = False) -> str:
+    """The job's script: the cluster's site fiberd started and ready, then ``body`` (sh,
+    ``$id`` is the job id, ``$SF`` the site bin dir), then (``hold``) a wait of at most 300 s
+    for ``release-<id>`` in ``work``."""
+    return PRELUDE.format(bin=cluster.site_bin, work=work) + body + (HOLD if hold else "")
 
 
 def settle(check: Callable[[], list[str]], what: str, timeout: float = 60.0) -> None:

@@ -4,14 +4,18 @@ Each job is a batch script as a job author writes it (fiberjobkit.job_script);
 the test reads what it recorded in the work dir. Every way a job ends (its
 script exits, scancel, its time limit, fiberd SIGKILLed with a fiber
 running) must leave no process, cgroup, grant file, lease or state dir of
-the job, and keep its audit log. Jobs run as root: a job user other than
-root cannot run this checkout's venv under /root. The waits are for the
+the job, and keep its audit log. Jobs run as a job user (sfalice) with the
+cluster's site install; two jobs against each other run as two users
+(sfalice, sfmallory), each in a work dir of its own. The waits are for the
 cluster to act, polled every 0.1 s.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +37,9 @@ from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config
 
 if TYPE_CHECKING:
-    from conftest import SlurmCluster
+    from conftest import JobUser, SlurmCluster
+
+    WorkDir = Callable[[JobUser], Path]
 
 pytestmark = pytest.mark.slurm
 RUNS = 20
@@ -91,12 +97,13 @@ def fiber_pids(work: Path, job_id: int) -> list[int]:
 
 
 def test_a_gpu_job_runs_fibers_and_a_call_through_its_fiberd(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    job = slurm_cluster.submit(job_script(tmp_path, GPU_JOB), "-w", "n1", "--gres=gpu:1",
-                               "-t", "2", workdir=tmp_path)
-    lines = wait_file(tmp_path / f"runs-{job}", timeout=120).splitlines()
-    pid = fiberd_pid(tmp_path, job)
-    gpu = (tmp_path / f"gpus-{job}").read_text()
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    work = job_dir(job_user)
+    job = slurm_cluster.submit(job_script(slurm_cluster, work, GPU_JOB), "-w", "n1",
+                               "--gres=gpu:1", "-t", "2", workdir=work, user=job_user)
+    lines = wait_file(work / f"runs-{job}", timeout=120).splitlines()
+    pid = fiberd_pid(work, job)
+    gpu = (work / f"gpus-{job}").read_text()
     assert gpu in {"0", "1"}
     expected = [line for n in range(1, RUNS + 1) for line in (f"run {n} gpu={gpu}", f"rc {n % 4}")]
     assert lines[:2 * RUNS] == expected
@@ -110,26 +117,34 @@ def test_a_gpu_job_runs_fibers_and_a_call_through_its_fiberd(
 
 
 def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+        slurm_cluster: SlurmCluster, job_user: JobUser, other_user: JobUser,
+        job_dir: WorkDir) -> None:
     site = site_of(slurm_cluster)
-    script = job_script(tmp_path, PAIR_JOB.format(state=site.state_root))
-    a, b = (slurm_cluster.submit(script, "-w", "n1", "--gres=gpu:1", "-t", "2",
-                                 workdir=tmp_path) for _ in range(2))
+    works = {user.name: job_dir(user) for user in (job_user, other_user)}
+    a, b = (slurm_cluster.submit(
+        job_script(slurm_cluster, works[user.name], PAIR_JOB.format(state=site.state_root)),
+        "-w", "n1", "--gres=gpu:1", "-t", "2", workdir=works[user.name], user=user)
+        for user in (job_user, other_user))
+    work_of = {a: works[job_user.name], b: works[other_user.name]}
     try:
         # Each fiber sees its own job's GPU; without device confinement (this cluster) a
         # job sees node indices, so the two differ.
-        seen = [wait_file(tmp_path / f"cvd-{job}", timeout=120).split() for job in (a, b)]
+        seen = [wait_file(work_of[job] / f"cvd-{job}", timeout=120).split() for job in (a, b)]
         assert all(cvd == job_gpus for cvd, job_gpus in seen), seen
         assert sorted(cvd for cvd, _ in seen) == ["0", "1"], seen
-        wait_file(tmp_path / f"token-{a}")
-        (tmp_path / f"present-{b}").write_text(str(tmp_path / f"token-{a}"))
-        code = int(wait_file(tmp_path / f"misscode-{b}"))
-        said = (tmp_path / f"miss-{b}").read_text().strip()
+        wait_file(work_of[a] / f"token-{a}")
+        # The other user got hold of job A's token (the test hands it over).
+        stolen = work_of[b] / f"stolen-{a}"
+        shutil.copyfile(work_of[a] / f"token-{a}", stolen)
+        os.chown(stolen, other_user.uid, other_user.gid)
+        (work_of[b] / f"present-{b}").write_text(str(stolen))
+        code = int(wait_file(work_of[b] / f"misscode-{b}"))
+        said = (work_of[b] / f"miss-{b}").read_text().strip()
         assert code == EXIT_FINAL_MISS, (code, said)
         assert said.startswith("invalid_token: ") and f"slurm:citest:{a}" in said, said
     finally:
         for job in (a, b):
-            (tmp_path / f"release-{job}").touch()
+            (work_of[job] / f"release-{job}").touch()
     for job in (a, b):
         assert ended(slurm_cluster, job) == "COMPLETED"
         clean_after(slurm_cluster, "n1", job, [])
@@ -139,10 +154,12 @@ def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
 
 
 def test_scancel_with_a_fiber_running_leaves_nothing(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    job = slurm_cluster.submit(job_script(tmp_path, LONG_FIBER, hold=True), "-w", "n2",
-                               "--gres=gpu:1", "-t", "2", workdir=tmp_path)
-    pids = [fiberd_pid(tmp_path, job), *fiber_pids(tmp_path, job)]
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    work = job_dir(job_user)
+    job = slurm_cluster.submit(job_script(slurm_cluster, work, LONG_FIBER, hold=True),
+                               "-w", "n2", "--gres=gpu:1", "-t", "2", workdir=work,
+                               user=job_user)
+    pids = [fiberd_pid(work, job), *fiber_pids(work, job)]
     assert slurm_cluster.run("scancel", str(job)).returncode == 0
     assert ended(slurm_cluster, job) == "CANCELLED"
     clean_after(slurm_cluster, "n2", job, pids)
@@ -151,7 +168,7 @@ def test_scancel_with_a_fiber_running_leaves_nothing(
 
 
 def test_fiberd_killed_with_a_fiber_running_leaves_nothing(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
     """fiberd-run's python gets SIGKILL while a fiber runs; the script then ends: the epilog
     must stop the orphaned template and fiber and release what fiberd held."""
     body = LONG_FIBER + f"""pid=$({FIBERCTL} status --json | sed 's/.*"pid": \\([0-9]*\\).*/\\1/')
@@ -162,12 +179,13 @@ for p in $(grep -o '"pid": [0-9]*' "ls-$id.json" | cut -d' ' -f2); do
 done > "survivors-$id"
 mv "ls-$id.json" "killed-$id.json"
 """
-    job = slurm_cluster.submit(job_script(tmp_path, body), "-w", "n2", "--gres=gpu:1",
-                               "-t", "2", workdir=tmp_path)
-    fibers = [int(f["pid"]) for f in json.loads(wait_file(tmp_path / f"killed-{job}.json"))]
-    pid = fiberd_pid(tmp_path, job)
+    work = job_dir(job_user)
+    job = slurm_cluster.submit(job_script(slurm_cluster, work, body), "-w", "n2",
+                               "--gres=gpu:1", "-t", "2", workdir=work, user=job_user)
+    fibers = [int(f["pid"]) for f in json.loads(wait_file(work / f"killed-{job}.json"))]
+    pid = fiberd_pid(work, job)
     assert not alive(pid)
-    survivors = (tmp_path / f"survivors-{job}").read_text().split()
+    survivors = (work / f"survivors-{job}").read_text().split()
     assert survivors == [str(p) for p in fibers], "the fiber did not outlive its fiberd"
     slurm_cluster.wait_done(job)
     clean_after(slurm_cluster, "n2", job, [pid, *fibers])
@@ -176,11 +194,13 @@ mv "ls-$id.json" "killed-$id.json"
 
 
 def test_a_time_limit_with_a_fiber_running_leaves_nothing(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
     """The slow one: Slurm checks limits every 30 s or so, so `-t 1` ends the job at 60-90 s."""
-    job = slurm_cluster.submit(job_script(tmp_path, LONG_FIBER, hold=True), "-w", "n1",
-                               "--gres=gpu:1", "-t", "1", workdir=tmp_path)
-    pids = [fiberd_pid(tmp_path, job), *fiber_pids(tmp_path, job)]
+    work = job_dir(job_user)
+    job = slurm_cluster.submit(job_script(slurm_cluster, work, LONG_FIBER, hold=True),
+                               "-w", "n1", "--gres=gpu:1", "-t", "1", workdir=work,
+                               user=job_user)
+    pids = [fiberd_pid(work, job), *fiber_pids(work, job)]
     assert job_paths(site_of(slurm_cluster).state_root, "n1", job).socket.exists()
     assert ended(slurm_cluster, job, timeout=150) == "TIMEOUT"
     clean_after(slurm_cluster, "n1", job, pids)

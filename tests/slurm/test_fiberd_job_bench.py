@@ -19,6 +19,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "slurm.py"
 
 
 def test_bench_slurm_prints_its_figures(slurm_cluster: SlurmCluster) -> None:
+    # Its job runs as root: bench/slurm.py times this checkout's development venv (under
+    # /root), as the invoking user, not the site install.
     out = subprocess.run([sys.executable, str(BENCH), "-n", "2", "--gpu", "--hook-runs", "1"],
                          capture_output=True, text=True, timeout=240, env=slurm_cluster.env)
     assert out.returncode == 0, out.stderr

@@ -3,7 +3,8 @@
 The job runs `srun --overlap fiberd-run &` with small FIBERD_STALE_TTL and
 FIBERD_FENCE_TTL in its environment and starts a long fiber. The test then
 stops slurmctld (`bare-host stop-ctld`) and talks to the job's fiberd from
-outside the job through its socket, since srun itself needs slurmctld:
+outside the job through its socket, as the job's user (the job runs as
+sfalice), since srun itself needs slurmctld:
 health goes stale, a Clone for an unknown grant misses source_stale (not
 unknown_grant), the running fiber is stopped when the fence ends and a
 Clone misses fenced; after `bare-host start-ctld` health is fresh again
@@ -19,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config
 
 if TYPE_CHECKING:
-    from conftest import BareHost, SlurmCluster
+    from conftest import BareHost, JobUser, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 CLUSTER = "ctldtest"
@@ -73,48 +74,55 @@ def ctld_cluster(tmp_path: Path, slurm_cluster: SlurmCluster,
     assert down.returncode == 0, down.stderr
 
 
-def fiberctl(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """fiberctl against the job's fiberd socket, from outside the job; blocks until it exits."""
-    return subprocess.run([str(FIBERCTL), *args], capture_output=True, text=True, timeout=60,
-                          env=os.environ | {"FIBERD_SOCKET": str(socket)})
+@dataclasses.dataclass(frozen=True)
+class Outside:
+    """The job's fiberd socket, reached from outside the job by the job's own user."""
 
+    cluster: SlurmCluster
+    user: JobUser
+    socket: Path
 
-def health(socket: Path) -> dict[str, object]:
-    out = fiberctl(socket, "status", "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["health"]
+    def fiberctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The site's fiberctl against the socket, as the job user; blocks until it exits."""
+        return self.cluster.run(str(self.cluster.site_bin / "fiberctl"), *args, user=self.user,
+                                extra_env={"FIBERD_SOCKET": str(self.socket)})
 
+    def health(self) -> dict[str, object]:
+        out = self.fiberctl("status", "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["health"]
 
-def health_is(socket: Path, state: str) -> list[str]:
-    seen = health(socket)["state"]
-    return [] if seen == state else [f"health is {seen}"]
+    def health_is(self, state: str) -> list[str]:
+        seen = self.health()["state"]
+        return [] if seen == state else [f"health is {seen}"]
 
 
 def test_a_slurmctld_outage_goes_stale_fences_and_recovers(
-        ctld_cluster: SlurmCluster, bare_host_script: BareHost, tmp_path: Path) -> None:
+        ctld_cluster: SlurmCluster, bare_host_script: BareHost, job_user: JobUser,
+        job_dir: Callable[[JobUser], Path]) -> None:
     site: SiteConfig = load_site_config({"SLURM_FIBER_CONFIG": str(ctld_cluster.site_config)})
     bare = {"SLURM_FIBER_CLUSTER_DIR": str(ctld_cluster.run_dir),
             "SLURM_FIBER_CLUSTER_NAME": CLUSTER}
-    work = tmp_path / "work"
-    work.mkdir()
-    job = ctld_cluster.submit(job_script(work, FENCED_FIBER, hold=True), "-w", "n1",
-                              "--gres=gpu:1", "-t", "5", workdir=work)
+    work = job_dir(job_user)
+    job = ctld_cluster.submit(job_script(ctld_cluster, work, FENCED_FIBER, hold=True), "-w",
+                              "n1", "--gres=gpu:1", "-t", "5", workdir=work, user=job_user)
     wait_file(work / f"started-{job}", timeout=120)
-    socket = job_paths(site.state_root, "n1", job).socket
+    outside = Outside(ctld_cluster, job_user, job_paths(site.state_root, "n1", job).socket)
+    fiberctl, health, health_is = outside.fiberctl, outside.health, outside.health_is
     # With slurmctld answering, health stays fresh between polls, however small the TTL.
     deadline = time.monotonic() + 2 * STALE_TTL
     while time.monotonic() < deadline:
-        assert health(socket)["state"] == "fresh"
+        assert health()["state"] == "fresh"
         time.sleep(0.2)
-    unknown = fiberctl(socket, "run", "--grant", "no-such-grant", "--", "true")
+    unknown = fiberctl("run", "--grant", "no-such-grant", "--", "true")
     assert (unknown.returncode, unknown.stderr.split(":")[0]) == (
         EXIT_FINAL_MISS, "unknown_grant"), unknown.stderr
 
     stop = bare_host_script.run("stop-ctld", env=os.environ | bare)
     assert stop.returncode == 0, stop.stderr
     stopped_at = time.monotonic()
-    settle(lambda: health_is(socket, "stale"), "health did not go stale", STALE_TTL + 10)
-    stale = fiberctl(socket, "run", "--grant", "no-such-grant", "--", "true")
+    settle(lambda: health_is("stale"), "health did not go stale", STALE_TTL + 10)
+    stale = fiberctl("run", "--grant", "no-such-grant", "--", "true")
     assert (stale.returncode, stale.stderr.split(":")[0]) == (
         EXIT_RETRYABLE_MISS, "source_stale"), stale.stderr
 
@@ -123,14 +131,14 @@ def test_a_slurmctld_outage_goes_stale_fences_and_recovers(
     assert status in {143, 137}, status  # SIGTERM, or SIGKILL after the grace
     # The fence ends FENCE_TTL after the last answer, at most a poll (1 s) before the stop.
     assert FENCE_TTL - 3 <= fenced_after <= FENCE_TTL + 5, fenced_after
-    fenced = fiberctl(socket, "run", "--", "true")
+    fenced = fiberctl("run", "--", "true")
     assert (fenced.returncode, fenced.stderr.split(":")[0]) == (
         EXIT_RETRYABLE_MISS, "fenced"), fenced.stderr
 
     start = bare_host_script.run("start-ctld", env=os.environ | bare)
     assert start.returncode == 0, start.stderr
-    settle(lambda: health_is(socket, "fresh"), "health did not recover", 30)
-    again = fiberctl(socket, "run", "--", "sh", "-c", "echo back")
+    settle(lambda: health_is("fresh"), "health did not recover", 30)
+    again = fiberctl("run", "--", "sh", "-c", "echo back")
     assert (again.returncode, again.stdout) == (0, "back\n"), again.stderr
 
     pid = fiberd_pid(work, job)

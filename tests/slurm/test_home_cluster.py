@@ -4,7 +4,7 @@ A batch job records its own environment, the home is built from that
 recording, and its health rounds ask the real slurmctld. Time logic runs on
 a FakeClock; the waits here are only for the cluster to act (a job to
 start, to leave the queue). Stopping slurmctld happens on a private
-cluster, never on the shared one.
+cluster, never on the shared one. The recording jobs run as a job user.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,7 @@ from slurm_fiber.homes.slurm.home import SlurmDownError, SlurmHome, SlurmHomeCon
 from slurm_fiber.homes.slurm.home import build_slurm_home as build
 
 if TYPE_CHECKING:
-    from conftest import BareHost, SlurmCluster
+    from conftest import BareHost, JobUser, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 WAIT_S = 30.0
@@ -42,9 +42,11 @@ exec sleep 300
 """
 
 
-def recorded_env(cluster: SlurmCluster, workdir: Path, *sbatch_args: str) -> dict[str, str]:
-    """Submit a job that records its environment and sleeps; return the recording."""
-    job_id = cluster.submit(RECORDING_JOB, *sbatch_args, workdir=workdir)
+def recorded_env(cluster: SlurmCluster, user: JobUser, workdir: Path,
+                 *sbatch_args: str) -> dict[str, str]:
+    """Submit a job (as ``user``) that records its environment and sleeps; return the
+    recording."""
+    job_id = cluster.submit(RECORDING_JOB, *sbatch_args, workdir=workdir, user=user)
     cluster.wait_for(job_id, {"RUNNING"})
     path = workdir / f"env-{job_id}.txt"
     deadline = time.monotonic() + WAIT_S
@@ -61,8 +63,10 @@ def home_for(cluster: SlurmCluster, env: dict[str, str], clock: FakeClock,
 
 
 def test_a_running_job_is_fresh_and_scancel_loses_scope_once(
-        slurm_cluster: SlurmCluster, tmp_path: Path, clock: FakeClock) -> None:
-    env = recorded_env(slurm_cluster, tmp_path, "-w", "n1", "--gres=gpu:1", "-J", "home test")
+        slurm_cluster: SlurmCluster, tmp_path: Path, clock: FakeClock, job_user: JobUser,
+        job_dir: Callable[[JobUser], Path]) -> None:
+    env = recorded_env(slurm_cluster, job_user, job_dir(job_user), "-w", "n1", "--gres=gpu:1",
+                       "-J", "home test")
     home = home_for(slurm_cluster, env, clock, tmp_path)
     job_id = home.job.job_id
     assert home.job.gpus and home.job.gpu_source == "SLURM_JOB_GPUS"
@@ -104,14 +108,14 @@ class PrivateCluster:
 
 
 @pytest.fixture
-def private_cluster(tmp_path: Path, slurm_cluster: SlurmCluster,
+def private_cluster(private_dir: Path, slurm_cluster: SlurmCluster,
                     bare_host_script: BareHost) -> Iterator[PrivateCluster]:
-    """A second cluster under tmp_path (shaped like ``slurm_cluster``), torn down at the end:
+    """A second cluster under private_dir (shaped like ``slurm_cluster``), torn down at the end:
     its jobs cancelled while slurmctld still answers, `down`, then what the test spawned."""
     bare_host, exports = bare_host_script.run, bare_host_script.exports
     if os.geteuid() != 0:
         pytest.skip("bare-host up needs root")
-    env = bare_host_script.private_env(tmp_path)
+    env = bare_host_script.private_env(private_dir)
     up = bare_host("up", "--no-hooks", env=env)
     assert up.returncode == 0, up.stderr
     variables = exports(bare_host("env", env=env).stdout)
@@ -144,10 +148,11 @@ def stop_slurmctld(cluster: SlurmCluster) -> None:
         time.sleep(0.05)
 
 
-def test_slurmctld_stopped_goes_stale_and_recovers(private_cluster: PrivateCluster,
-                                                   tmp_path: Path, clock: FakeClock) -> None:
+def test_slurmctld_stopped_goes_stale_and_recovers(
+        private_cluster: PrivateCluster, tmp_path: Path, clock: FakeClock, job_user: JobUser,
+        job_dir: Callable[[JobUser], Path]) -> None:
     cluster = private_cluster.cluster
-    env = recorded_env(cluster, tmp_path, "-w", "n2")
+    env = recorded_env(cluster, job_user, job_dir(job_user), "-w", "n2")
     home = home_for(cluster, env, clock, tmp_path)
     errors: list[BaseException] = []
     recovered: list[bool] = []

@@ -1,24 +1,23 @@
 """The prolog and epilog on the real bare-host cluster, as slurmd runs them for real jobs.
 
-Jobs run as the non-root test user where ownership matters, and as root
-where a job must move a process into its delegated cgroup (only root may
-move a process across the cgroup tree here). The waits are for the cluster
-to act (a job to start, its epilog to finish), polled every 0.1 s.
+Jobs run as job users (two jobs against each other as two users), each in a
+work dir of its own; one job runs as root, on a private cluster whose site
+delegates a cgroup per job, because only root may move a process into it
+here. The waits are for the cluster to act (a job to start, its epilog to
+finish), polled every 0.1 s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from hookkit import open_up
 
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.tokens import TokenVerifier
@@ -29,6 +28,8 @@ from slurm_fiber.lease import Leases
 
 if TYPE_CHECKING:
     from conftest import BareHost, JobUser, SlurmCluster
+
+    WorkDir = Callable[[JobUser], Path]
 
 pytestmark = pytest.mark.slurm
 WAIT_S = 60.0
@@ -58,18 +59,6 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT_S) ->
         time.sleep(0.1)
 
 
-def workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    open_up(work)
-    work.chmod(0o777)
-    return work
-
-
-def as_user(user: JobUser) -> tuple[str, str]:
-    return f"--uid={user.uid}", f"--gid={user.gid}"
-
-
 def leases_of(site: SiteConfig, node: str) -> Leases:
     paths = job_paths(site.state_root, node, 1)
     return Leases(paths.lease_dir, paths.lease_state, FakeClock())
@@ -86,12 +75,12 @@ def nothing_left(site: SiteConfig, node: str, job_id: int) -> bool:
 
 
 def test_a_jobs_prolog_places_a_verifying_token_and_its_gpu_lease(
-        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
+        slurm_cluster: SlurmCluster, job_dir: WorkDir, test_user: JobUser) -> None:
     site = site_of(slurm_cluster)
-    work = workdir(tmp_path)
+    work = job_dir(test_user)
     script = HOLDING_JOB.format(state=site.state_root, work=work)
     job = slurm_cluster.submit(script, "-w", "n1", "--gres=gpu:1", "-t", "2",
-                               *as_user(test_user), workdir=work)
+                               workdir=work, user=test_user)
     try:
         eventually(lambda: (work / f"gpus-{job}").exists(), f"job {job} did not report")
         stats = (work / f"stat-{job}").read_text().split("\n")
@@ -112,22 +101,29 @@ def test_a_jobs_prolog_places_a_verifying_token_and_its_gpu_lease(
 
 
 def test_two_jobs_on_one_node_get_different_gpus_and_leases(
-        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
+        slurm_cluster: SlurmCluster, job_dir: WorkDir, job_user: JobUser,
+        other_user: JobUser) -> None:
     site = site_of(slurm_cluster)
-    work = workdir(tmp_path)
-    script = HOLDING_JOB.format(state=site.state_root, work=work)
-    jobs = [slurm_cluster.submit(script, "-w", "n1", "--gres=gpu:1", "-t", "2",
-                                 *as_user(test_user), workdir=work) for _ in range(2)]
+    users = (job_user, other_user)
+    works = [job_dir(user) for user in users]
+    jobs = [slurm_cluster.submit(HOLDING_JOB.format(state=site.state_root, work=work), "-w",
+                                 "n1", "--gres=gpu:1", "-t", "2", workdir=work, user=user)
+            for user, work in zip(users, works, strict=True)]
+    work_of = dict(zip(jobs, works, strict=True))
     try:
         for job in jobs:
-            eventually(lambda job=job: (work / f"gpus-{job}").exists(), f"job {job} silent")
+            eventually(lambda job=job: (work_of[job] / f"gpus-{job}").exists(),
+                       f"job {job} silent")
         grants = leases_of(site, "n1").state().grants
         held = {g.to.session: g.resource for g in grants}
         mine = [held.get(f"slurm-job:citest:{job}") for job in jobs]
-        gpus = [f"gpu:n1:{(work / f'gpus-{job}').read_text()}" for job in jobs]
+        gpus = [f"gpu:n1:{(work_of[job] / f'gpus-{job}').read_text()}" for job in jobs]
         assert mine == gpus and len(set(mine)) == 2
+        owners = [(work_of[job] / f"stat-{job}").read_text().split()[0] for job in jobs]
+        assert owners == [user.name for user in users]
     finally:
-        (work / "release").touch()
+        for work in works:
+            (work / "release").touch()
         for job in jobs:
             slurm_cluster.wait_done(job)
     for job in jobs:
@@ -135,12 +131,12 @@ def test_two_jobs_on_one_node_get_different_gpus_and_leases(
 
 
 def test_scancel_and_a_time_limit_leave_nothing_behind(
-        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
+        slurm_cluster: SlurmCluster, job_dir: WorkDir, test_user: JobUser) -> None:
     site = site_of(slurm_cluster)
-    work = workdir(tmp_path)
+    work = job_dir(test_user)
     script = HOLDING_JOB.format(state=site.state_root, work=work)
     cancelled, timed_out = (slurm_cluster.submit(script, "-w", node, "--gres=gpu:1", "-t", "5",
-                                                 *as_user(test_user), workdir=work)
+                                                 workdir=work, user=test_user)
                             for node in ("n2", "n2"))
     for job in (cancelled, timed_out):
         eventually(lambda job=job: (work / f"gpus-{job}").exists(), f"job {job} silent")
@@ -167,11 +163,11 @@ INTO_CGROUP = ("/usr/bin/env -i setsid /bin/sh -c "
 WITH_JOB_ENV = "setsid sleep 300 &"
 
 
-def escaped(cluster: SlurmCluster, tmp_path: Path, launch: str, *sbatch: str) -> tuple[int, int]:
+def escaped(cluster: SlurmCluster, work: Path, launch: str,
+            user: JobUser | None) -> tuple[int, int]:
     site = site_of(cluster)
-    work = workdir(tmp_path)
     script = ESCAPING_JOB.format(state=site.state_root, work=work, launch=launch)
-    job = cluster.submit(script, "-w", "n1", "-t", "2", *sbatch, workdir=work)
+    job = cluster.submit(script, "-w", "n1", "-t", "2", workdir=work, user=user)
     eventually(lambda: (work / f"pid-{job}").exists(), f"job {job} silent")
     cluster.wait_done(job)
     return job, int((work / f"pid-{job}").read_text())
@@ -184,13 +180,36 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.fixture
+def delegating_cluster(private_dir: Path, slurm_cluster: SlurmCluster,
+                       bare_host_script: BareHost) -> Iterator[SlurmCluster]:
+    """A private cluster whose site delegates a cgroup per job (`up --delegate-cgroup`)."""
+    if os.geteuid() != 0:
+        pytest.skip("bare-host up needs root")
+    env = bare_host_script.private_env(private_dir) | {"SLURM_FIBER_CLUSTER_NAME": "cgtest"}
+    up = bare_host_script.run("up", "--delegate-cgroup", env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        variables = bare_host_script.exports(bare_host_script.run("env", env=env).stdout)
+        yield dataclasses.replace(
+            slurm_cluster, env=env | variables,
+            run_dir=Path(variables["SLURM_FIBER_CLUSTER_DIR"]),
+            site_config=Path(variables["SLURM_FIBER_CONFIG"]))
+    finally:
+        down = bare_host_script.run("down", env=env)
+    assert down.returncode == 0, down.stderr
+
+
 @pytest.mark.machine_may_lack("a writable cgroup v2 hierarchy")
 def test_a_process_left_in_the_delegated_cgroup_is_killed_by_the_epilog(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    site = site_of(slurm_cluster)
+        delegating_cluster: SlurmCluster, tmp_path: Path) -> None:
+    site = site_of(delegating_cluster)
     if not site.delegate_cgroup:
         pytest.skip("bare-host found no cgroup2 mount: no delegation here")
-    job, pid = escaped(slurm_cluster, tmp_path, INTO_CGROUP)
+    work = tmp_path / "work"
+    work.mkdir()
+    # As root: only root may move a process from the cgroup2 root into the job's subtree.
+    job, pid = escaped(delegating_cluster, work, INTO_CGROUP, None)
     try:
         eventually(lambda: gone(pid), f"pid {pid} in job {job}'s cgroup survived the epilog")
         assert site.cgroup_parent is not None
@@ -202,8 +221,8 @@ def test_a_process_left_in_the_delegated_cgroup_is_killed_by_the_epilog(
 
 
 def test_an_orphan_of_the_job_user_is_killed_by_the_epilog(
-        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
-    job, pid = escaped(slurm_cluster, tmp_path, WITH_JOB_ENV, *as_user(test_user))
+        slurm_cluster: SlurmCluster, job_dir: WorkDir, test_user: JobUser) -> None:
+    job, pid = escaped(slurm_cluster, job_dir(test_user), WITH_JOB_ENV, test_user)
     try:
         eventually(lambda: gone(pid), f"job {job}'s orphan {pid} survived the epilog")
     finally:
@@ -211,13 +230,14 @@ def test_an_orphan_of_the_job_user_is_killed_by_the_epilog(
             os.kill(pid, 9)
 
 
-def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
-                                                       bare_host_script: BareHost) -> None:
+def test_a_broken_config_drains_only_when_marked_fatal(
+        private_dir: Path, bare_host_script: BareHost, slurm_cluster: SlurmCluster,
+        job_user: JobUser) -> None:
     """A private cluster: its prolog config is broken, then broken with `config` fatal."""
     bare_host, exports = bare_host_script.run, bare_host_script.exports
     if os.geteuid() != 0:
         pytest.skip("bare-host up needs root")
-    env = bare_host_script.private_env(tmp_path) | {"SLURM_FIBER_CLUSTER_NAME": "cfgtest"}
+    env = bare_host_script.private_env(private_dir) | {"SLURM_FIBER_CLUSTER_NAME": "cfgtest"}
     up = bare_host("up", env=env)
     assert up.returncode == 0, up.stderr
     try:
@@ -229,14 +249,11 @@ def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
         site = load_site_config({"SLURM_FIBER_CONFIG": str(config)})
         assert site.issuer == "cfgtest" and site.issuer_key is not None
         assert site.issuer_key.stat().st_mode & 0o777 == 0o600
-        cluster_env = os.environ | variables
-        work = workdir(tmp_path)
+        private = dataclasses.replace(slurm_cluster, env=env | variables)
 
         def run_job() -> tuple[int, str]:
-            out = subprocess.run(["srun", "-w", "n1", "-t", "1", f"--chdir={work}", "true"],
-                                 env=cluster_env, capture_output=True, text=True, timeout=60)
-            state = subprocess.run(["sinfo", "-h", "-n", "n1", "-o", "%T"], env=cluster_env,
-                                   capture_output=True, text=True, timeout=30).stdout.strip()
+            out = private.srun("-w", "n1", "-t", "1", "--chdir=/", "true", user=job_user)
+            state = private.run("sinfo", "-h", "-n", "n1", "-o", "%T").stdout.strip()
             return out.returncode, state
 
         config.write_text("issuer = [\n")  # not TOML, and no fatal list
@@ -245,24 +262,24 @@ def test_a_broken_config_drains_only_when_marked_fatal(tmp_path: Path,
         config.write_text("fatal = ['config']\nbogus_key = 1\n")
         code, state = run_job()
         assert code != 0 and "drain" in state, (code, state)
-        log = (tmp_path / "cluster" / "log" / "slurmd-n1.log").read_text()
+        log = (private_dir / "cluster" / "log" / "slurmd-n1.log").read_text()
         assert "slurm-fiber-prolog: config: " in log and "unknown key 'bogus_key'" in log
     finally:
         if "config" in locals():
             config.write_text(good)
-        subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"],
-                       env=os.environ | exports(bare_host("env", env=env).stdout),
-                       capture_output=True, timeout=30)
+        dataclasses.replace(slurm_cluster, env=env | exports(bare_host("env", env=env).stdout)
+                            ).run("scontrol", "update", "nodename=n1", "state=resume")
         down = bare_host("down", env=env)
     assert down.returncode == 0, down.stderr
     assert site.cgroup_parent is None or not site.cgroup_parent.exists()
 
 
-def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster) -> None:
+def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster,
+                                                 job_user: JobUser) -> None:
     site = site_of(slurm_cluster)
     check = (f'd={site.state_root}/nodes/$SLURMD_NODENAME/jobs/$SLURM_JOB_ID; '
              'test -s "$d/grants/job-$SLURM_JOB_ID.jwt" && echo "$SLURMD_NODENAME $SLURM_JOB_ID"')
-    out = slurm_cluster.srun("-N2", "--gres=gpu:1", "sh", "-c", check)
+    out = slurm_cluster.srun("-N2", "--gres=gpu:1", "sh", "-c", check, user=job_user)
     assert out.returncode == 0, out.stderr
     lines = sorted(out.stdout.split("\n")[:2])
     assert [line.split()[0] for line in lines] == ["n1", "n2"], out.stdout
@@ -273,7 +290,7 @@ def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster) -> 
 
 CLAIMING_JOB = """#!/bin/sh
 cd "{work}"
-PYTHONPATH="{path}" /usr/bin/python3 - > "claim-$SLURM_JOB_ID.tmp" 2>&1 <<'PY'
+"{python}" - > "claim-$SLURM_JOB_ID.tmp" 2>&1 <<'PY'
 import os
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.homes.slurm.jobenv import job_from_env
@@ -293,20 +310,14 @@ i=0; while [ ! -f release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 """
 
 
-@pytest.mark.machine_may_lack("a system python3 of the venv's version the job user may run")
 def test_the_job_user_claims_its_granted_gpu_and_the_epilog_frees_it(
-        slurm_cluster: SlurmCluster, tmp_path: Path, test_user: JobUser) -> None:
-    """What fiberd does as the job user, done by the job itself: the lease area lets it."""
-    version = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
-                             capture_output=True, text=True).stdout.strip()
-    if version != str(sys.version_info[:2]):
-        pytest.skip(f"/usr/bin/python3 is {version}, not {sys.version_info[:2]}")
+        slurm_cluster: SlurmCluster, job_dir: WorkDir, test_user: JobUser) -> None:
+    """What fiberd does as the job user, done by the job itself with the site install."""
     site = site_of(slurm_cluster)
-    work = workdir(tmp_path)
-    checkout = Path(__file__).resolve().parents[2]
-    path = f"{checkout}:{Path(sys.executable).parent.parent}/lib/python3.11/site-packages"
-    job = slurm_cluster.submit(CLAIMING_JOB.format(work=work, path=path), "-w", "n1",
-                               "--gres=gpu:1", "-t", "2", *as_user(test_user), workdir=work)
+    work = job_dir(test_user)
+    job = slurm_cluster.submit(
+        CLAIMING_JOB.format(work=work, python=slurm_cluster.site_bin / "python"), "-w", "n1",
+        "--gres=gpu:1", "-t", "2", workdir=work, user=test_user)
     try:
         eventually(lambda: (work / f"claim-{job}").exists(), f"job {job} did not claim")
         said = (work / f"claim-{job}").read_text()
