@@ -1,8 +1,9 @@
 """Miss codes: the only way a Clone that starts no fiber answers.
 
-The set is closed and matches DESIGN §4. Each miss carries a one-line reason
-a person can act on and, where retrying makes sense, when to retry. Callers
-(fiberctl, homes, conform) key on ``code`` and ``retryable``, never on text.
+The set is closed and matches DESIGN §4 (``audit_failed``: docs/socket-protocol.md).
+Each miss carries a one-line reason a person can act on and, where retrying
+makes sense, when to retry. Callers (fiberctl, homes, conform) key on
+``code`` and ``retryable``, never on text.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class MissCode(enum.StrEnum):
     WARM_FAILED = "warm_failed"
     CAPACITY = "capacity"
     CLOSED = "closed"
+    AUDIT_FAILED = "audit_failed"  # the Clone's audit record could not be written
 
     @property
     def retryable(self) -> bool:
@@ -38,6 +40,7 @@ _RETRYABLE = frozenset(
         MissCode.FENCED,
         MissCode.COLD,
         MissCode.CAPACITY,
+        MissCode.AUDIT_FAILED,
     }
 )
 
