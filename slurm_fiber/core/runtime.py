@@ -562,12 +562,19 @@ class Core:
                         exit=end.to_json() if end else None)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
-        """Audit that fiberd is stopping a running fiber and why (once per fiber)."""
+        """Audit that fiberd is stopping a running fiber and why (once per fiber).
+
+        A stop goes ahead even when its record cannot be written (a full disk):
+        stopping is never the decision an audit failure may hold back; it is logged.
+        """
         if fiber.id in self._released or not fiber.running:
             return
         self._released.add(fiber.id)
-        self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                    cause=cause, **fields)
+        try:
+            self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+                        cause=cause, **fields)
+        except AuditWriteFailed as err:
+            log.error("stopping fiber %s (%s) unaudited: %s", fiber.id, cause, err)
 
     def _miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
         self._write(AuditEvent.MISS, uid=uid, code=miss.code.value, reason=miss.reason,

@@ -89,6 +89,25 @@ def sleepers(mark: str) -> list[int]:
     return out
 
 
+def until_sleeping(mark: str, pid: int) -> None:
+    """Until the fiber ``pid`` has exec'd its ``sleep`` (a Clone answers before that)."""
+    end = time.monotonic() + 20
+    while pid not in sleepers(mark):
+        assert time.monotonic() < end, f"fiber {pid} is not running sleep"
+        time.sleep(0.02)
+
+
+def clone_sleep(sock: Path) -> dict[str, object]:
+    """Clone ``sleep 60`` with /dev/null as its stdio (no output files on the full disk)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        with FiberdClient(sock) as client:
+            return client.clone(grant="g1", exec={"argv": ["sleep", "60"]},
+                                stdio={"stdin": null, "stdout": null, "stderr": null})
+    finally:
+        os.close(null)
+
+
 def kill_and_wait(pid: int) -> None:
     fd = os.pidfd_open(pid)
     try:
@@ -106,30 +125,35 @@ def test_a_full_disk_starts_no_unaudited_fiber_and_fiberd_recovers(
     with small_tmpfs(tmp_path / "fs") as fs, \
             fiberd_in_thread(site, state_dir=str(fs), grantdir=str(site.grantdir)):
         sock = fs / "fiberd.sock"
+        before = clone_sleep(sock)
+        until_sleeping(site.mark, int(str(before["pid"])))
         filler = fill(fs)
         # The audit file's last page may still hold a few records: Clone until one cannot
         # be audited (each fiber that did get its record is killed right away).
         miss = None
         for _ in range(64):
             try:
-                with FiberdClient(sock) as client:
-                    fiber = client.clone(grant="g1", exec={"argv": ["sleep", "60"]})
+                fiber = clone_sleep(sock)
             except Missed as err:
                 miss = err
                 break
             kill_and_wait(int(str(fiber["pid"])))
         assert miss is not None, "the audit log never filled up"
         assert miss.code == "audit_failed" and miss.retryable, miss.miss
-        assert sleepers(site.mark) == []  # the fiber it forked was killed, not left running
+        # the fiber it forked was killed, not left running; the one from before still runs
+        assert sleepers(site.mark) == [int(str(before["pid"]))]
+        with FiberdClient(sock) as client:  # and stopping it is never held back
+            client.request("stop_fiber", fiber=before["id"], grace=0.1)
+        assert sleepers(site.mark) == []
         with FiberdClient(sock) as client:
             status = client.request("status")
             assert status["fibers_running"] == 0
             assert client.request("list_fibers")["fibers"] == []
 
         filler.unlink()  # space returns: the same Clone now works
+        fiber = clone_sleep(sock)
+        until_sleeping(site.mark, int(str(fiber["pid"])))
         with FiberdClient(sock) as client:
-            fiber = client.clone(grant="g1", exec={"argv": ["sleep", "60"]})
-            assert sleepers(site.mark) == [int(str(fiber["pid"]))]
             client.request("stop_fiber", fiber=fiber["id"], grace=0.1)
         audit = (fs / "audit.jsonl").read_bytes()
 
