@@ -39,6 +39,11 @@ the working directory (environment and flags).
 List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
 (trust: a table) and comma-separated in the environment and flags; a trust
 entry there is ``issuer=path``, split at its last "=" (issuer URLs may hold one).
+
+fiberd refuses a state, socket or audit-log dir that anyone but its uid or root
+could change, and makes the ones it creates 0700. With allowed_uids or
+allowed_gids the socket is 0666 in a dir fiberd opens for search (0711) and the
+peer's credentials decide, supplementary groups included (docs/socket-protocol.md).
 """
 
 from __future__ import annotations

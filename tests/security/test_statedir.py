@@ -80,7 +80,7 @@ def test_a_state_dir_made_by_another_user_is_refused(site: Site, public: Path,
     state = public / "state"
     as_user(mallory, f"mkdir -m 0755 {state}")
     out = run_fiberd(site, state)
-    assert_refused(out, f"unsafe state dir {state}", f"uid {mallory.uid} ({mallory.name})")
+    assert_refused(out, f"unsafe state dir {state}", f"uid {mallory.uid}")
     assert os.listdir(state) == []  # nothing of fiberd's landed in her dir
 
 
@@ -89,13 +89,13 @@ def test_a_symlink_to_another_users_dir_is_refused(site: Site, public: Path,
     state = public / "state"
     as_user(mallory, f"mkdir -m 0777 {public}/hers && ln -s {public}/hers {state}")
     out = run_fiberd(site, state)
-    assert_refused(out, f"{state} is a symlink owned by uid {mallory.uid}")
+    assert_refused(out, f"{state} is a sym", f"owned by uid {mallory.uid}")
     assert os.listdir(public / "hers") == []
     # root's own link to her dir does not help: the target is checked as any path
     os.unlink(state)
     state.symlink_to(public / "hers")
     out = run_fiberd(site, state)
-    assert_refused(out, f"{public}/hers belongs to uid {mallory.uid}")
+    assert_refused(out, f"{public}/hers", f"uid {mallory.uid}")
 
 
 def test_a_world_writable_state_dir_is_refused_and_fiberd_makes_its_own_0700(
@@ -107,7 +107,7 @@ def test_a_world_writable_state_dir_is_refused_and_fiberd_makes_its_own_0700(
     finally:
         os.umask(old)
     out = run_fiberd(site, loose)
-    assert_refused(out, f"{loose} is writable by others (mode 0777)")
+    assert_refused(out, f"{loose} is writable by", "0777")
 
     fresh = site.root / "new" / "state"  # missing: fiberd creates it, under umask 000
     argv = [str(BIN / "fiberd"),
