@@ -24,9 +24,11 @@ line says why); 2 usage error.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -145,6 +147,16 @@ def format_record(record: dict[str, object]) -> str:
     return f"{line} {' '.join(rest)}".rstrip()
 
 
+def open_regular(path: Path) -> int:
+    """A read fd of the regular file ``path``; a FIFO or device never blocks the reader
+    (O_NONBLOCK), it is refused (OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 class LogReader:
     """Complete lines of a log file from where the last read stopped.
 
@@ -156,7 +168,7 @@ class LogReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # OSError: the caller reports it
+        self.fd = open_regular(path)  # OSError: the caller reports it
         self.inode = os.fstat(self.fd).st_ino
         self.consumed = 0
         self.lineno = 0
@@ -174,7 +186,7 @@ class LogReader:
         why = None
         if inode != self.inode:
             os.close(self.fd)
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = open_regular(self.path)
             self.inode = inode
             why = "the log was replaced"
         elif os.fstat(self.fd).st_size < self.consumed:

@@ -79,7 +79,7 @@ class AuditWriteFailed(OSError):
         return self.strerror or str(self.args[0])
 
 
-def open_log(path: Path) -> int:
+def open_log(path: Path) -> int:  # TODO(safefs): safefs.open_file with these checks
     """Open (create 0600) the audit log at ``path`` for appending, refusing anything but
     fiberd's own private regular file. Raises AuditUnsafe or OSError."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK

@@ -28,6 +28,7 @@ import pwd
 import stat
 from collections.abc import Collection
 
+# TODO(safefs): trusted_dir = safefs.open_dir(path, trusted_owners=(euid,)) plus creation.
 MAX_SYMLINKS = 16
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
