@@ -228,7 +228,7 @@ class Template:
         (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares)
-        (state_dir / "fibers").mkdir(parents=True, exist_ok=True)
+        (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
 
@@ -467,9 +467,8 @@ class Template:
                                                    os.getpid())
         for line in dropped:
             log.warning("template of %s: %s", self.uid, line)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        with theirs, open(log_fd, "ab") as log_file:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with theirs, open(os.open(log_path, flags, 0o600), "ab") as log_file:
             proc = subprocess.Popen(
                 argv, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=log_file, stderr=log_file, cwd=self.state_dir)
