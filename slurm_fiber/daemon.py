@@ -32,7 +32,7 @@ from pathlib import Path
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
-from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.audit import AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock
@@ -213,9 +213,14 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     except SocketPathError as err:
         audit.close()
         raise FiberdRefused(str(err)) from None
-    audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
-                socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
-                swept=[str(p) for p in swept])
+    try:
+        audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
+                    socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
+                    swept=[str(p) for p in swept])
+    except AuditWriteFailed as err:
+        await server.close()
+        audit.close()
+        raise FiberdRefused(f"{err}; free space there and start again") from None
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     return Running(core, server, audit, Path(config.socket))
@@ -249,6 +254,9 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
     await asyncio.gather(*tasks, return_exceptions=True)
     await running.core.shutdown()
     await running.server.close()
-    running.audit.write("stop", reason=why, pid=os.getpid())
+    try:
+        running.audit.write("stop", reason=why, pid=os.getpid())
+    except AuditWriteFailed as err:
+        log.error("the stop is not audited: %s", err)
     running.audit.close()
     log.info("fiberd stopped: %s", why)

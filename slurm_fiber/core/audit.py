@@ -180,9 +180,11 @@ class AuditLog:
         """Flush to disk and close. Further writes raise OSError."""
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd = -1
+                fd, self._fd = self._fd, -1
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _append(self, data: bytes) -> None:
         """One whole line, or nothing (cut back to the size before) and AuditWriteFailed."""

@@ -26,7 +26,7 @@ from slurm_fiber.core.grant import ScopeClaim
 from tests.process.helpers import marked_procs
 from tests.runtime.conftest import site
 from tests.runtime.kit import Site, fiberd_in_thread
-from tests.runtime.test_commands import BIN
+from tests.runtime.test_commands import BIN, env, flags
 from tests.security.test_statedir import as_user, public
 from tests.security.users import JobUser
 
@@ -163,6 +163,19 @@ def test_a_full_disk_starts_no_unaudited_fiber_and_fiberd_recovers(
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     clones = [r for r in records if r["event"] == "clone"]
     assert clones[-1]["fiber"] == fiber["id"]
+
+
+def test_fiberd_refuses_to_start_on_a_full_disk_in_one_line(site: Site, tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "fs") as fs:
+        fill(fs)
+        argv = [str(BIN / "fiberd"),
+                *flags(site, **{"state-dir": str(fs), "grantdir": str(site.grantdir)})]
+        out = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, out.stderr
+        assert "Traceback" not in out.stderr
+        line = out.stderr.splitlines()[-1]
+        assert line.startswith("fiberd: ") and "No space left on device" in line, out.stderr
+        assert not (fs / "fiberd.sock").exists()
 
 
 def test_control_characters_in_claims_are_escaped_in_the_text_view(tmp_path: Path) -> None:
