@@ -43,6 +43,11 @@ entry there is ``issuer=path``, split at its last "=" (issuer URLs may hold one)
 Switches (strict_limits) are TOML booleans, ``true``/``false`` (also
 ``1``/``0``, ``yes``/``no``, ``on``/``off``) in the environment, and a bare
 ``--strict-limits`` / ``--no-strict-limits`` flag.
+
+fiberd refuses a state, socket or audit-log dir that anyone but its uid or root
+could change, and makes the ones it creates 0700. With allowed_uids or
+allowed_gids the socket is 0666 in a dir fiberd opens for search (0711) and the
+peer's credentials decide, supplementary groups included (docs/socket-protocol.md).
 """
 
 from __future__ import annotations

@@ -12,11 +12,18 @@ fiber and template is stopped and waited for, devices and cgroups are
 released, the socket is removed, and the audit log records start and stop.
 
 Refusals to start raise ``FiberdRefused`` with one line a person can act on.
+Before anything is opened, fiberd checks the directories it writes in (state
+dir, socket dir, audit log dir; ``check_dirs``): each must belong to fiberd's
+uid or root and be writable by nobody else, up from "/" (a root-owned sticky
+ancestor such as /tmp is fine). Missing ones are created 0700 whatever the
+umask; the socket's dir is made traversable (0711) when other users are
+allowed on the socket (docs/socket-protocol.md, "Who may connect").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -26,11 +33,12 @@ from pathlib import Path
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
-from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.audit import AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import GrantBook
+from slurm_fiber.core.dirtrust import UnsafeDir, trusted_dir
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
@@ -85,12 +93,75 @@ def _trust(config: FiberdConfig) -> TrustStore:
     return TrustStore(dict(config.trust), on_problem=lambda line: log.warning("trust: %s", line))
 
 
+PRIVATE_DIR_MODE = 0o700
+
+
+def _shares_socket(config: FiberdConfig) -> bool:
+    return bool(config.allowed_uids or config.allowed_gids)
+
+
+def check_dirs(config: FiberdConfig) -> None:
+    """Refuse to start on a state, socket or audit dir that anyone but fiberd's uid or root
+    could change (see the module doc); create missing ones with exactly mode 0700.
+
+    When other users are allowed on the socket, its dir (when fiberd owns
+    it) gets search permission for everyone (0711): the socket itself is then
+    0666 and SO_PEERCRED decides. Raises FiberdRefused (one line, also logged).
+    """
+    dirs = [("state dir", config.state_dir),
+            ("socket dir", os.path.dirname(config.socket) or "."),
+            ("audit log dir", os.path.dirname(config.audit_path) or ".")]
+    for what, path in dirs:
+        try:
+            fd = trusted_dir(path, create_mode=PRIVATE_DIR_MODE)
+        except UnsafeDir as err:
+            line = f"unsafe {what} {path}: {err}; fix its owner or mode"
+            log.error("refusing to start: %s", line)
+            raise FiberdRefused(line) from None
+        except OSError as err:
+            raise FiberdRefused(f"cannot use the {what} {path}: "
+                                f"{err.strerror or err}") from None
+        try:
+            if what == "socket dir" and _shares_socket(config):
+                _open_for_search(fd)
+                _warn_unreachable(path)
+        finally:
+            os.close(fd)
+
+
+def _warn_unreachable(socket_dir: str) -> None:
+    """Log the first ancestor of ``socket_dir`` that others cannot search (allowed users
+    then cannot reach the socket; fiberd does not change dirs it did not make)."""
+    path = os.path.abspath(socket_dir)
+    while True:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mode & 0o001 == 0:
+                log.warning("allowed users cannot reach the socket: %s is not searchable by "
+                            "others (mode %04o)", path, os.stat(path).st_mode & 0o7777)
+                return
+        if path == "/":
+            return
+        path = os.path.dirname(path)
+
+
+def _open_for_search(dir_fd: int) -> None:
+    """Give everyone search permission on fiberd's own dir ``dir_fd`` (an O_PATH fd)."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o011 != 0o011:
+            os.fchmod(fd, (st.st_mode & 0o7777) | 0o011)
+    finally:
+        os.close(fd)
+
+
 def _server_config(config: FiberdConfig) -> ServerConfig:
     uids = None
     if config.allowed_uids:
         uids = frozenset({os.getuid(), 0, *config.allowed_uids})
     return ServerConfig(path=Path(config.socket), allowed_uids=uids,
-                        allowed_gids=frozenset(config.allowed_gids))
+                        allowed_gids=frozenset(config.allowed_gids),
+                        mode=0o666 if _shares_socket(config) else 0o600)
 
 
 def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
@@ -115,8 +186,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     Raises FiberdRefused when fiberd cannot start.
     """
     state_dir = Path(config.state_dir)
+    check_dirs(config)
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
         audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock, scope=home.scope())
     except OSError as err:
         raise FiberdRefused(f"cannot open the audit log {config.audit_path}: "
@@ -145,10 +216,15 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         audit.close()
         raise FiberdRefused(str(err)) from None
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
-    audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
-                socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
-                swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
-                readiness=readiness)
+    try:
+        audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
+                    socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
+                    swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
+                    readiness=readiness)
+    except AuditWriteFailed as err:
+        await server.close()
+        audit.close()
+        raise FiberdRefused(f"{err}; free space there and start again") from None
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     return Running(core, server, audit, Path(config.socket))
@@ -182,6 +258,9 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
     await asyncio.gather(*tasks, return_exceptions=True)
     await running.core.shutdown()
     await running.server.close()
-    running.audit.write("stop", reason=why, pid=os.getpid())
+    try:
+        running.audit.write("stop", reason=why, pid=os.getpid())
+    except AuditWriteFailed as err:
+        log.error("the stop is not audited: %s", err)
     running.audit.close()
     log.info("fiberd stopped: %s", why)

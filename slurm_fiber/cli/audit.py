@@ -4,7 +4,11 @@ The log is the one ``core.audit.AuditLog`` writes: one JSON object per
 line with ``seq``, ``time``, ``event`` and the decision's fields. This
 command prints one aligned line per record (time, seq, event, uid, fiber,
 code, then the other fields as ``key=value``, reason last), or with
-``--json`` the records' own lines unchanged. ``--since SEQ`` keeps records
+``--json`` the records' own lines unchanged. Control characters in values
+(a newline or an escape sequence inside a claim) are printed escaped
+(``\\n``, ``\\u001b``) in the text view; the JSON view is escaped already
+(fiberd writes ASCII-only JSON and a line with a raw control character is
+not a record). ``--since SEQ`` keeps records
 after that sequence number; ``--event NAME`` (repeatable) keeps those
 events. ``--follow`` keeps reading what is appended, like ``tail -f``: a
 last line still being written is waited for, never half-read; a log that is
@@ -20,8 +24,11 @@ line says why); 2 usage error.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -96,8 +103,20 @@ def parse_record(line: bytes) -> dict[str, object] | str:
     return record
 
 
+# Characters that could move the cursor, end a line or drive the terminal: C0, DEL, C1,
+# and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as its JSON escape (``\\n``,
+    ``\\u001b``): a value from a claim can never start a line of its own or drive the
+    terminal."""
+    return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
 def _text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return escape(value) if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 def format_time(value: object) -> str:
@@ -121,10 +140,21 @@ def format_record(record: dict[str, object]) -> str:
     cells += ["-" if record.get(name) is None else _text(record[name])
               for name, _ in COLUMNS[1:]]
     line = " ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True))
-    rest = [f"{k}={_text(v)}" for k, v in record.items() if k not in LEADING]
-    if record.get("reason") is not None:
-        rest.append(f"reason={json.dumps(_text(record['reason']))}")
+    rest = [f"{escape(k)}={_text(v)}" for k, v in record.items() if k not in LEADING]
+    reason = record.get("reason")
+    if reason is not None:  # quoted as JSON, which escapes control characters itself
+        rest.append(f"reason={json.dumps(reason if isinstance(reason, str) else _text(reason))}")
     return f"{line} {' '.join(rest)}".rstrip()
+
+
+def open_regular(path: Path) -> int:
+    """A read fd of the regular file ``path``; a FIFO or device never blocks the reader
+    (O_NONBLOCK), it is refused (OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
 
 
 class LogReader:
@@ -138,7 +168,7 @@ class LogReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # OSError: the caller reports it
+        self.fd = open_regular(path)  # OSError: the caller reports it
         self.inode = os.fstat(self.fd).st_ino
         self.consumed = 0
         self.lineno = 0
@@ -156,7 +186,7 @@ class LogReader:
         why = None
         if inode != self.inode:
             os.close(self.fd)
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = open_regular(self.path)
             self.inode = inode
             why = "the log was replaced"
         elif os.fstat(self.fd).st_size < self.consumed:

@@ -2,8 +2,15 @@
 
 ``AuditLog.write(event, **fields)`` appends one record and returns its
 sequence number once the line is in the file: the whole line goes out in one
-``write`` on an O_APPEND descriptor (retried only for the rare short write),
-so records never interleave. Each record carries ``seq`` (grows by one per
+``write`` on an O_APPEND descriptor, so records never interleave. A write
+that fails or comes up short (a full disk) is cut back off (``ftruncate`` to
+the size before) and raises ``AuditWriteFailed``: the file holds only whole
+lines, and the next record after space returns starts on its own line.
+
+The log is opened with O_NOFOLLOW | O_NONBLOCK and checked on the open fd:
+a regular file with one link, owned by fiberd's uid, writable by nobody
+else; anything else (a planted symlink, hard link, FIFO, another user's
+file) raises ``AuditUnsafe`` and is left untouched. Each record carries ``seq`` (grows by one per
 record and continues across restarts), ``time`` (Unix seconds), ``event`` and
 the home's scope claims, then the caller's fields (DESIGN §4: uid, jti, fiber,
 code, reason, epoch, caller_uid/caller_pid, leeway, health_age ...).
@@ -20,8 +27,10 @@ the last one; a power loss may drop that much, a process crash nothing) or
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import os
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +65,47 @@ class AuditEvent(enum.StrEnum):
     AUDIT_REPAIRED = "audit_repaired"
 
 
+class AuditUnsafe(OSError):
+    """The audit log path is not a file fiberd may write (one line naming it and why)."""
+
+    def __str__(self) -> str:
+        return self.strerror or str(self.args[0])
+
+
+class AuditWriteFailed(OSError):
+    """A record could not be written (nothing of it is left in the file); retry later."""
+
+    def __str__(self) -> str:
+        return self.strerror or str(self.args[0])
+
+
+def open_log(path: Path) -> int:  # TODO(safefs): safefs.open_file with these checks
+    """Open (create 0600) the audit log at ``path`` for appending, refusing anything but
+    fiberd's own private regular file. Raises AuditUnsafe or OSError."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise AuditUnsafe(f"audit log {path} is a symlink; not following it") from None
+        raise
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_nlink != 1:
+        why = f"has {st.st_nlink} links (a hard link to another file?)"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not fiberd's uid {os.geteuid()}"
+    elif st.st_mode & 0o022:
+        why = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if why is not None:
+        os.close(fd)
+        raise AuditUnsafe(f"audit log {path} {why}; not writing to it")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _jsonable(value: object) -> object:
     to_json = getattr(value, "to_json", None)
     if callable(to_json):
@@ -87,7 +137,7 @@ class AuditLog:
         self._clock = clock or SystemClock()
         self._scope = {c.key: c.value for c in scope}
         self._lock = threading.Lock()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = open_log(self.path)
         self._last_fsync = self._clock.mono()
         dropped = self._repair_tail()
         self._seq = self._last_seq()
@@ -130,19 +180,34 @@ class AuditLog:
         """Flush to disk and close. Further writes raise OSError."""
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd = -1
+                fd, self._fd = self._fd, -1
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _append(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
-        now = self._clock.mono()
-        due = self.fsync is FsyncPolicy.INTERVAL and now - self._last_fsync >= self.interval
-        if self.fsync is FsyncPolicy.ALWAYS or due:
-            os.fsync(self._fd)
-            self._last_fsync = now
+        """One whole line, or nothing (cut back to the size before) and AuditWriteFailed."""
+        if self._fd < 0:
+            raise AuditWriteFailed(errno.EBADF, f"audit log {self.path} is closed")
+        before = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            now = self._clock.mono()
+            due = self.fsync is FsyncPolicy.INTERVAL and now - self._last_fsync >= self.interval
+            if self.fsync is FsyncPolicy.ALWAYS or due:
+                os.fsync(self._fd)
+                self._last_fsync = now
+        except OSError as err:
+            cut = ""
+            try:
+                os.ftruncate(self._fd, before)
+            except OSError as again:
+                cut = f"; and cutting it back failed: {again.strerror or again}"
+            raise AuditWriteFailed(err.errno, f"audit log {self.path}: record not written "
+                                   f"({err.strerror or err}){cut}") from None
 
     def _repair_tail(self) -> int:
         size = os.fstat(self._fd).st_size

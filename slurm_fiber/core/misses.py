@@ -1,10 +1,11 @@
 """Miss codes: the only way a Clone that starts no fiber answers.
 
-The set is closed and matches DESIGN §4, plus ``unenforceable`` (final: a
-fiberd run with ``strict_limits`` refuses a grant asking for limits it cannot
-enforce). Each miss carries a one-line reason a person can act on and, where
-retrying makes sense, when to retry. Callers (fiberctl, homes, conform) key on
-``code`` and ``retryable``, never on text.
+The set is closed and matches DESIGN §4's table (which includes ``unenforceable``,
+final: a fiberd run with ``strict_limits`` refuses a grant asking for limits it cannot
+enforce, and ``audit_failed``, retryable: the Clone's audit record could not be
+written, so nothing was left running). Each miss carries a one-line reason a person
+can act on and, where retrying makes sense, when to retry. Callers (fiberctl, homes,
+conform) key on ``code`` and ``retryable``, never on text.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class MissCode(enum.StrEnum):
     CAPACITY = "capacity"
     CLOSED = "closed"
     UNENFORCEABLE = "unenforceable"  # strict limits: the grant asks for limits not enforced here
+    AUDIT_FAILED = "audit_failed"  # the Clone's audit record could not be written
 
     @property
     def retryable(self) -> bool:
@@ -41,6 +43,7 @@ _RETRYABLE = frozenset(
         MissCode.FENCED,
         MissCode.COLD,
         MissCode.CAPACITY,
+        MissCode.AUDIT_FAILED,
     }
 )
 

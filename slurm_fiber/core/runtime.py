@@ -12,7 +12,9 @@ bump and shutdown stop the fibers concerned and return once they are gone.
 
 Guarantees: every decision is written to the audit log before it is
 answered (a decision that cannot be audited raises instead of being
-answered); a Clone never waits for the control plane; nothing here raises
+answered; a Clone whose audit record cannot be written kills the fiber it
+forked, before registering it, and answers the retryable miss
+``audit_failed``); a Clone never waits for the control plane; nothing here raises
 into the event loop for a refused input: refusals become misses or
 ``AdmitRefused`` with a code and a one-line reason. All methods run on
 fiberd's event loop.
@@ -38,7 +40,7 @@ from slurm_fiber.core.api.service import (
     Peer,
     Stdio,
 )
-from slurm_fiber.core.audit import AuditEvent, AuditLog
+from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import (
@@ -283,6 +285,14 @@ class Core:
         Raises CloneFailed when the template cannot fork (audited).
         """
         caller = {"caller_uid": request.peer.uid, "caller_pid": request.peer.pid}
+        try:
+            return await self._clone(request, stdio, caller)
+        except AuditWriteFailed as err:
+            log.error("clone refused: %s", err)
+            return _audit_failed(err)
+
+    async def _clone(self, request: CloneRequest, stdio: Stdio,
+                     caller: dict[str, int]) -> FiberView | Miss:
         if self.closing:
             return self._miss(None, closed_miss(), caller)
         resolved = await self._resolve(request)
@@ -587,14 +597,27 @@ class Core:
             raise CloneFailed(str(err)) from None
         deadline_wall = self._wall(decision.deadline.at)
         view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
-        self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
-                    pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
-                    deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
-                    health_age=self.home.health().read().age, **caller)
+        try:
+            self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
+                        pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
+                        deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
+                        health_age=self.home.health().read().age, **caller)
+        except AuditWriteFailed:
+            await self._unstart(fiber)
+            raise
         self._fibers[fiber_id] = view
         self._spawn(self._bound(fiber, decision))
         fiber.on_done(self._fiber_done)
         return view
+
+    async def _unstart(self, fiber: Fiber) -> None:
+        """Kill a fiber whose Clone could not be audited and wait until it is gone (it was
+        never registered, listed or answered). Its exit is audited when the log takes it."""
+        fiber.kill()
+        await fiber.stop(0)
+        with contextlib.suppress(OSError):
+            self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+                        cause="audit_failed", exit=fiber.exit.to_json() if fiber.exit else None)
 
     async def _bound(self, fiber: Fiber, decision: Start) -> None:
         """Stop the fiber at its live deadline (the book's answer, re-asked as it moves)."""
@@ -618,12 +641,19 @@ class Core:
                         exit=end.to_json() if end else None)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
-        """Audit that fiberd is stopping a running fiber and why (once per fiber)."""
+        """Audit that fiberd is stopping a running fiber and why (once per fiber).
+
+        A stop goes ahead even when its record cannot be written (a full disk):
+        stopping is never the decision an audit failure may hold back; it is logged.
+        """
         if fiber.id in self._released or not fiber.running:
             return
         self._released.add(fiber.id)
-        self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                    cause=cause, **fields)
+        try:
+            self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+                        cause=cause, **fields)
+        except AuditWriteFailed as err:
+            log.error("stopping fiber %s (%s) unaudited: %s", fiber.id, cause, err)
 
     def _miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
         self._write(AuditEvent.MISS, uid=uid, code=miss.code.value, reason=miss.reason,
@@ -655,6 +685,12 @@ class Core:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime task failed: %s", task.exception())
+
+
+def _audit_failed(err: AuditWriteFailed) -> Miss:
+    """The miss of a Clone that was refused because its audit record could not be written."""
+    return Miss(MissCode.AUDIT_FAILED, f"nothing started: the audit log cannot be written "
+                f"({err.strerror or err}); retry once it has room", retry_after=1.0)
 
 
 def _limits_json(spec: FiberSpec) -> dict[str, object]:

@@ -1,9 +1,16 @@
 """The code that runs INSIDE a warm template process (``python -m ...template_main``).
 
 fiberd starts this module with ``--fd N`` (its end of a SEQPACKET
-socketpair, see ``template_wire``) and ``--parent PID``. In order, the
-template:
+socketpair, see ``template_wire``) and ``--parent PID``, by the command
+``command`` builds: ``python -P`` (the current directory is not put on
+``sys.path``) with a PYTHONPATH stripped of entries anyone but fiberd's uid or
+root could write. In order, the template:
 
+0. rebuilds ``sys.path`` from the entries that are safe (``dirtrust``:
+   absolute, existing, owned by fiberd's uid or root, writable by nobody
+   else up from "/"), naming each dropped one on stderr (its log), and leaves
+   a current directory that is not safe for "/"; so no directory another user
+   can write is ever imported from, by the template or its fibers;
 1. arms PR_SET_PDEATHSIG (SIGTERM: it dies with fiberd, even when fiberd is
    SIGKILLed) and leaves fiberd's session (a Ctrl-C at fiberd's terminal
    does not reach it);
@@ -56,9 +63,10 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from slurm_fiber.core import template_wire as wire
+from slurm_fiber.core.dirtrust import UnsafeDir, safe_path_entry, trusted_dir
 from slurm_fiber.core.prctl import die_with_parent
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -68,6 +76,45 @@ _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 EXIT_CGROUP = 71
 EXIT_SETUP = 72
 EXIT_EXEC = 127
+
+
+def command(python: str, env: Mapping[str, str], fd: int,
+            parent: int) -> tuple[list[str], dict[str, str], list[str]]:
+    """The argv and env that start a template (fiberd's side), and the PYTHONPATH entries
+    left out as unsafe (one line each, for fiberd's log)."""
+    env = dict(env)
+    dropped = []
+    if env.get("PYTHONPATH"):
+        kept = []
+        for entry in env["PYTHONPATH"].split(os.pathsep):
+            why = safe_path_entry(entry)
+            if why is None:
+                kept.append(entry)
+            else:
+                dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
+            "--parent", str(parent)]
+    return argv, env, dropped
+
+
+def safe_sys_path() -> None:
+    """Keep only the safe ``sys.path`` entries (stderr names the others) and leave an
+    unsafe current directory for "/". Called first thing in the template."""
+    kept = []
+    for entry in sys.path:
+        why = safe_path_entry(entry)
+        if why is None:
+            kept.append(entry)
+        elif entry and os.path.exists(entry):  # a missing entry goes without a word
+            print(f"template: sys.path entry {entry!r} left out: {why}", file=sys.stderr)
+    sys.path[:] = kept
+    try:
+        os.close(trusted_dir(os.getcwd()))
+    except OSError as err:
+        why = str(err) if isinstance(err, UnsafeDir) else (err.strerror or str(err))
+        print(f"template: working directory is not safe ({why}); using /", file=sys.stderr)
+        os.chdir("/")
 
 
 def resolve(target: str) -> Callable[..., object]:
@@ -376,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     opts = parser.parse_args(argv)
+    safe_sys_path()
     die_with_parent(opts.parent, signal.SIGTERM)
     os.setsid()
     sock = socket.socket(fileno=opts.fd)

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core import cgroups
+from slurm_fiber.core import cgroups, template_main
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
@@ -228,7 +228,7 @@ class Template:
         (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares)
-        (state_dir / "fibers").mkdir(parents=True, exist_ok=True)
+        (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
 
@@ -463,11 +463,14 @@ class Template:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path = self.state_dir / f"template-{safe_name(self.uid)}.log"
-        with theirs, open(log_path, "ab") as log_file:
+        argv, env, dropped = template_main.command(self.python, self.env, theirs.fileno(),
+                                                   os.getpid())
+        for line in dropped:
+            log.warning("template of %s: %s", self.uid, line)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with theirs, open(os.open(log_path, flags, 0o600), "ab") as log_file:
             proc = subprocess.Popen(
-                [self.python, "-m", "slurm_fiber.core.template_main",
-                 "--fd", str(theirs.fileno()), "--parent", str(os.getpid())],
-                env=self.env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                argv, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=log_file, stderr=log_file, cwd=self.state_dir)
         ours.setblocking(False)
         self._sock = ours

@@ -2,7 +2,8 @@
 
 ``ApiServer`` serves one Unix socket on the running asyncio loop. Each
 connection is checked with SO_PEERCRED before anything is read (allowed:
-the daemon's own uid and root unless configured), then carries one request
+the daemon's own uid and root unless configured; ``allowed_gids`` admit a
+primary or, by SO_PEERGROUPS, a supplementary group), then carries one request
 at a time: a request gets exactly one reply, except a ``clone`` with
 ``wait`` which gets a ``started`` event and, later, an ``exit`` event. Every
 malformed or refused request gets an error reply with a code and a one-line
@@ -76,7 +77,7 @@ from slurm_fiber.core.api.service import (
     Service,
     Stdio,
 )
-from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket
+from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.misses import Miss
@@ -653,7 +654,8 @@ class ApiServer:
             return
         config = self.config
         error: ApiError | None = None
-        if not peer_allowed(peer, config.uids(), config.allowed_gids):
+        if not (peer_allowed(peer, config.uids(), config.allowed_gids)
+                or (config.allowed_gids and config.allowed_gids & peer_groups(sock))):
             error = ApiError(ErrorCode.FORBIDDEN, f"uid {peer.uid} (gid {peer.gid}) may not use "
                                                   "this fiberd; ask its owner to allow it")
         else:

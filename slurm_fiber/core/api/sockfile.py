@@ -7,7 +7,8 @@ socket (file, directory, symlink) is refused and left alone. The new socket
 is bound under a temporary name, given its mode, and renamed into place
 before it listens, so it is never reachable with wider permissions or
 half-made. ``release`` removes the socket only while it is still the one we
-made.
+made. ``peer_groups`` reads a connected peer's supplementary groups
+(SO_PEERGROUPS), which ``allowed_gids`` admits as well as its primary group.
 """
 
 from __future__ import annotations
@@ -18,10 +19,23 @@ import fcntl
 import os
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 MAX_SUN_PATH = 107  # sockaddr_un.sun_path, minus the NUL
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
+_MAX_GROUPS_BUF = 1024  # CPython's getsockopt limit: up to 256 groups
+
+
+def peer_groups(sock: socket.socket) -> frozenset[int]:
+    """The supplementary groups the connected peer had at ``connect``; empty when the
+    kernel cannot say (too many groups for the buffer, or an old kernel)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, _MAX_GROUPS_BUF)
+    except OSError:
+        return frozenset()
+    return frozenset(struct.unpack(f"={len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
 
 
 class SocketPathError(Exception):
