@@ -38,6 +38,7 @@ accepted there only when its filesystem is mounted read-only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -134,7 +135,9 @@ class GrantDir:
     until it changes; it must not raise. ``secret_volume`` reads a
     Kubernetes Secret volume (see the module text; it implies following
     symlinks, only into ``..data``). ``health`` is marked down while the
-    directory is missing, unreadable or refused, and up once a poll lists it.
+    directory is missing, unreadable or refused, and up once a poll lists it;
+    construction already checks the directory once (one stat), so a fiberd
+    whose grantdir is missing reads stale before its socket answers anyone.
     """
 
     def __init__(
@@ -161,6 +164,9 @@ class GrantDir:
         self._health = health
         self._files: dict[str, _Held] = {}
         self._reported: dict[str, tuple[str, object]] = {}
+        if health is not None:
+            with contextlib.suppress(GrantDirRefused):  # refused: raised again by grants()
+                self.check_at_start()
 
     def check(self) -> None:
         """Raise GrantDirRefused unless the directory exists and only its owner can write it.
