@@ -38,7 +38,6 @@ accepted there only when its filesystem is mounted read-only.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -165,8 +164,10 @@ class GrantDir:
         self._files: dict[str, _Held] = {}
         self._reported: dict[str, tuple[str, object]] = {}
         if health is not None:
-            with contextlib.suppress(GrantDirRefused):  # refused: raised again by grants()
-                self.check_at_start()
+            try:
+                self.check()
+            except GrantDirRefused as err:  # reported (or raised) by check_at_start, later
+                health.mark_down(self.path, err.reason)
 
     def check(self) -> None:
         """Raise GrantDirRefused unless the directory exists and only its owner can write it.
