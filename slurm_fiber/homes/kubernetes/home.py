@@ -6,15 +6,26 @@ It implements ``homes.seam.Home`` and ``LosesScope`` for one Pod:
   GrantDir in Secret-volume mode, so the kubelet's atomic ``..data`` swap
   delivers each new token once and a rotation never removes a grant;
   no grant of its own.
-- health: a HealthPoll whose round reads the Pod and its ResourceClaims
-  (``reading.read_scope``); a round the API server does not answer leaves
-  the health to go stale.
+- health: a HealthPoll whose round re-reads the projected token, then reads
+  the Pod and its ResourceClaims (``reading.read_scope``); a round the API
+  server does not answer leaves the health to go stale.
+- a refused token fails closed: a Pod-bound token stops working when its
+  Pod is deleted or replaced (the API server keeps accepting it from its
+  cache for about 10 s, then answers 401). A home cut off from the API
+  during those 10 s never sees the new UID; its first answer is a 401. So
+  ``TOKEN_REFUSALS`` rounds in a row answered 401, each with the token just
+  re-read from its file, are a Pod loss (``removes_grants``: scope loss,
+  not stale-until-fenced): a 401 is an answer, and the only answer a bound
+  token gets once its Pod is gone, so the grants go with the Pod and no
+  Clone is admitted on the refused token from the second 401 on (within
+  two poll intervals of the first). A 403 (RBAC) is not a refusal of
+  identity: it only fails the round.
 - scope: namespace, service account, Pod, Pod UID, node and each claim,
   from the latest reading of this Pod (from the downward API before the
   first one).
 - scope loss: through a ScopeLossQueue to the handler ``on_scope_lost`` set,
   each reason once, in order. The Pod being deleted, gone or replaced (UID
-  changed) calls ``handler(reason, True)``: the grants go with the Pod, and
+  changed), or its token refused, calls ``handler(reason, True)``: the grants go with the Pod, and
   nothing after that first Pod loss is delivered. A claim deallocated,
   being deleted, gone or recreated calls ``handler(reason, False)``: an
   epoch bump, since the devices went away under running fibers.
@@ -43,7 +54,7 @@ from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
-from slurm_fiber.homes.kubernetes.api import KubeApi
+from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.incluster import load_in_cluster
 from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
 from slurm_fiber.homes.kubernetes.scope import ScopeLoss, ScopeTracker, identity_claims
@@ -54,6 +65,7 @@ from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 
 NAME = "kubernetes"
 DEFAULT_CONDITION = FiberdConfig.ready_condition  # slurm-fiber.io/template-warm
+TOKEN_REFUSALS = 2  # rounds in a row answered 401 (token re-read before each) that end the Pod
 log = logging.getLogger("slurm_fiber.homes.kubernetes")
 
 
@@ -117,6 +129,7 @@ class KubernetesHome:
         self._tracker = ScopeTracker(self.identity)
         self._removes: dict[str, bool] = {}  # queued reason -> removes_grants
         self._pod_over = False
+        self._refusals = 0  # rounds in a row the API server answered 401
         self._reading: Reading | None = None
         self._scope = identity_claims(self.identity)
         self._static = DeviceChannel.of(devices)
@@ -220,7 +233,15 @@ class KubernetesHome:
         return self._pod_over
 
     async def _round(self) -> None:
-        reading = await read_scope(self.api, self._tracker)
+        self.api.reload_token()
+        try:
+            reading = await read_scope(self.api, self._tracker)
+        except ApiFailure as failure:
+            self._refusals = self._refusals + 1 if failure.code == 401 else 0
+            if self._refusals >= TOKEN_REFUSALS:
+                self._lose(self._tracker.token_refused())
+            raise
+        self._refusals = 0
         self._reading = reading
         if reading.pod is not None and reading.pod.uid == self.identity.uid and not self._pod_over:
             self._scope = reading.scope
