@@ -1,8 +1,9 @@
 """The Kubernetes home's stage: a grant Pod on the fake API server, over real HTTPS.
 
-The stage starts a ``FakeApiServer`` (TLS, its own CA) holding one running
-grant Pod whose DRA ResourceClaim is allocated two GPUs, lays out the Pod's
-service account volume and an empty Secret volume, and gives fiberd the
+The stage starts a ``FakeApiServer`` (TLS, its own CA, RBAC from
+``deploy/kubernetes/rbac.yaml``) holding one running grant Pod whose DRA
+ResourceClaim is allocated two GPUs, lays out the Pod's service account
+volume (a token bound to the Pod) and an empty Secret volume, and gives fiberd the
 container environment the kubelet and the downward API would. Nothing is
 patched: fiberd's real client talks to the fake as to a real API server.
 
@@ -59,7 +60,7 @@ from slurm_fiber.homes.kubernetes.incluster import (
     ENV_SERVICE_ACCOUNT_DIR,
 )
 
-NAMESPACE = "conform"
+NAMESPACE = "grants"  # deploy/kubernetes/rbac.yaml's: the fake applies its Role and binding
 POD = "grant-pod"
 POD_UID = "c0f0a11e-grant-pod-uid"
 NODE = "node-conform"
@@ -72,7 +73,7 @@ ALLOCATED = (
 # What the container sees of ALLOCATED: the DRA driver injects exactly those devices,
 # numbered from 0 in allocation order.
 DEVICES = (Device("gpu", 0, None, "GPU-conform-k8s-3"), Device("gpu", 1, None, "GPU-conform-k8s-5"))
-POLL_INTERVAL = 0.2  # seconds between grantdir polls and API rounds; a round gets one
+POLL_INTERVAL = 0.05  # seconds between grantdir polls and API rounds; a round gets one
 STALE_TTL = 1.0  # seconds of API silence until the source is stale
 FENCE_TTL = 2.0
 STATUS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}/status"
@@ -122,7 +123,8 @@ class KubernetesStage(OpenedStage):
                                        service_account=SERVICE_ACCOUNT,
                                        claims={"gpus": CLAIM}))
         fake.store.put(RESOURCE_CLAIMS, resource_claim(CLAIM, NAMESPACE, ALLOCATED))
-        fake.write_service_account(workdir / "serviceaccount", NAMESPACE)
+        fake.write_service_account(workdir / "serviceaccount", NAMESPACE,
+                                   token=fake.bound_token(NAMESPACE, POD))
         self.volume.mkdir(mode=0o755)
         (workdir / "state").mkdir(mode=0o700)
 

@@ -136,7 +136,7 @@ async def test_a_refused_token_stops_fibers_and_admits_no_clone(
     async with running_fiberd(site, environ, **options(site, volume)) as live:
         await warm(live)
         fiber = await live.clone(target="tests.runtime.targets:sleep", args=(60,))
-        fake.tokens.clear()  # every round from here on is answered 401
+        del fake.tokens[fake.token]  # every round from here on is answered 401
         assert (await fiber.wait()).signal is not None
         await until(lambda: live.core.status()["grants"] == 0)
         miss = await live.clone(argv=("true",))

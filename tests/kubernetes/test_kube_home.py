@@ -370,14 +370,14 @@ def test_a_refused_token_ends_the_pod_on_the_second_401_in_a_row(
 ) -> None:
     async def body(home: KubernetesHome, lost: Lost) -> None:
         await rounds(home)
-        fake.tokens.clear()  # the API server no longer accepts the Pod's token
+        principal = fake.tokens.pop(fake.token)  # the API server no longer accepts the token
         failed = await home.poll.once()
         assert isinstance(failed, ApiFailure) and failed.code == 401
         await FakeClock.settle()
         assert lost == [] and not home.pod_over, "one 401 is not yet a verdict"
-        fake.tokens.add(fake.token)
+        fake.tokens[fake.token] = principal
         await rounds(home)  # an answer between two 401s: they are not in a row
-        fake.tokens.clear()
+        del fake.tokens[fake.token]
         await rounds(home)
         assert lost == []
         await rounds(home, 3)
@@ -396,7 +396,7 @@ def test_the_token_is_read_again_each_round(
     async def body(home: KubernetesHome, lost: Lost) -> None:
         await rounds(home)
         in_cluster.token_file.write_text("rotated-token")  # the kubelet rotated it
-        fake.tokens = {"rotated-token"}  # and the old one is no longer accepted
+        fake.tokens["rotated-token"] = fake.tokens.pop(fake.token)  # the old one: refused
         await rounds(home, 3)
         assert home.health().read().state is HealthState.FRESH and lost == []
         assert [s.code for s in fake.seen].count(401) == 0, "the new token from the first round"
