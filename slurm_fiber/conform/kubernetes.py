@@ -21,10 +21,23 @@ however quick. Devices are the claim's GPUs as the container sees them
 Declared lack: device holds. A DRA claim is allocated to the Pod for its
 whole life, not per grant, so fiberd holds nothing per grant and the
 home's release is a no-op: there is nothing a grant's removal could free.
+
+``RealKubernetesStage`` (``--home slurm_fiber.conform.kubernetes:RealKubernetesStage``)
+is the same Pod on a real kube-apiserver v1.20.2 with etcd on loopback
+(``homes.kubernetes.realserver``: RBAC with ``deploy/kubernetes/rbac.yaml``
+applied unchanged, a token from TokenRequest bound to the Pod). Silence
+SIGSTOPs the apiserver (connections hang; each round times out) and restore
+SIGCONTs it; losing scope deletes the Pod through the API (graceful, no
+kubelet finishes it); the readiness history is every status PATCH the
+apiserver's audit log records as answered 200. It also declares devices
+lacking: v1.20 has no DRA (``realserver.NO_DRA``), so ``devices.provisioned``
+is a declared skip with that reason. Opening it raises StageCannot when no
+apiserver was built here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Mapping
@@ -37,9 +50,11 @@ from slurm_fiber.conform.stage import (
     Launch,
     OpenedStage,
     Published,
+    StageCannot,
     while_open,
 )
 from slurm_fiber.core.devices import Device
+from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.kubernetes.fake import (
     DEFAULT_GATE,
     PODS,
@@ -145,12 +160,16 @@ class KubernetesStage(OpenedStage):
             "audit_fsync": "never",
         }
         environ = {
-            **self.fake.in_cluster_env(),
+            **self._api_env(),
             ENV_POD_NAME: POD, ENV_POD_NAMESPACE: NAMESPACE, ENV_POD_UID: POD_UID,
             ENV_NODE_NAME: NODE, ENV_SERVICE_ACCOUNT: SERVICE_ACCOUNT,
             ENV_SERVICE_ACCOUNT_DIR: str(self.root / "serviceaccount"),
         }
         return Launch(load_config(env={}, flags=flags), environ)
+
+    def _api_env(self) -> dict[str, str]:
+        """The kubelet's service variables pointing at the API server."""
+        return self.fake.in_cluster_env()
 
     async def deliver(self, uid: str, token: str) -> None:
         """Update the Secret with ``<uid>.jwt``: the kubelet swaps in the new payload."""
@@ -195,6 +214,99 @@ class KubernetesStage(OpenedStage):
         except ApiStatus:
             return None
         for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == DEFAULT_GATE:
+                return {"True": True, "False": False}.get(condition.get("status"))
+        return None
+
+
+class RealKubernetesStage(KubernetesStage):
+    """The grant Pod on a real kube-apiserver v1.20.2 on loopback. Open it once."""
+
+    lacks: Mapping[Capability, str] = {
+        **KubernetesStage.lacks,
+        Capability.DEVICES: realserver.NO_DRA,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._real: realserver.RealApiServer | None = None
+        self._uid = ""  # the Pod's UID, read at open: launch never asks a silenced apiserver
+
+    @property
+    def real(self) -> realserver.RealApiServer:
+        return while_open(self._real)
+
+    async def open(self, workdir: Path, issuer: Issuer) -> None:
+        """Start etcd and the apiserver, create the Pod, lay out its volumes (a bound token)."""
+        self.opened(workdir, issuer)
+        why = await asyncio.to_thread(realserver.missing)
+        if why is not None:
+            raise StageCannot(why)
+        server = realserver.RealApiServer(workdir / "apiserver")
+        self._real = server
+        try:
+            await asyncio.to_thread(server.start)
+            pod = await asyncio.to_thread(server.create_pod, POD, node=NODE,
+                                          service_account=SERVICE_ACCOUNT,
+                                          claims={"gpus": CLAIM})
+            token = await asyncio.to_thread(server.bound_token, POD)
+        except BaseException:
+            await self.close()  # the runner closes only a stage that opened
+            raise
+        self._uid = str(pod["metadata"]["uid"])
+        account = workdir / "serviceaccount"
+        account.mkdir()
+        (account / "token").write_text(token)
+        (account / "ca.crt").write_bytes(server.ca_pem)
+        (account / "namespace").write_text(NAMESPACE)
+        self.volume.mkdir(mode=0o755)
+        (workdir / "state").mkdir(mode=0o700)
+
+    async def close(self) -> None:
+        """Stop the apiserver and etcd, remove their files. Never raises."""
+        if self._real is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._real.close)
+            self._real = None
+
+    def launch(self) -> Launch:
+        base = super().launch()
+        return Launch(base.config, {**base.environ, ENV_POD_UID: self._uid})
+
+    def _api_env(self) -> dict[str, str]:
+        return {"KUBERNETES_SERVICE_HOST": realserver.HOST,
+                "KUBERNETES_SERVICE_PORT": str(self.real.port)}
+
+    async def silence(self) -> None:
+        """SIGSTOP the apiserver: nothing answers (rounds time out) until ``restore``."""
+        self.real.pause()
+
+    async def restore(self) -> None:
+        """SIGCONT the apiserver."""
+        self.real.resume()
+
+    async def lose_scope(self) -> None:
+        """Delete the grant Pod through the API (graceful; no kubelet finishes it)."""
+        await asyncio.to_thread(self.real.delete_pod, POD, force=False)
+
+    def readiness(self) -> Published:
+        """The Pod's gate condition now; each state a status PATCH answered 200 set (audit log)."""
+        history = tuple(
+            state for event in self.real.audit_events()
+            if event.get("verb") == "patch" and event.get("stage") == "ResponseComplete"
+            and (event.get("objectRef") or {}).get("subresource") == "status"
+            and (event.get("objectRef") or {}).get("name") == POD
+            and (event.get("responseStatus") or {}).get("code") == 200
+            for state in [condition_sent(json.dumps(event.get("requestObject")).encode())]
+            if state is not None)
+        return Published(self._condition(), history)
+
+    def devices(self) -> tuple[Device, ...]:
+        raise NotImplementedError(realserver.NO_DRA)
+
+    def _condition(self) -> bool | None:
+        pod = self.real.pod(POD)
+        for condition in (pod or {}).get("status", {}).get("conditions", []) or []:
             if condition.get("type") == DEFAULT_GATE:
                 return {"True": True, "False": False}.get(condition.get("status"))
         return None

@@ -40,7 +40,7 @@ class RealLane:
         self.pod = pod
         self.server = realserver.RealApiServer().start()
         try:
-            self.server.create_pod(pod)
+            self.server.create_pod(pod, claims={"gpus": f"{pod}-gpus"})  # v1.20 drops them
         except BaseException:
             self.server.close()
             raise

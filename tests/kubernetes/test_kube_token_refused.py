@@ -134,14 +134,17 @@ async def test_a_pod_replaced_while_cut_off_ends_in_401s_and_no_clone_starts(
                ENV_NODE_NAME: "node-1", ENV_SERVICE_ACCOUNT: "slurm-fiber"}
     volume = tmp_path / "secret"
     volume.mkdir(mode=0o755)
-    for _ in atomic_write(volume, {"g1.jwt": site.token("g1", audience=AUDIENCE).encode()}):
-        pass
     try:
         async with running_fiberd(site, environ, home="kubernetes", grantdir=str(volume),
                                   audience=None, poll_interval=str(INTERVAL), stale_ttl="30",
                                   fence_ttl="60") as live:
-            await warm(live)
+            # The grant arrives once the API has answered (a first round on a cold
+            # apiserver can overrun 50 ms, and a grant admitted before any answer
+            # is refused: its Pod's devices are unknown).
             await until(lambda: live.core.health()["state"] == "fresh")
+            for _ in atomic_write(volume, {"g1.jwt": site.token("g1", audience=AUDIENCE).encode()}):
+                pass
+            await warm(live)
             relay.cut()  # the node is partitioned from the API server
             lane.replace_pod()  # ... while its Pod is force-deleted and recreated elsewhere
             cut_until = time.monotonic() + TOKEN_CACHE_TTL + 2

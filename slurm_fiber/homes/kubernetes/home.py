@@ -65,6 +65,7 @@ from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 
 NAME = "kubernetes"
 DEFAULT_CONDITION = FiberdConfig.ready_condition  # slurm-fiber.io/template-warm
+FIRST_ROUND_BUDGET = 2.0  # seconds for the round before serving (a cold TLS connection)
 TOKEN_REFUSALS = 2  # rounds in a row answered 401 (token re-read before each) that end the Pod
 log = logging.getLogger("slurm_fiber.homes.kubernetes")
 
@@ -232,6 +233,16 @@ class KubernetesHome:
         """Whether the Pod was seen deleting, gone or replaced (its grants are removed)."""
         return self._pod_over
 
+    async def first_round(self, budget: float) -> BaseException | None:
+        """One round given ``budget`` seconds, marking the health when it answers; its error.
+
+        A HealthPoll of its own paces it (the same health, round and logging),
+        so it is judged exactly as the poll's rounds are.
+        """
+        first = HealthPoll(self._health, budget, self._clock, self._round,
+                           on_error=self._poll_failed, on_recovered=self._poll_recovered)
+        return await first.once()
+
     async def _round(self) -> None:
         self.api.reload_token()
         try:
@@ -298,12 +309,15 @@ async def build_kubernetes_home(
     downward API, and the ``SLURM_FIBER_KUBE_*`` overrides) and takes the
     rest from ``config``: grantdir (the Secret's mount), poll_interval,
     stale_ttl, devices, cgroup_root and ready_condition; ``on_problem`` gets
-    the Secret volume's problems. Runs one API round
-    at once, so scope and devices are known before fiberd serves when the
-    API server answers; one that does not answer only leaves the health
-    unmarked. Blocks on small file reads (in a thread) and at most one poll
-    interval for the round. Raises InClusterError when the environment is
-    not a usable grant Pod's.
+    the Secret volume's problems. Runs one API round at once, so scope and
+    devices are known before fiberd serves when the API server answers; one
+    that does not answer only leaves the health unmarked. That round gets
+    ``FIRST_ROUND_BUDGET`` (at least one poll interval), not one interval: its
+    TLS connection is new, and on a loaded node a handshake plus the first
+    read can overrun 50 ms, after which every grant already in the Secret
+    would be refused for unknown devices. Blocks on small file reads (in a
+    thread) and at most that budget. Raises InClusterError when the
+    environment is not a usable grant Pod's.
     """
     in_cluster = await asyncio.to_thread(load_in_cluster, environ)
     home = KubernetesHome(
@@ -317,5 +331,5 @@ async def build_kubernetes_home(
         condition_type=config.ready_condition,
         on_problem=on_problem,
     )
-    await home.poll.once()
+    await home.first_round(max(config.poll_interval, FIRST_ROUND_BUDGET))
     return home

@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -171,7 +172,8 @@ class RealApiServer:
             f"--audit-log-path={self.audit_log}", f"--audit-policy-file={d / 'audit-policy.yaml'}",
             "--audit-log-mode=blocking", "--profiling=false", "--logtostderr=true", "--v=1",
         ])
-        self._http = httpx2.Client(base_url=self.url, verify=str(self.dir / "ca.crt"),
+        self._http = httpx2.Client(base_url=self.url,
+                                   verify=ssl.create_default_context(cafile=self.dir / "ca.crt"),
                                    headers={"Authorization": f"Bearer {self.admin_token}"},
                                    timeout=10.0)
         self._wait_ready()
@@ -365,3 +367,28 @@ def _collection(obj: dict[str, Any]) -> str:
     plural = {"ServiceAccount": "serviceaccounts", "Role": "roles",
               "RoleBinding": "rolebindings"}[obj["kind"]]
     return f"{base}/namespaces/{obj['metadata']['namespace']}/{plural}"
+
+
+def main() -> int:
+    """Start one (build it first if needed), print how to reach it, serve until SIGINT/SIGTERM."""
+    if binary() is None:
+        print(f"building kube-apiserver with {BUILD_SCRIPT} (minutes, once)", flush=True)
+        subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
+    server = RealApiServer()
+    try:
+        server.start()
+        (server.dir / "admin.token").write_text(server.admin_token)
+        print(f"kube-apiserver v1.20.2 at {server.url}\n  CA: {server.dir / 'ca.crt'}\n"
+              f"  admin token (system:masters): {server.dir / 'admin.token'}\n"
+              f"  namespace {NAMESPACE}: rbac.yaml applied, ResourceClaim CRD stand-in\n"
+              f"  logs and audit log: {server.dir}", flush=True)
+        stops = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # after the children started
+        signal.sigwait(stops)
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

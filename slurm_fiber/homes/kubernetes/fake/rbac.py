@@ -111,8 +111,10 @@ class Rbac:
 
 def forbidden(who: Principal, request: Attributes) -> str:
     """The real server's message for a request RBAC does not allow."""
-    what = f'{request.full_resource} "{request.name}"' if request.name else request.full_resource
-    where = f' in the namespace "{request.namespace}"' if request.namespace else ""
+    what = f"{request.resource}.{request.group}" if request.group else request.resource
+    what = f'{what} "{request.name}"' if request.name else what
+    where = (f' in the namespace "{request.namespace}"' if request.namespace
+             else " at the cluster scope")
     return (f'{what} is forbidden: User "{who.user}" cannot {request.verb} resource '
             f'"{request.full_resource}" in API group "{request.group}"{where}')
 
