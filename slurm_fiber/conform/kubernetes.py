@@ -32,7 +32,9 @@ kubelet finishes it); the readiness history is every status PATCH the
 apiserver's audit log records as answered 200. It also declares devices
 lacking: v1.20 has no DRA (``realserver.NO_DRA``), so ``devices.provisioned``
 is a declared skip with that reason. Opening it raises StageCannot when no
-apiserver was built here.
+apiserver was built here. ``KilledRealKubernetesStage`` silences by SIGKILL
+instead (connections refused) and restores by starting the apiserver again
+on the same port, with the same etcd.
 """
 
 from __future__ import annotations
@@ -310,3 +312,15 @@ class RealKubernetesStage(KubernetesStage):
             if condition.get("type") == DEFAULT_GATE:
                 return {"True": True, "False": False}.get(condition.get("status"))
         return None
+
+
+class KilledRealKubernetesStage(RealKubernetesStage):
+    """The real lane whose silence kills the apiserver (restore starts it again, same port)."""
+
+    async def silence(self) -> None:
+        """SIGKILL the apiserver: connections are refused until ``restore``."""
+        await asyncio.to_thread(self.real.kill)
+
+    async def restore(self) -> None:
+        """Start the apiserver again on its port and wait until it is ready (several seconds)."""
+        await asyncio.to_thread(self.real.revive)

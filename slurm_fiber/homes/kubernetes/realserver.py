@@ -212,6 +212,23 @@ class RealApiServer:
         """SIGCONT the apiserver after ``pause``."""
         os.kill(self.apiserver_pid, signal.SIGCONT)
 
+    def kill(self) -> None:
+        """SIGKILL the apiserver (connections refused); etcd and its data live on. Idempotent."""
+        proc = self._procs[-1]
+        proc.kill()
+        proc.wait(timeout=15)
+
+    def revive(self) -> None:
+        """Start the apiserver again after ``kill`` (same port, same etcd); waits for /readyz.
+
+        A no-op while it runs.
+        """
+        if self._procs[-1].poll() is None:
+            return
+        proc = self._procs.pop()
+        self._spawn("kube-apiserver", [str(a) for a in proc.args])  # type: ignore[union-attr]
+        self._wait_ready()
+
     # -- the admin's side ------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None,
@@ -310,7 +327,7 @@ class RealApiServer:
         return self._http
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.dir / f"{name}.log").open("wb")
+        log = (self.dir / f"{name}.log").open("ab")
         self._procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True))
         log.close()
