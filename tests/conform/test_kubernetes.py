@@ -1,5 +1,9 @@
 """``slurm-fiber conform --home kubernetes``: the Kubernetes home on the fake API server.
 
+And on a real kube-apiserver v1.20.2 (``RealKubernetesStage``) when one was
+built here (``deploy/kubernetes/real-apiserver/build``); otherwise that test
+is skipped with the reason (in CI, where the lane builds it, a skip fails).
+
 Real processes throughout: the CLI in a subprocess, fiberd in it over real
 HTTPS to the fake, templates and fibers. The home conforms (device holds
 declared lacking, with the reason); a Kubernetes home that never reports
@@ -13,10 +17,13 @@ import json
 import time
 from collections.abc import Mapping
 
+import pytest
+
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.conform.kubernetes import KubernetesStage, condition_sent
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.select import BuiltHome, build_home
@@ -66,6 +73,23 @@ def test_the_kubernetes_home_conforms_on_the_fake_api_server() -> None:
     assert "DRA claim" in held["reason"]
     assert "Traceback" not in run.stderr
     assert took < 60, f"conform --home kubernetes took {took:.1f} s"
+
+
+@pytest.mark.parametrize("stage", ["RealKubernetesStage", "KilledRealKubernetesStage"])
+def test_the_kubernetes_home_conforms_on_a_real_apiserver(stage: str) -> None:
+    """Silenced by SIGSTOP (rounds time out) and by SIGKILL (connections refused)."""
+    why = realserver.missing()
+    if why is not None:
+        pytest.skip(why)
+    run = conform("--home", f"slurm_fiber.conform.kubernetes:{stage}", "--json", timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    devices = ("devices.provisioned", "devices.released")
+    assert outcomes(report) == {**dict.fromkeys(set(ALL_BUT_HOLDS) - set(devices), "pass"),
+                                **dict.fromkeys(devices, "declared-skip")}
+    provisioned = next(c for c in report["clauses"] if c["clause"] == "devices.provisioned")
+    assert "v1.20.2 has no DRA" in provisioned["reason"]
+    assert "Traceback" not in run.stderr
 
 
 def test_a_home_blind_to_its_pods_deletion_fails_scope_loss() -> None:

@@ -85,7 +85,7 @@ def test_condition_never_lands_on_a_replacement_pod(
     fake.store.put(PODS, grant_pod("grant-pod-1", "grants", uid="a-new-pod"))
     err = failure(in_cluster, clock,
                   lambda api: api.set_condition(DEFAULT_GATE, True, reason="r", message="m"))
-    assert err.code == 409
+    assert err.code == 422 and "field is immutable" in str(err)
     stored = fake.store.get(PODS, "grants", "grant-pod-1")["status"]["conditions"]
     assert DEFAULT_GATE not in {c["type"] for c in stored}
 

@@ -100,3 +100,25 @@ def test_an_environment_that_is_not_a_grant_pods_is_refused(
     del environ["SLURM_FIBER_POD_UID"]
     with pytest.raises(InClusterError, match="SLURM_FIBER_POD_UID is not set"):
         asyncio.run(build(fiberd_env(tmp_path), clock, environ))
+
+
+def test_the_first_round_may_take_longer_than_a_poll_interval(
+    tmp_path: Path, clock: FakeClock, fake: FakeApiServer, environ: dict[str, str]
+) -> None:
+    env = fiberd_env(tmp_path, FIBERD_POLL_INTERVAL="0.05")
+
+    async def check() -> None:
+        fake.set_delay(0.3)  # a cold connection to a loaded API server
+        building = asyncio.create_task(build(env, clock, environ))
+        while clock.sleepers == 0:
+            await asyncio.sleep(0.01)  # the round is out; its budget sleeps
+        await clock.advance_and_settle(0.5)  # ten poll intervals, within FIRST_ROUND_BUDGET
+        home = await building
+        try:
+            assert home.health().read().state is HealthState.FRESH
+            channel, _ = await home.devices(GPU_GRANT)
+            assert len(channel.devices) == 2, "the claims are known before fiberd serves"
+        finally:
+            await home.aclose()
+
+    asyncio.run(check())

@@ -11,20 +11,21 @@ import pytest
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes.fake import PODS, ApiStatus, FakeApiServer, grant_pod
 
-POD_PATH = "/api/v1/namespaces/ns/pods/p/status"
+POD_PATH = "/api/v1/namespaces/grants/pods/p/status"  # the Role lets the token patch it
 
 
 @pytest.fixture
 def plain(clock: FakeClock) -> Iterator[FakeApiServer]:
     with FakeApiServer(clock=clock, tls=False, token="t") as server:
-        server.store.put(PODS, grant_pod("p", "ns"))
+        server.store.put(PODS, grant_pod("p", "grants"))
         yield server
 
 
-def ask(server: FakeApiServer, method: str, body: bytes = b"", **headers: str) -> tuple[int, dict]:
+def ask(server: FakeApiServer, method: str, body: bytes = b"", path: str = POD_PATH,
+        **headers: str) -> tuple[int, dict]:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
     try:
-        conn.putrequest(method, POD_PATH)
+        conn.putrequest(method, path)
         for name, value in {"Authorization": "Bearer t", **headers}.items():
             conn.putheader(name.replace("_", "-"), value)
         conn.endheaders(body or None)
@@ -49,12 +50,12 @@ def ask(server: FakeApiServer, method: str, body: bytes = b"", **headers: str) -
 def test_refusals_are_status_objects(
     plain: FakeApiServer, body: bytes, headers: dict[str, str], code: int
 ) -> None:
-    before = plain.store.get(PODS, "ns", "p")
+    before = plain.store.get(PODS, "grants", "p")
     got, status = ask(plain, "PATCH", body, **headers)
     assert (got, status["kind"], status["code"]) == (code, "Status", code)
     assert status["reason"] and status["message"]
-    assert plain.store.get(PODS, "ns", "p") == before, "a refused write changes nothing"
-    assert ask(plain, "GET")[0] == 200, "still serving"
+    assert plain.store.get(PODS, "grants", "p") == before, "a refused write changes nothing"
+    assert ask(plain, "GET", path=POD_PATH.removesuffix("/status"))[0] == 200, "still serving"
 
 
 def test_store_refuses_unidentifiable_objects(plain: FakeApiServer) -> None:

@@ -1,12 +1,16 @@
 """lightkube's own client against the fake API server: every verb, patch type and fault mode.
 
 The client is configured the in-cluster way (CA-verified TLS, token file),
-exactly as the home configures it; nothing in lightkube is patched.
+exactly as the home configures it; nothing in lightkube is patched. The
+verbs are exercised with the fake's admin token (``in_cluster`` here);
+``sa_cluster`` is the grant Pod's service account, which RBAC limits to
+what ``deploy/kubernetes/rbac.yaml`` allows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,24 @@ from lightkube.types import PatchType
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer
-from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, load_in_cluster
 
 Use = Callable[[AsyncClient], Awaitable[Any]]
+
+
+@pytest.fixture
+def sa_cluster(pod_env: dict[str, str], service_account: Path) -> InClusterConfig:
+    """The grant Pod's own configuration: its service account's token."""
+    return load_in_cluster(pod_env, service_account)
+
+
+@pytest.fixture
+def in_cluster(sa_cluster: InClusterConfig, fake: FakeApiServer, tmp_path: Path
+               ) -> InClusterConfig:
+    """The same server and CA, with the admin token (``system:masters``)."""
+    token = tmp_path / "admin-token"
+    token.write_text(fake.admin_token)
+    return dataclasses.replace(sa_cluster, token_file=token)
 
 
 def run(config: InClusterConfig, use: Use, timeout: float = 5.0) -> Any:
@@ -104,7 +123,8 @@ def test_optimistic_concurrency(in_cluster: InClusterConfig, fake: FakeApiServer
     assert run(in_cluster, lambda c: c.patch(Pod.Status, name, fresh)).status.phase == "X"
     other_uid = {"metadata": {"uid": "someone-else"}, "status": {"phase": "Y"}}
     err = api_error(in_cluster, lambda c: c.patch(Pod.Status, name, other_uid))
-    assert err.status.code == 409 and "UID in precondition" in err.status.message
+    assert (err.status.code, err.status.reason) == (422, "Invalid")
+    assert 'metadata.uid: Invalid value: "someone-else": field is immutable' in err.status.message
 
 
 def test_delete_marks_pods_and_removes_unprotected_claims(
@@ -114,7 +134,9 @@ def test_delete_marks_pods_and_removes_unprotected_claims(
     run(in_cluster, lambda c: c.delete(Pod, name))
     pod = run(in_cluster, lambda c: c.get(Pod, name))
     assert pod.metadata.deletionTimestamp is not None
-    assert pod.metadata.deletionTimestamp.timestamp() == int(clock.wall())
+    # The real server's deletionTimestamp: the delete time plus the grace period (30 s).
+    assert pod.metadata.deletionTimestamp.timestamp() == int(clock.wall()) + 30
+    assert pod.metadata.deletionGracePeriodSeconds == 30
     fake.store.remove(PODS, in_cluster.pod.namespace, name)
     assert api_error(in_cluster, lambda c: c.get(Pod, name)).status.code == 404
     # An allocated claim carries the delete-protection finalizer: marked, not removed.
@@ -140,14 +162,14 @@ def test_patch_refusals(in_cluster: InClusterConfig) -> None:
 
 
 def test_bearer_token_is_checked_and_rotation_is_followed(
-    in_cluster: InClusterConfig, fake: FakeApiServer, service_account: Path
+    sa_cluster: InClusterConfig, fake: FakeApiServer, service_account: Path
 ) -> None:
-    fake.tokens = {"rotated-token"}
-    err = api_error(in_cluster, lambda c: c.get(Pod, in_cluster.pod.name))
+    fake.tokens["rotated-token"] = fake.tokens.pop(fake.token)
+    err = api_error(sa_cluster, lambda c: c.get(Pod, sa_cluster.pod.name))
     assert (err.status.code, err.status.reason) == (401, "Unauthorized")
     # kubelet rotates the projected token; the client re-reads the file on 401.
     (service_account / "token").write_text("rotated-token")
-    assert run(in_cluster, lambda c: c.get(Pod, in_cluster.pod.name)).metadata.name
+    assert run(sa_cluster, lambda c: c.get(Pod, sa_cluster.pod.name)).metadata.name
 
 
 @pytest.mark.parametrize("code", [404, 409, 410, 500])

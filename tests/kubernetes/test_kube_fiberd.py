@@ -126,3 +126,19 @@ async def test_claim_deallocated_bumps_the_epoch(
         await until(lambda: live.core.status()["epoch"] == 1)
         after = await live.clone(argv=("true",))
         assert isinstance(after, FiberView) and after.fiber.epoch == 1
+
+
+@aio
+async def test_a_refused_token_stops_fibers_and_admits_no_clone(
+        site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path) -> None:
+    volume = tmp_path / "secret"
+    deliver(volume, site)
+    async with running_fiberd(site, environ, **options(site, volume)) as live:
+        await warm(live)
+        fiber = await live.clone(target="tests.runtime.targets:sleep", args=(60,))
+        del fake.tokens[fake.token]  # every round from here on is answered 401
+        assert (await fiber.wait()).signal is not None
+        await until(lambda: live.core.status()["grants"] == 0)
+        miss = await live.clone(argv=("true",))
+        assert isinstance(miss, Miss) and miss.code is MissCode.DENIED
+    assert not marked_procs(site.mark)

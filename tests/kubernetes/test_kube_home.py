@@ -363,3 +363,45 @@ def test_devices_static_or_unknown_before_the_first_answer(
     scenario(in_cluster, clock, volume, unknown)
     scenario(in_cluster, clock, volume, static, devices=[Device("gpu", 0, "/dev/nvidia0")])
 
+
+
+def test_a_refused_token_ends_the_pod_on_the_second_401_in_a_row(
+    in_cluster: InClusterConfig, fake: FakeApiServer, clock: FakeClock, volume: Path
+) -> None:
+    async def body(home: KubernetesHome, lost: Lost) -> None:
+        await rounds(home)
+        principal = fake.tokens.pop(fake.token)  # the API server no longer accepts the token
+        failed = await home.poll.once()
+        assert isinstance(failed, ApiFailure) and failed.code == 401
+        await FakeClock.settle()
+        assert lost == [] and not home.pod_over, "one 401 is not yet a verdict"
+        fake.tokens[fake.token] = principal
+        await rounds(home)  # an answer between two 401s: they are not in a row
+        del fake.tokens[fake.token]
+        await rounds(home)
+        assert lost == []
+        await rounds(home, 3)
+        assert len(lost) == 1, "delivered once"
+        reason, removes = lost[0]
+        assert removes is True and "refuses pod grants/grant-pod-1's service account token (401)" \
+            in reason
+        assert home.pod_over
+
+    scenario(in_cluster, clock, volume, body)
+
+
+def test_the_token_is_read_again_each_round(
+    in_cluster: InClusterConfig, fake: FakeApiServer, clock: FakeClock, volume: Path
+) -> None:
+    async def body(home: KubernetesHome, lost: Lost) -> None:
+        await rounds(home)
+        in_cluster.token_file.write_text("rotated-token")  # the kubelet rotated it
+        fake.tokens["rotated-token"] = fake.tokens.pop(fake.token)  # the old one: refused
+        await rounds(home, 3)
+        assert home.health().read().state is HealthState.FRESH and lost == []
+        assert [s.code for s in fake.seen].count(401) == 0, "the new token from the first round"
+        in_cluster.token_file.write_text("")
+        failed = await home.poll.once()
+        assert isinstance(failed, ApiFailure) and failed.code is None and "is empty" in str(failed)
+
+    scenario(in_cluster, clock, volume, body)

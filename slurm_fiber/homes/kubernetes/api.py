@@ -6,7 +6,14 @@ health round, and the scope reading), read a ResourceClaim
 readiness gate). The condition is sent as a strategic merge patch on the
 ``status`` subresource, so the server merges it by ``type`` and keeps every
 other condition; the patch carries the Pod's UID as a precondition, so it
-never lands on another Pod that took the same name (409 instead).
+never lands on another Pod that took the same name (the server answers
+``422 Invalid``: ``metadata.uid`` is immutable, and writes nothing).
+
+Authentication: the Pod's projected service account token (``PodToken``),
+read from its file again by ``reload_token`` (the home calls it at the start
+of every round), so a token the kubelet rotated is used from the next round
+and a 401 is always the answer to the token the file holds now; a 401 also
+re-reads the file once and retries when the token changed in between.
 
 Errors: a 404 on a read is an answer (None: the object is gone). Every other
 failure raises ``ApiFailure``: ``code`` is the HTTP status (None when the
@@ -18,7 +25,8 @@ round's timeout) abandons its request.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
@@ -49,6 +57,43 @@ class ApiFailure(Exception):
         self.code = code
 
 
+class PodToken(httpx2.Auth):
+    """The Pod's bearer token, kept from its last read of ``path``; the auth of every request.
+
+    ``reload`` reads the file (a small tmpfs read, blocking briefly) and
+    raises ApiFailure (code None) when it is missing, unreadable or empty.
+    The first request reads it when ``reload`` was never called.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._bearer: str | None = None
+
+    def reload(self) -> bool:
+        """Read the token file again; returns whether the token changed."""
+        try:
+            token = self.path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ApiFailure(None, f"cannot read the service account token {self.path}: "
+                                   f"{getattr(err, 'strerror', None) or err}") from None
+        if not token:
+            raise ApiFailure(None, f"the service account token {self.path} is empty")
+        bearer = f"Bearer {token}"
+        changed, self._bearer = bearer != self._bearer, bearer
+        return changed
+
+    async def async_auth_flow(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        if self._bearer is None:
+            self.reload()
+        request.headers["Authorization"] = str(self._bearer)
+        response = yield request
+        if response.status_code == 401 and self.reload():
+            request.headers["Authorization"] = str(self._bearer)
+            yield request
+
+
 class KubeApi:
     """The home's API client for one Pod; create once, ``aclose`` when done. Not thread-safe.
 
@@ -60,9 +105,15 @@ class KubeApi:
         self.pod: PodIdentity = config.pod
         self._server = config.server
         self._clock = clock
+        self.token = PodToken(config.token_file)
         self._client = AsyncClient(
             config.kubeconfig(), namespace=config.pod.namespace, timeout=httpx2.Timeout(timeout)
         )
+        _use_auth(self._client, self.token)
+
+    def reload_token(self) -> None:
+        """Read the token file again for the next requests; raises ApiFailure (None) if unusable."""
+        self.token.reload()
 
     async def read_pod(self) -> PodView | None:
         """Read this Pod; None when the server says it does not exist. Raises ApiFailure."""
@@ -85,7 +136,7 @@ class KubeApi:
     ) -> PodView:
         """Set one condition on this Pod's status, keeping the others; returns the Pod written.
 
-        Raises ApiFailure (409 when the Pod now has another UID, 404 when gone).
+        Raises ApiFailure (422 when the Pod now has another UID, 404 when gone).
         """
         patch = {
             "metadata": {"uid": self.pod.uid},
@@ -154,3 +205,16 @@ class KubeApi:
             return parse(obj.to_dict())
         except ViewError as err:
             raise ApiFailure(None, f"{action}: {err}") from None
+
+
+def _use_auth(client: AsyncClient, auth: httpx2.Auth) -> None:
+    """Make ``auth`` the auth of lightkube's underlying httpx client (set at construction).
+
+    lightkube only offers a token file it reads once and again on a 401; the
+    home needs to re-read it each round. Raises RuntimeError when lightkube's
+    layout changed, so the mismatch shows at start, not as requests without a token.
+    """
+    http = getattr(getattr(client, "_client", None), "_client", None)
+    if not isinstance(http, httpx2.AsyncClient):
+        raise RuntimeError("lightkube's AsyncClient no longer wraps an httpx AsyncClient")
+    http.auth = auth

@@ -6,15 +6,26 @@ It implements ``homes.seam.Home`` and ``LosesScope`` for one Pod:
   GrantDir in Secret-volume mode, so the kubelet's atomic ``..data`` swap
   delivers each new token once and a rotation never removes a grant;
   no grant of its own.
-- health: a HealthPoll whose round reads the Pod and its ResourceClaims
-  (``reading.read_scope``); a round the API server does not answer leaves
-  the health to go stale.
+- health: a HealthPoll whose round re-reads the projected token, then reads
+  the Pod and its ResourceClaims (``reading.read_scope``); a round the API
+  server does not answer leaves the health to go stale.
+- a refused token fails closed: a Pod-bound token stops working when its
+  Pod is deleted or replaced (the API server keeps accepting it from its
+  cache for about 10 s, then answers 401). A home cut off from the API
+  during those 10 s never sees the new UID; its first answer is a 401. So
+  ``TOKEN_REFUSALS`` rounds in a row answered 401, each with the token just
+  re-read from its file, are a Pod loss (``removes_grants``: scope loss,
+  not stale-until-fenced): a 401 is an answer, and the only answer a bound
+  token gets once its Pod is gone, so the grants go with the Pod and no
+  Clone is admitted on the refused token from the second 401 on (within
+  two poll intervals of the first). A 403 (RBAC) is not a refusal of
+  identity: it only fails the round.
 - scope: namespace, service account, Pod, Pod UID, node and each claim,
   from the latest reading of this Pod (from the downward API before the
   first one).
 - scope loss: through a ScopeLossQueue to the handler ``on_scope_lost`` set,
   each reason once, in order. The Pod being deleted, gone or replaced (UID
-  changed) calls ``handler(reason, True)``: the grants go with the Pod, and
+  changed), or its token refused, calls ``handler(reason, True)``: the grants go with the Pod, and
   nothing after that first Pod loss is delivered. A claim deallocated,
   being deleted, gone or recreated calls ``handler(reason, False)``: an
   epoch bump, since the devices went away under running fibers.
@@ -43,7 +54,7 @@ from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
-from slurm_fiber.homes.kubernetes.api import KubeApi
+from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.incluster import load_in_cluster
 from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
 from slurm_fiber.homes.kubernetes.scope import ScopeLoss, ScopeTracker, identity_claims
@@ -54,6 +65,8 @@ from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 
 NAME = "kubernetes"
 DEFAULT_CONDITION = FiberdConfig.ready_condition  # slurm-fiber.io/template-warm
+FIRST_ROUND_BUDGET = 2.0  # seconds for the round before serving (a cold TLS connection)
+TOKEN_REFUSALS = 2  # rounds in a row answered 401 (token re-read before each) that end the Pod
 log = logging.getLogger("slurm_fiber.homes.kubernetes")
 
 
@@ -116,6 +129,7 @@ class KubernetesHome:
         self._tracker = ScopeTracker(self.identity)
         self._removes: dict[str, bool] = {}  # queued reason -> removes_grants
         self._pod_over = False
+        self._refusals = 0  # rounds in a row the API server answered 401
         self._reading: Reading | None = None
         self._scope = identity_claims(self.identity)
         self._static = DeviceChannel.of(devices)
@@ -219,8 +233,26 @@ class KubernetesHome:
         """Whether the Pod was seen deleting, gone or replaced (its grants are removed)."""
         return self._pod_over
 
+    async def first_round(self, budget: float) -> BaseException | None:
+        """One round given ``budget`` seconds, marking the health when it answers; its error.
+
+        A HealthPoll of its own paces it (the same health, round and logging),
+        so it is judged exactly as the poll's rounds are.
+        """
+        first = HealthPoll(self._health, budget, self._clock, self._round,
+                           on_error=self._poll_failed, on_recovered=self._poll_recovered)
+        return await first.once()
+
     async def _round(self) -> None:
-        reading = await read_scope(self.api, self._tracker)
+        self.api.reload_token()
+        try:
+            reading = await read_scope(self.api, self._tracker)
+        except ApiFailure as failure:
+            self._refusals = self._refusals + 1 if failure.code == 401 else 0
+            if self._refusals >= TOKEN_REFUSALS:
+                self._lose(self._tracker.token_refused())
+            raise
+        self._refusals = 0
         self._reading = reading
         if reading.pod is not None and reading.pod.uid == self.identity.uid and not self._pod_over:
             self._scope = reading.scope
@@ -277,12 +309,15 @@ async def build_kubernetes_home(
     downward API, and the ``SLURM_FIBER_KUBE_*`` overrides) and takes the
     rest from ``config``: grantdir (the Secret's mount), poll_interval,
     stale_ttl, devices, cgroup_root and ready_condition; ``on_problem`` gets
-    the Secret volume's problems. Runs one API round
-    at once, so scope and devices are known before fiberd serves when the
-    API server answers; one that does not answer only leaves the health
-    unmarked. Blocks on small file reads (in a thread) and at most one poll
-    interval for the round. Raises InClusterError when the environment is
-    not a usable grant Pod's.
+    the Secret volume's problems. Runs one API round at once, so scope and
+    devices are known before fiberd serves when the API server answers; one
+    that does not answer only leaves the health unmarked. That round gets
+    ``FIRST_ROUND_BUDGET`` (at least one poll interval), not one interval: its
+    TLS connection is new, and on a loaded node a handshake plus the first
+    read can overrun 50 ms, after which every grant already in the Secret
+    would be refused for unknown devices. Blocks on small file reads (in a
+    thread) and at most that budget. Raises InClusterError when the
+    environment is not a usable grant Pod's.
     """
     in_cluster = await asyncio.to_thread(load_in_cluster, environ)
     home = KubernetesHome(
@@ -296,5 +331,5 @@ async def build_kubernetes_home(
         condition_type=config.ready_condition,
         on_problem=on_problem,
     )
-    await home.poll.once()
+    await home.first_round(max(config.poll_interval, FIRST_ROUND_BUDGET))
     return home

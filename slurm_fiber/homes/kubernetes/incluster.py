@@ -7,8 +7,7 @@ the Pod's own identity through the downward API (``SLURM_FIBER_POD_NAME``,
 ``_POD_NAMESPACE``, ``_POD_UID``, ``_NODE_NAME``, ``_SERVICE_ACCOUNT``).
 ``load_in_cluster`` reads them once and refuses, with one line a person can
 act on, anything missing or inconsistent. The token is re-read from its file
-by the client whenever the server answers 401, so kubelet's token rotation
-needs no restart.
+every round (``api.PodToken``), so kubelet's token rotation needs no restart.
 
 Overrides, for tests and for running fiberd against an API server from
 outside a Pod (the downward-API variables are still required):

@@ -6,8 +6,9 @@
 ``ScopeTracker.observe`` compares each reading of the Pod and its claims
 with what fiberd started under and returns the losses found: the Pod is
 being deleted (``deletionTimestamp``), is gone, or is another Pod of the
-same name (UID changed); a claim was deallocated, is being deleted, is gone
-or was recreated (UID changed). Each loss carries a stable one-line reason
+same name (UID changed), or the API server refuses its bound token
+(``token_refused``: the home judges the 401s); a claim was deallocated,
+is being deleted, is gone or was recreated (UID changed). Each loss carries a stable one-line reason
 (the same loss yields the same text on every round, so a ScopeLossQueue
 delivers it once) and whether it removes the grants (the Pod is over: stop
 its fibers) or bumps the epoch (the devices went away under running
@@ -31,13 +32,15 @@ class LossKind(enum.StrEnum):
     POD_DELETING = "pod_deleting"
     POD_GONE = "pod_gone"
     POD_REPLACED = "pod_replaced"
+    POD_TOKEN_REFUSED = "pod_token_refused"
     CLAIM_DEALLOCATED = "claim_deallocated"
     CLAIM_DELETING = "claim_deleting"
     CLAIM_GONE = "claim_gone"
     CLAIM_REPLACED = "claim_replaced"
 
 
-POD_LOSSES = frozenset({LossKind.POD_DELETING, LossKind.POD_GONE, LossKind.POD_REPLACED})
+POD_LOSSES = frozenset({LossKind.POD_DELETING, LossKind.POD_GONE, LossKind.POD_REPLACED,
+                        LossKind.POD_TOKEN_REFUSED})
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,15 @@ class ScopeTracker:
                 )
             ]
         return []
+
+    def token_refused(self) -> ScopeLoss:
+        """The loss for an API server that keeps refusing the Pod's token (401): the Pod is over."""
+        me = f"pod {self.identity.namespace}/{self.identity.name}"
+        return ScopeLoss(
+            LossKind.POD_TOKEN_REFUSED,
+            f"the API server refuses {me}'s service account token (401): the token's Pod "
+            "was deleted or replaced, or the token was revoked",
+        )
 
     def _claim_losses(self, name: str, claim: ClaimView | None) -> list[ScopeLoss]:
         me = f"resourceclaim {self.identity.namespace}/{name}"

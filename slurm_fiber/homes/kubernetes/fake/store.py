@@ -3,11 +3,17 @@
 Every write bumps one cluster-wide ``resourceVersion`` (like etcd's
 revision) and stamps it on the written object; a write that carries a
 ``resourceVersion`` other than the object's current one is refused with 409
-Conflict (optimistic concurrency), and so is one that changes the UID.
-Patching a ``status`` subresource changes only ``status``; patching the main
-resource never changes a Pod's ``status``. Deleting a Pod, or any object
-with finalizers, only sets ``deletionTimestamp`` (graceful deletion); the
-object disappears when ``remove`` finalizes it. Every failure is an
+Conflict (optimistic concurrency); one that changes the UID (a patch made
+for another Pod of the same name) with 422 Invalid (``metadata.uid`` is
+immutable), as the real server does. Patching a ``status`` subresource
+changes only ``status``; patching the main resource never changes a Pod's
+``status``. A Pod condition new to the Pod goes first, and every Pod
+condition carries ``lastProbeTime`` and ``lastTransitionTime`` (null when
+unset), as the real server writes them. Deleting a Pod, or any object with
+finalizers, only sets ``deletionTimestamp`` (graceful deletion: the delete
+time plus the grace period, 30 s for a Pod, 0 otherwise, with
+``deletionGracePeriodSeconds``); the object disappears when ``remove``
+finalizes it. Every failure is an
 ``ApiStatus`` carrying the code and reason the real server would send.
 The store is thread-safe: the server's request threads and a test's own
 thread use it at once. Reads return copies, so nothing outside changes it.
@@ -52,6 +58,14 @@ class Kind:
     api_version: str
     kind: str
     graceful: bool  # deletion always goes through deletionTimestamp (Pods)
+
+    @property
+    def grace_seconds(self) -> int:
+        """The default deletion grace period: a Pod's terminationGracePeriodSeconds, else 0."""
+        return POD_GRACE_SECONDS if self.graceful else 0
+
+
+POD_GRACE_SECONDS = 30
 
 
 PODS = Kind("pods", "/api/v1", "v1", "Pod", graceful=True)
@@ -154,7 +168,7 @@ class Store:
         """Apply a patch of ``content_type``; returns the written object.
 
         Raises ApiStatus: 404 no object, 415 unknown patch type, 400 a malformed
-        or failing patch, 409 a stale resourceVersion or a changed UID.
+        or failing patch, 409 a stale resourceVersion, 422 a changed UID.
         """
         patcher = PATCHERS.get(content_type.split(";")[0].strip())
         if patcher is None:
@@ -187,9 +201,11 @@ class Store:
                 return current
             if "deletionTimestamp" in meta:
                 return current
-            meta["deletionTimestamp"] = rfc3339(self._clock.wall())
+            grace = kind.grace_seconds
             if kind.graceful:
-                meta["deletionGracePeriodSeconds"] = 30
+                grace = int(current.get("spec", {}).get("terminationGracePeriodSeconds", grace))
+            meta["deletionTimestamp"] = rfc3339(self._clock.wall() + grace)
+            meta["deletionGracePeriodSeconds"] = grace
             return self._store(kind, current)
 
     # -- inside the lock -----------------------------------------------------
@@ -216,11 +232,11 @@ class Store:
             raise ApiStatus(400, "a patch cannot change metadata.name", name=name)
         if new.get("uid") != old["uid"]:
             raise ApiStatus(
-                409,
-                f"Precondition failed: UID in precondition: {new.get('uid')}, "
-                f"UID in object meta: {old['uid']}",
+                422,
+                f'{kind.kind} "{name}" is invalid: metadata.uid: Invalid value: '
+                f'"{new.get("uid")}": field is immutable',
                 name=name,
-                kind=kind.plural,
+                kind=kind.kind,
             )
         if new.get("resourceVersion") != old["resourceVersion"]:
             raise ApiStatus(
@@ -238,7 +254,23 @@ class Store:
         if status_only:
             out = copy.deepcopy(current)
             out["status"] = patched.get("status", {})
+            if kind is PODS:
+                _order_conditions(current.get("status", {}), out["status"])
             return out
         if kind is PODS:
             patched["status"] = copy.deepcopy(current.get("status", {}))
         return patched
+
+
+def _order_conditions(before: Any, after: Any) -> None:
+    """Put Pod conditions new to the Pod first and give each the real server's time fields."""
+    if not isinstance(after, dict) or not isinstance(after.get("conditions"), list):
+        return
+    old = before.get("conditions") if isinstance(before, dict) else None
+    known = {c.get("type") for c in old or [] if isinstance(c, dict)}
+    conditions = [c for c in after["conditions"] if isinstance(c, dict)]
+    fresh = [c for c in conditions if c.get("type") not in known]
+    after["conditions"] = fresh + [c for c in conditions if c.get("type") in known]
+    for condition in after["conditions"]:
+        condition.setdefault("lastProbeTime", None)
+        condition.setdefault("lastTransitionTime", None)
