@@ -38,7 +38,6 @@ from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import GrantBook
-from slurm_fiber.core.dirtrust import UnsafeDir, trusted_dir
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
@@ -46,6 +45,7 @@ from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, log_problem
 from slurm_fiber.homes.seam import Home, LosesScope
 from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
+from slurm_fiber.safefs import UnsafePath, open_dir
 
 log = logging.getLogger("slurm_fiber.fiberd")
 
@@ -113,8 +113,9 @@ def check_dirs(config: FiberdConfig) -> None:
             ("audit log dir", os.path.dirname(config.audit_path) or ".")]
     for what, path in dirs:
         try:
-            fd = trusted_dir(path, create_mode=PRIVATE_DIR_MODE)
-        except UnsafeDir as err:
+            fd = open_dir(os.path.abspath(path), trusted_owners=(os.geteuid(),),
+                          create_mode=PRIVATE_DIR_MODE)
+        except UnsafePath as err:
             line = f"unsafe {what} {path}: {err}; fix its owner or mode"
             log.error("refusing to start: %s", line)
             raise FiberdRefused(line) from None
@@ -145,14 +146,10 @@ def _warn_unreachable(socket_dir: str) -> None:
 
 
 def _open_for_search(dir_fd: int) -> None:
-    """Give everyone search permission on fiberd's own dir ``dir_fd`` (an O_PATH fd)."""
-    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o011 != 0o011:
-            os.fchmod(fd, (st.st_mode & 0o7777) | 0o011)
-    finally:
-        os.close(fd)
+    """Give everyone search permission on fiberd's own dir ``dir_fd`` (left open)."""
+    st = os.fstat(dir_fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o011 != 0o011:
+        os.fchmod(dir_fd, (st.st_mode & 0o7777) | 0o011)
 
 
 def _server_config(config: FiberdConfig) -> ServerConfig:

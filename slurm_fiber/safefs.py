@@ -73,7 +73,7 @@ def _check_dir(st: os.stat_result, where: str, trusted: tuple[int, ...],
 
 
 def open_dir(path: str | os.PathLike[str], *, trusted_owners: Iterable[int] = (0,),
-             allow_group_write: bool = False) -> int:
+             allow_group_write: bool = False, create_mode: int | None = None) -> int:
     """Open directory ``path`` (absolute) safely; return its fd (the caller closes it).
 
     Walks from "/" with O_DIRECTORY|O_NOFOLLOW per component. Every
@@ -83,7 +83,9 @@ def open_dir(path: str | os.PathLike[str], *, trusted_owners: Iterable[int] = (0
     where only an entry's owner may replace it, and that owner is checked
     next). A symlink on the way is followed only when a trusted owner made
     it in a directory already checked (/var/run -> /run); one owned by
-    anyone else is refused. Raises UnsafePath with one line, or
+    anyone else is refused. With ``create_mode``, missing components are made
+    (by this process, so owned by it) with exactly that mode whatever the umask,
+    then checked like the rest. Raises UnsafePath with one line, or
     FileNotFoundError / NotADirectoryError for a missing path.
     """
     trusted = (0, *(uid for uid in trusted_owners if uid != 0))  # root is always trusted
@@ -101,6 +103,11 @@ def open_dir(path: str | os.PathLike[str], *, trusted_owners: Iterable[int] = (0
             name = todo.pop()
             try:
                 nxt = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if create_mode is None:
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory",
+                                            os.path.join(where, name)) from None
+                nxt = _make_dir(fd, name, create_mode)
             except OSError as err:
                 if err.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise type(err)(err.errno, err.strerror, os.path.join(where, name)) from None
@@ -127,6 +134,21 @@ def open_dir(path: str | os.PathLike[str], *, trusted_owners: Iterable[int] = (0
     except BaseException:
         os.close(fd)
         raise
+
+
+def _make_dir(parent: int, name: str, mode: int) -> int:
+    """Make directory ``name`` in ``parent`` with exactly ``mode`` (when this process owns
+    it: one a trusted owner made meanwhile is left as it is); its fd."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent)
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def check_file(fd: int, where: str | Callable[[], str], *,

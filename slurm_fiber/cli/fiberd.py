@@ -91,10 +91,14 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 
 async def run_daemon(config: FiberdConfig, environ: Mapping[str, str]) -> str:
-    """Run fiberd until a stop signal or a home failure; the reason it stopped."""
+    """Run fiberd until a stop signal or a home failure; the reason it stopped.
+
+    The signals are caught before start-up, so a SIGTERM while fiberd starts (its
+    socket may already answer) stops it cleanly once started, never kills it midway.
+    """
+    stop = asyncio.Event()
+    stop_on_signals(stop)
     async with started(config, environ) as fiberd:
-        stop = asyncio.Event()
-        stop_on_signals(stop)
         return await serve(fiberd.running, fiberd.built.home, stop)
 
 

@@ -107,9 +107,9 @@ async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
 async def run(fiberd_flags: dict[str, object], argv: list[str], warm_timeout: float) -> int:
     config = resolve_config(fiberd_flags, os.environ)
     setup_logging(config.log_format, config.log_level)
+    stop = asyncio.Event()
+    stop_on_signals(stop)  # before start-up: a SIGTERM meanwhile stops it once started
     async with started(config, os.environ) as fiberd:
-        stop = asyncio.Event()
-        stop_on_signals(stop)
         if not argv:
             why = await serve(fiberd.running, fiberd.built.home, stop)
             return 0 if why == "stop requested" else 1

@@ -6,7 +6,7 @@ socketpair, see ``template_wire``) and ``--parent PID``, by the command
 ``sys.path``) with a PYTHONPATH stripped of entries anyone but fiberd's uid or
 root could write. In order, the template:
 
-0. rebuilds ``sys.path`` from the entries that are safe (``dirtrust``:
+0. rebuilds ``sys.path`` from the entries that are safe (``dirtrust`` over ``safefs``:
    absolute, existing, owned by fiberd's uid or root, writable by nobody
    else up from "/"), naming each dropped one on stderr (its log), and leaves
    a current directory that is not safe for "/"; so no directory another user
@@ -66,8 +66,9 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from slurm_fiber.core import template_wire as wire
-from slurm_fiber.core.dirtrust import UnsafeDir, safe_path_entry, trusted_dir
+from slurm_fiber.core.dirtrust import safe_path_entry, trusted_owners
 from slurm_fiber.core.prctl import die_with_parent
+from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # Around each fork and in each spare, signal masks and dispositions are set with the C
@@ -110,9 +111,9 @@ def safe_sys_path() -> None:
             print(f"template: sys.path entry {entry!r} left out: {why}", file=sys.stderr)
     sys.path[:] = kept
     try:
-        os.close(trusted_dir(os.getcwd()))
+        os.close(open_dir(os.getcwd(), trusted_owners=trusted_owners()))
     except OSError as err:
-        why = str(err) if isinstance(err, UnsafeDir) else (err.strerror or str(err))
+        why = str(err) if isinstance(err, UnsafePath) else (err.strerror or str(err))
         print(f"template: working directory is not safe ({why}); using /", file=sys.stderr)
         os.chdir("/")
 

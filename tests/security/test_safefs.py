@@ -182,3 +182,22 @@ def test_write_atomic_sets_owner_and_syncs(area: Path, dfd: int, mallory: JobUse
         write_atomic(dfd, "taken", b"x")  # a directory at the name: refused, nothing left
     assert sorted(p.name for p in area.iterdir()) == ["grant.jwt", "taken"]
     assert safefs.fd_path(dfd, "x") == str(area / "x")
+
+
+def test_open_dir_makes_missing_dirs_with_exactly_the_mode_asked(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        open_dir(tmp_path / "a" / "b")
+    old = os.umask(0)
+    try:
+        fd = open_dir(tmp_path / "a" / "b", create_mode=0o700)
+    finally:
+        os.umask(old)
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "a" / "b"))
+    finally:
+        os.close(fd)
+    for made in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert made.stat().st_mode & 0o7777 == 0o700
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        open_dir(tmp_path / "file" / "below", create_mode=0o700)
