@@ -38,6 +38,7 @@ from typing import Any
 
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.safefs import UnsafePath, open_dir, open_file
 
 RESERVED = frozenset({"seq", "time", "event", "scope"})
 _TAIL_CHUNK = 64 * 1024
@@ -79,29 +80,28 @@ class AuditWriteFailed(OSError):
         return self.strerror or str(self.args[0])
 
 
-def open_log(path: Path) -> int:  # TODO(safefs): safefs.open_file with these checks
-    """Open (create 0600) the audit log at ``path`` for appending, refusing anything but
-    fiberd's own private regular file. Raises AuditUnsafe or OSError."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+def open_log(path: Path) -> int:
+    """Open (create 0600) the audit log at ``path`` for appending, through
+    ``slurm_fiber.safefs``: its directory walked from "/" and trusted (owned by root or
+    fiberd's uid, writable by nobody else), the log itself fiberd's own regular file of
+    one link that nobody else may write (a planted symlink, FIFO, hard link or another
+    user's file is refused, never followed). Raises AuditUnsafe (one line) or OSError."""
+    euid = os.geteuid()
+    where = Path(os.path.abspath(path))
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise AuditUnsafe(f"audit log {path} is a symlink; not following it") from None
-        raise
-    st = os.fstat(fd)
-    why = None
-    if not stat.S_ISREG(st.st_mode):
-        why = "is not a regular file"
-    elif st.st_nlink != 1:
-        why = f"has {st.st_nlink} links (a hard link to another file?)"
-    elif st.st_uid != os.geteuid():
-        why = f"belongs to uid {st.st_uid}, not fiberd's uid {os.geteuid()}"
-    elif st.st_mode & 0o022:
-        why = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    if why is not None:
+        dir_fd = open_dir(where.parent, trusted_owners=(euid,))
+        try:
+            fd = open_file(dir_fd, where.name, os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                           mode=0o600, owners=(euid,))
+        finally:
+            os.close(dir_fd)
+    except UnsafePath as err:
+        raise AuditUnsafe(f"audit log {path}: {err}; not writing to it") from None
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    if mode & 0o022:
         os.close(fd)
-        raise AuditUnsafe(f"audit log {path} {why}; not writing to it")
+        raise AuditUnsafe(f"audit log {path} is writable by others (mode {mode:04o}); "
+                          "not writing to it")
     os.set_blocking(fd, True)
     return fd
 
