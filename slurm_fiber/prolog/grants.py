@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,13 +29,13 @@ from typing import TYPE_CHECKING
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
+from slurm_fiber.safefs import DIR_FLAGS, read_file
 
 if TYPE_CHECKING:
     from slurm_fiber.core.tokens import TokenVerifier
 
 SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
 MAX_SPOOL_FILES = 64
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -83,22 +82,10 @@ def spool_dir(config: SiteConfig, job: SlurmJob) -> Path | None:
     return config.spool_dir / job.cluster / str(job.job_id)
 
 
-def _read_small(path: Path, limit: int) -> bytes:
-    # TODO(safefs): safefs.read_file(dir_fd, name, max_bytes=limit) once it lands.
-    fd = os.open(path, READ_FLAGS)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = os.read(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return data
-
-
-def _judge(verifier: TokenVerifier, path: Path) -> bytes | str:
-    """The bytes of the token at ``path`` if it verifies, else a one-line reason it is skipped.
+def _judge(verifier: TokenVerifier, dir_fd: int, name: str) -> bytes | str:
+    """The bytes of the token ``name`` in the spool dir ``dir_fd`` if it verifies, else a
+    one-line reason it is skipped. Read with ``safefs.read_file``: a link, FIFO, hard
+    link, directory or oversized file is refused without blocking.
 
     Never raises: a spooled file is untrusted input, and whatever is wrong with
     it must cost that file alone, not the job's other tokens.
@@ -106,7 +93,7 @@ def _judge(verifier: TokenVerifier, path: Path) -> bytes | str:
     from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused
 
     try:
-        data = _read_small(path, MAX_TOKEN_BYTES)
+        data = read_file(dir_fd, name, max_bytes=MAX_TOKEN_BYTES)
         verifier.verify(data)
     except TokenRefused as err:
         return f"{err.reason}: {err.detail}"
@@ -126,16 +113,27 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
     A missing spool directory gives nothing and no complaint. Raises OSError
     only when the directory exists but cannot be listed.
     """
-    from slurm_fiber.core.tokens import TokenVerifier
-    from slurm_fiber.core.trust import TrustStore
 
     where = spool_dir(config, job)
     if where is None:
         return [], []
     try:
-        names = sorted(os.listdir(where))
+        dir_fd = os.open(where, DIR_FLAGS)
     except FileNotFoundError:
         return [], []
+    try:
+        return _judge_all(config, job, clock, where, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _judge_all(config: SiteConfig, job: SlurmJob, clock: Clock, where: Path,
+               dir_fd: int) -> tuple[list[TokenFile], list[str]]:
+    """``spooled_tokens`` for the opened spool dir ``dir_fd`` (shown as ``where``)."""
+    from slurm_fiber.core.tokens import TokenVerifier
+    from slurm_fiber.core.trust import TrustStore
+
+    names = sorted(os.listdir(dir_fd))
     problems: list[str] = []
     trust = TrustStore(config.trust, on_problem=problems.append)
     verifier = TokenVerifier(trust, job_audience(job), clock)
@@ -146,7 +144,7 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
             if not name.startswith("."):
                 problems.append(f"{where / name}: skipped, not a <name>.jwt file")
             continue
-        judged = _judge(verifier, where / name)
+        judged = _judge(verifier, dir_fd, name)
         if isinstance(judged, str):
             problems.append(f"{where / name}: skipped, {' '.join(judged.split())}")
             continue
