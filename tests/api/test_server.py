@@ -116,7 +116,7 @@ def test_service_failure_is_an_internal_error_and_the_server_carries_on(served) 
     ({"op": "status", "extra": 1}, "bad_request"),
     ({"op": "clone", "exec": {"argv": "ls"}}, "bad_request"),
     ({"op": "clone", "exec": {"argv": ["ls"]}, "call": {"target": "a:b"}}, "bad_request"),
-    ({"op": "status", "v": 2}, "unsupported_version"),
+    ({"op": "status", "v": 3}, "unsupported_version"),
     ([1, 2, 3], "bad_request"),
 ])
 def test_bad_requests_get_error_replies_on_a_live_connection(served, message, code) -> None:
