@@ -49,13 +49,15 @@ class Task:
 class Outcome:
     """How one task ended. Exactly one of: ``exit`` (the exit event: status, exit_code,
     signal, result or error), ``miss`` (the last miss, retries spent or final),
-    ``failure`` (fiberd refused or could not be reached: one line). ``timed_out``: the
+    ``failure`` (fiberd refused, ``refused`` true, or could not be reached: one line).
+    ``timed_out``: the
     runner stopped the fiber at the task's timeout (``exit`` then tells how it died).
     ``started`` is the wall time of the first try, ``runtime`` the seconds to the end."""
 
     exit: dict[str, object] | None = None
     miss: Missed | None = None
     failure: str | None = None
+    refused: bool = False
     timed_out: bool = False
     fiber_id: str | None = None
     attempts: int = 0
@@ -129,7 +131,7 @@ class TaskRunner:
                 delay = min(self.backoff_cap, delay * 2)
             except (Refused, Unreachable) as err:
                 self._drop_client()
-                outcome.failure = str(err)
+                outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
                 break
         outcome.runtime = time.monotonic() - begun
         return outcome

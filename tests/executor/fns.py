@@ -34,3 +34,14 @@ def sleep_then(seconds: float, pid_file: str | None = None, value: object = None
 def die_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
     time.sleep(10)
+
+
+def shout(word: str) -> str:
+    return word.upper()
+
+
+def echo_and_fail(word: str) -> str:
+    print(f"printed {word}")
+    if word == "bad":
+        raise ValueError(f"no {word}")
+    return word

@@ -25,7 +25,7 @@ from slurm_fiber.executor import (
 )
 from slurm_fiber.tasks import NotReady
 from tests.executor import fns
-from tests.executor.conftest import started_site, stop_site
+from tests.executor.sitekit import started_site, stop_site
 
 
 def alive(pid: int) -> bool:
