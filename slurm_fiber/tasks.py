@@ -30,7 +30,8 @@ from pathlib import Path
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 
-PROTOCOL = 2  # the version the runner's requests declare (a pickled call needs it)
+PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
+# so exec and JSON calls keep working with a v1 fiberd)
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,11 @@ class TaskRunner:
         the task or fiberd does). A retryable miss is retried; a final one is returned."""
         outcome = Outcome(started=time.time())
         begun = time.monotonic()
-        fields: dict[str, object] = {"v": PROTOCOL, **self.base}
+        fields: dict[str, object] = dict(self.base)
         if task.call is not None:
             fields["call"] = dict(task.call)
+            if "pickled" in task.call:
+                fields["v"] = PICKLED_SINCE
         if task.exec is not None:
             fields["exec"] = dict(task.exec)
         delay = self.backoff

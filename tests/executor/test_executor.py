@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -135,10 +136,14 @@ def test_shutdown_with_pending_work_waits_for_all_of_it(site: Site) -> None:
 
 def test_retryable_misses_are_retried_and_a_final_miss_is_raised(tmp_path: Path) -> None:
     site = started_site(tmp_path / "one", Limits(fibers=1))
+    pid_file = tmp_path / "first.pid"
     try:
         with Executor(socket=site.socket, max_workers=2) as ex:
-            futures = [ex.submit(fns.sleep_then, 0.6, None, i) for i in range(2)]
-            assert [f.result(60) for f in futures] == [0, 1]
+            first = ex.submit(fns.sleep_then, 1.0, str(pid_file), 0)
+            while not pid_file.exists() and not first.done():
+                time.sleep(0.01)  # the one fiber the grant allows is running now
+            second = ex.submit(fns.sleep_then, 0, None, 1)  # capacity, retried until free
+            assert [first.result(60), second.result(60)] == [0, 1]
         with Executor(socket=site.socket, grant="no-such-grant", retries=3) as ex, \
                 pytest.raises(FiberMissed) as raised:
             ex.submit(fns.square, 2).result(30)
