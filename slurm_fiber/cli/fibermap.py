@@ -19,8 +19,9 @@ As GNU parallel: up to ``-j`` tasks at once (default: this machine's usable
 CPUs); each task's stdout and stderr are printed whole when it ends (with
 ``--tag``, each line prefixed by the argument and a TAB); ``--joblog`` writes
 parallel's TAB-separated log (Seq, Host, Starttime, JobRuntime, Send,
-Receive, Exitval, Signal, Command; a task stopped at ``--timeout`` has
-Exitval -1 and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
+Receive, Exitval, Signal, Command: the argv as a shell would take it, or
+``MODULE:FUNC["arg", ...]``; a task stopped at ``--timeout`` has Exitval -1
+and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 ``stderr`` and ``seq``; ``--retries K`` runs a failing task up to K times
 (the log and output show the last try); ``--halt`` takes ``never``,
 ``now|soon,fail|success|done=X`` or ``=Y%`` (now: stop the running fibers);
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
@@ -329,8 +331,8 @@ class Map:
         if self.opts.call is not None and exitval == 0 and not outcome.ok:
             exitval = 1
         if self.joblog is not None:
-            command = (f"{self.opts.call}(" + ", ".join(words) + ")" if self.opts.call
-                       else " ".join(words))
+            command = (f"{self.opts.call}" + json.dumps(words) if self.opts.call
+                       else shlex.join(words))
             self.joblog.write(f"{seq}\t:\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
                               f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
             self.joblog.flush()

@@ -68,7 +68,7 @@ def test_the_joblog_is_gnu_parallels_and_the_exit_status_counts_failures(
     assert seq2[1] == ":" and float(seq2[2]) > 1.7e9 and float(seq2[3]) >= 0
     assert seq2[3] == f"{float(seq2[3]):10.3f}" and len(seq2[2].split(".")[1]) == 3
     assert seq2[4:8] == ["0", "5", "3", "0"]  # Send, Receive (bytes of "out3\n"), Exitval
-    assert seq2[8] == "sh -c echo out3; exit 3"
+    assert seq2[8] == "sh -c 'echo out3; exit 3'"  # as a shell would take it back
     many = fmap(site, "--range", "1-103", "-j2", "--", "false")
     assert many.returncode == 101  # more than 100 failed
 
@@ -83,6 +83,7 @@ def test_halt_now_fail_stops_running_fibers_and_exits_with_the_failing_status(
     rows = joblog(log)[1:]
     assert len(rows) == 2  # the failing task and the one it stopped; no new one started
     stopped = next(r for r in rows if r[0] == "1")
+    assert stopped[8] == "sh -c 'if [ 30 = fail ]; then exit 7; fi; sleep 30'"
     assert stopped[6] == "-1" and stopped[7] in ("15", "9")
     soon = fmap(site, "-j1", "--halt", "soon,fail=2", "--", "sh", "-c", "exit {}",
                 stdin="1\n0\n1\n1\n1\n")
@@ -137,6 +138,7 @@ def test_timeout_stops_the_task_and_logs_it_as_killed(site: Site, tmp_path: Path
     out = fmap(site, "--timeout", "1", "--joblog", str(log), "--", "sleep", stdin="60\n0\n")
     assert out.returncode == 1
     by_cmd = {r[8]: r for r in joblog(log)[1:]}
+    assert set(by_cmd) == {"sleep 60", "sleep 0"}
     assert by_cmd["sleep 60"][6:8] in (["-1", "15"], ["-1", "9"])
     assert by_cmd["sleep 0"][6:8] == ["0", "0"]
 
