@@ -17,12 +17,15 @@ a busy moment of the shared machine falls on every system alike:
   fibermap       ``fiberctl map -j j`` (W2 with ``--call``), throughput only; it includes
                  fiberctl's own start-up, once per map
 
-and a bound: the least a Python Clone could cost here (bench/fork_floor.py's pre-forked
-spare pipeline, no daemon work), so a missed target can be split into what the machine
-leaves and what fiberd costs. The fibers run under a throwaway standalone fiberd (the
-quickstart's site). Reports every ratio behind issue 14's targets, which system gives a
-fresh process per task, ``--plot FILE`` (throughput bars and latency CDFs, PNG; the
-``plot`` extra) and ends with one JSON line.
+and, to split a missed target into its parts, in the same run: the bound, the least a
+Python Clone could cost here (bench/fork_floor.py's pre-forked spare pipeline, no daemon
+work: what the machine leaves), and a bare call-mode Clone round trip through
+``FiberdClient`` (``slurm_fiber.cli.latency``: what fiberd adds to the bound; the
+Executor's and the exec path's p50 over it is what the client side adds). The fibers
+run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
+behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
+(throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
+Not measured yet: ``--slurm`` (srun steps inside a job on the test cluster).
 
     .venv/bin/python bench/tasks.py [-n 200] [--rounds 4] [-j 2] [--plot tasks.png]
 """
@@ -45,7 +48,7 @@ from pathlib import Path
 
 from fork_floor import spare_pipeline
 
-from slurm_fiber.cli.latency import percentiles
+from slurm_fiber.cli.latency import clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import GRANT, Site
 from slurm_fiber.executor import Executor
@@ -228,6 +231,9 @@ def measure(systems: Systems, n: int, seq_n: int, rounds: int
             start = time.perf_counter()
             many(n_i)
             par.setdefault(f"{name}/{w}", []).append((n_i, time.perf_counter() - start))
+        if "fiber" not in systems.skipped:
+            seq.setdefault("clone/call", []).extend(clone_round_trips(
+                systems.site.socket, "call", s_i, grant=GRANT, warmup=1 if k == 0 else 0))
     return seq, par
 
 
@@ -235,6 +241,7 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
            bound: list[float], jobs: int, skipped: dict[str, str]) -> dict[str, object]:
     """Figures per system and workload, and the ratios behind issue 14's targets."""
     systems: dict[str, dict[str, object]] = {}
+    clone = seq.pop("clone/call", [])
     for key in sorted({*seq, *par}):
         name, w = key.split("/")
         row = systems.setdefault(name, {"fresh_process": FRESH[name]})
@@ -276,11 +283,15 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
         limit = float(goal.split()[1])
         t["met"] = None if v is None else (v >= limit if goal.startswith(">") else v <= limit)
     bound_p50 = statistics.median(bound) * 1000 if bound else None
+    clone_p50 = statistics.median(clone) * 1000 if clone else None
     bounds = {
         "pipeline_p50_ms": None if bound_p50 is None else round(bound_p50, 3),
         "pipeline_tasks_per_s_at_j": None if not bound_p50 else round(jobs * 1000 / bound_p50, 1),
-        "executor_w2_p50_over_pipeline": over(fig("fiber", "W2", "p50_ms"), bound_p50),
-        "exec_w1_p50_over_pipeline": over(fig("fiber", "W1", "p50_ms"), bound_p50),
+        "clone_call_p50_ms": None if clone_p50 is None else round(clone_p50, 3),
+        "clone_call_over_pipeline": over(clone_p50, bound_p50),
+        "executor_w2_p50_over_clone_call": over(fig("fiber", "W2", "p50_ms"), clone_p50),
+        "exec_w1_p50_over_clone_call": over(fig("fiber", "W1", "p50_ms"), clone_p50),
+        "dask_w2_p50_over_pipeline": over(fig("dask", "W2", "p50_ms"), bound_p50),
     }
     return {"systems": systems, "targets": targets, "bound": bounds}
 
@@ -304,7 +315,13 @@ def print_table(figures: dict[str, object]) -> None:
     for key, t in figures["targets"].items():  # type: ignore[union-attr]
         state = {None: "n/a", True: "meets", False: "MISSES"}[t["met"]]
         print(f"{key}: {t['value']} ({state} {t['target']})")
-    print(f"bound (pre-forked spare pipeline, no daemon work): {figures['bound']}")
+    b = figures["bound"]
+    assert isinstance(b, dict)
+    print(f"bound: pre-forked spare pipeline (no daemon work) p50 {b['pipeline_p50_ms']} ms "
+          f"({b['pipeline_tasks_per_s_at_j']}/s at -j); bare call Clone p50 "
+          f"{b['clone_call_p50_ms']} ms = {b['clone_call_over_pipeline']}x the bound "
+          f"(fiberd's share); Executor W2 p50 = {b['executor_w2_p50_over_clone_call']}x, "
+          f"exec W1 p50 = {b['exec_w1_p50_over_clone_call']}x the bare Clone")
 
 
 def plot(figures: dict[str, object], seq: dict[str, list[float]], path: Path) -> None:

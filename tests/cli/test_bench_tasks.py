@@ -37,5 +37,7 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
                                        "w1_throughput_map_over_parallel"}
     assert figures["targets"]["w1_seq_p50_exec_over_subprocess"]["value"] > 0
     assert figures["bound"]["pipeline_p50_ms"] > 0
+    assert figures["bound"]["clone_call_over_pipeline"] > 0
+    assert figures["bound"]["executor_w2_p50_over_clone_call"] > 0
     assert figures["left_running"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
