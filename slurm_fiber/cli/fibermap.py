@@ -16,7 +16,8 @@ interpreter instead, with the words after ``--`` (placeholders replaced) as
 string arguments, default ``{}``; its JSON result is the task's output line.
 
 As GNU parallel: up to ``-j`` tasks at once (default: this machine's usable
-CPUs); each task's stdout and stderr are printed whole when it ends (with
+CPUs), each in this directory with stdin from /dev/null; each task's stdout
+and stderr are printed whole when it ends (with
 ``--tag``, each line prefixed by the argument and a TAB); ``--joblog`` writes
 parallel's TAB-separated log (Seq, Host, Starttime, JobRuntime, Send,
 Receive, Exitval, Signal, Command: the argv as a shell would take it, or
