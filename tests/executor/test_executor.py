@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import json
 import os
 import signal
+import textwrap
 import time
 from pathlib import Path
 
@@ -45,6 +46,14 @@ def test_results_come_back_as_python_values_each_from_its_own_fiber(site: Site) 
         other = ex.submit(fns.describe).result(30)[2]
     assert (args, kwargs) == (((1, 2), b"x"), {"key": {3}})  # not JSON: tuple, bytes, set
     assert pid != os.getpid() and other != pid
+
+
+def test_a_library_function_runs_by_reference_with_keyword_arguments(site: Site) -> None:
+    text = "a library function is found by name in the fiber"
+    assert reference(textwrap.shorten) == "textwrap:shorten"
+    with Executor(socket=site.socket) as ex:
+        assert ex.submit(textwrap.shorten, text, width=20).result(30) == \
+            textwrap.shorten(text, width=20)
 
 
 def test_functions_not_importable_in_the_template_travel_by_value(site: Site) -> None:
