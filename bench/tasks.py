@@ -9,6 +9,8 @@ a busy moment of the shared machine falls on every system alike:
   subprocess     ``subprocess.run`` per task (W2: ``python -c "import <preloads>; ..."``)
   pool           multiprocessing ``Pool(j)`` (fork), workers hold the preloads
   forkserver     multiprocessing forkserver, one ``Process`` per task, preloads given
+                 (from a ``python -c`` program, as bench/clone.py does: started from a
+                 script, every child would re-import the script; its start is not timed)
   parallel       GNU parallel ``-j j`` (throughput only; skipped when not installed)
   dask           Dask distributed ``LocalCluster(j processes)`` (skipped without the
                  ``bench`` extra)
@@ -62,7 +64,37 @@ FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "ye
 SEQUENTIAL = ("subprocess", "pool", "forkserver", "dask", "fiber")
 
 Seq = Callable[[int], None]  # one task, blocking
-Par = Callable[[int], None]  # n tasks at the natural parallelism, blocking
+Par = Callable[[int], object]  # n tasks at the natural parallelism, blocking; returns the
+# seconds they took (a float) when the runner times itself, else the caller times it
+Batch = Callable[[int], list[float]]  # n sequential tasks, timed by the runner itself
+
+_FORKSERVER = """
+import concurrent.futures as cf, json, multiprocessing, sys, time
+from bench import taskfns
+workload, mode, n, jobs, preloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), \\
+    int(sys.argv[4]), sys.argv[5:]
+ctx = multiprocessing.get_context("forkserver")
+ctx.set_forkserver_preload(preloads)
+target = taskfns.run_true if workload == "W1" else taskfns.square
+
+def one(i):
+    p = ctx.Process(target=target, args=(i,))
+    t = time.perf_counter()
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        sys.exit(f"a forkserver Process exited with {p.exitcode}")
+    return time.perf_counter() - t
+
+one(0)  # launches the server: not counted
+if mode == "seq":
+    print(json.dumps([one(i) for i in range(n)]))
+else:
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, range(n)))
+    print(json.dumps(time.perf_counter() - t))
+"""
 
 
 def python_w2(i: int, preloads: tuple[str, ...]) -> list[str]:
@@ -78,6 +110,7 @@ class Systems:
         self.jobs, self.preloads, self.site = jobs, preloads, site
         self.skipped: dict[str, str] = {s: "skipped by --skip" for s in skip}
         self.seq: dict[tuple[str, str], Seq] = {}
+        self.batch: dict[tuple[str, str], Batch] = {}
         self.par: dict[tuple[str, str], Par] = {}
         self.closers: list[Callable[[], None]] = []
         for name in ("subprocess", "pool", "forkserver", "parallel", "dask", "fiber",
@@ -118,23 +151,15 @@ class Systems:
         self.par["pool", "W2"] = lambda n: pool.map(taskfns.square, range(n), chunksize=1)
 
     def _forkserver(self) -> None:
-        from bench import taskfns
+        def program(w: str, mode: str, n: int) -> object:
+            done = subprocess.run([sys.executable, "-c", _FORKSERVER, w, mode, str(n),
+                                   str(self.jobs), *self.preloads, FNS],
+                                  check=True, capture_output=True, text=True)
+            return json.loads(done.stdout)
 
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([*self.preloads, FNS])
-
-        def one(target: Callable[[int], object]) -> Seq:
-            def run(i: int) -> None:
-                p = ctx.Process(target=target, args=(i,))
-                p.start()
-                p.join()
-                if p.exitcode != 0:
-                    raise RuntimeError(f"forkserver Process exited {p.exitcode}")
-            return run
-
-        for w, target in (("W1", taskfns.run_true), ("W2", taskfns.square)):
-            self.seq["forkserver", w] = one(target)
-            self.par["forkserver", w] = self._threads(one(target))
+        for w in ("W1", "W2"):
+            self.batch["forkserver", w] = lambda n, w=w: program(w, "seq", n)  # type: ignore[misc]
+            self.par["forkserver", w] = lambda n, w=w: program(w, "par", n)  # type: ignore[misc]
 
     def _parallel(self) -> None:
         found = shutil.which("parallel")
@@ -227,10 +252,13 @@ def measure(systems: Systems, n: int, seq_n: int, rounds: int
                 start = time.perf_counter()
                 one(i)
                 samples.append(time.perf_counter() - start)
+        for (name, w), batch in systems.batch.items():
+            seq.setdefault(f"{name}/{w}", []).extend(batch(s_i))
         for (name, w), many in systems.par.items():
             start = time.perf_counter()
-            many(n_i)
-            par.setdefault(f"{name}/{w}", []).append((n_i, time.perf_counter() - start))
+            took = many(n_i)
+            wall = took if isinstance(took, float) else time.perf_counter() - start
+            par.setdefault(f"{name}/{w}", []).append((n_i, wall))
         if "fiber" not in systems.skipped:
             seq.setdefault("clone/call", []).extend(clone_round_trips(
                 systems.site.socket, "call", s_i, grant=GRANT, warmup=1 if k == 0 else 0))
