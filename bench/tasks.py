@@ -69,7 +69,8 @@ Par = Callable[[int], object]  # n tasks at the natural parallelism, blocking; r
 Batch = Callable[[int], list[float]]  # n sequential tasks, timed by the runner itself
 
 _FORKSERVER = """
-import concurrent.futures as cf, json, multiprocessing, sys, time
+import json, multiprocessing, sys, time
+from multiprocessing.connection import wait
 from bench import taskfns
 workload, mode, n, jobs, preloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), \\
     int(sys.argv[4]), sys.argv[5:]
@@ -89,10 +90,23 @@ def one(i):
 one(0)  # launches the server: not counted
 if mode == "seq":
     print(json.dumps([one(i) for i in range(n)]))
-else:
+else:  # up to ``jobs`` at once from one thread (Process.start from threads fails here)
     t = time.perf_counter()
-    with cf.ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(one, range(n)))
+    running = {}
+    for i in range(n):
+        while len(running) >= jobs:
+            for sentinel in wait(list(running)):
+                p = running.pop(sentinel)
+                p.join()
+                if p.exitcode != 0:
+                    sys.exit(f"a forkserver Process exited with {p.exitcode}")
+        p = ctx.Process(target=target, args=(i,))
+        p.start()
+        running[p.sentinel] = p
+    for p in running.values():
+        p.join()
+        if p.exitcode != 0:
+            sys.exit(f"a forkserver Process exited with {p.exitcode}")
     print(json.dumps(time.perf_counter() - t))
 """
 
