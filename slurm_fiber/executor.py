@@ -29,6 +29,9 @@ retried with a bounded backoff); ``FiberdError`` when fiberd refused or
 could not be reached. Threads: up to ``max_workers`` (default: this
 machine's usable CPUs), started on demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
+A running call cannot be cancelled (as in concurrent.futures); if the calling
+process dies, its connections close and fiberd sends each fiber it was
+waiting for SIGHUP (the clone's ``hangup``).
 
 Every task goes through ``slurm_fiber.tasks.TaskRunner.run``, the one
 place a batch clone would replace.
