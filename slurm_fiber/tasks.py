@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -164,7 +165,13 @@ class TaskRunner:
     # ------------------------------------------------------------ internals
 
     def _client(self) -> FiberdClient:
+        """This thread's connection; a new one when fiberd has closed the old (it closes
+        idle connections, 300 s by default): an idle connection with anything to read has
+        been closed by fiberd, which never reads a request sent on it afterwards."""
         client = getattr(self._local, "client", None)
+        if client is not None and select.select([client.sock], [], [], 0)[0]:
+            self._drop_client()
+            client = None
         if client is None:
             client = FiberdClient(self.socket)
             self._local.client = client
