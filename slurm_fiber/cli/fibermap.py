@@ -45,7 +45,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -253,9 +252,11 @@ class Map:
             self.finish(seq, arg, words, outcome, out, err)
 
     def run_one(self, words: list[str]) -> tuple[Outcome, bytes, bytes]:
-        """One try: the fiber's stdout and stderr go to unlinked temp files, read back."""
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            stdio = {"stdout": out.fileno(), "stderr": err.fileno()}
+        """One try: the fiber's stdout and stderr go to anonymous memory files (memfd),
+        read back once it has ended."""
+        out, err = os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr")
+        try:
+            stdio = {"stdout": out, "stderr": err}
             if self.opts.call is not None:
                 task = Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
                             timeout=self.opts.timeout)
@@ -263,9 +264,10 @@ class Map:
                 task = Task(exec={"argv": words, "cwd": os.getcwd()}, stdio=stdio,
                             timeout=self.opts.timeout)
             outcome = self.runner.run(task)
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(), err.read()
+            stdout, stderr = _read_all(out), _read_all(err)
+        finally:
+            os.close(out)
+            os.close(err)
         end = outcome.exit or {}
         if self.opts.call is not None and outcome.exit is not None:
             error = end.get("error")
@@ -378,6 +380,16 @@ class Map:
                 "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
                 "jobs": self.opts.jobs, "exit": status,
                 "joblog": str(self.opts.joblog) if self.opts.joblog else None}
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to ``fd`` (a memfd the fiber wrote through its own offset)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _tag(data: bytes, arg: str) -> bytes:
