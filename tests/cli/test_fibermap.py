@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +201,26 @@ def test_wait_returns_once_ready_and_says_why_it_gave_up(site: Site, tmp_path: P
                                "--timeout", "0.3"], capture_output=True, text=True,
                               timeout=60, env=env)
     assert no_grant.returncode == 75 and "'other'" in no_grant.stderr
+
+
+def test_ctrl_c_stops_the_running_fibers_and_exits_130(site: Site) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    proc = subprocess.Popen([FIBERCTL, "map", "-S", str(site.socket), "-j2", "--", "sleep"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None
+    proc.stdin.write("30\n31\n32\n")
+    proc.stdin.close()
+
+    def running() -> list[dict[str, object]]:
+        return [f for f in site.request("list_fibers")["fibers"]
+                if f.get("state") == "running"]
+
+    while len(running()) < 2:
+        assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    assert "interrupted; running fibers were stopped" in err
+    assert running() == []  # stopped before fiberctl exited, not left to fiberd's hang-up
