@@ -27,7 +27,8 @@ and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 (the log and output show the last try); ``--halt`` takes ``never``,
 ``now|soon,fail|success|done=X`` or ``=Y%`` (now: stop the running fibers);
 the exit status is the number of failed tasks, 101 for more than 100 (with
-``--halt ...,fail=1``, the failing task's status). A progress line goes to
+``--halt ...,fail=1``, the failing task's status; with ``fail=Y%``, the
+percentage of tasks that failed). A progress line goes to
 stderr only when stderr is a terminal. ``--json`` ends stdout with one JSON
 summary line. fiberd refusing the work itself (a final miss such as
 unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
@@ -370,6 +371,9 @@ class Map:
             return halted.status if halted.status is not None else 1
         if halt is not None and halt.why == "success" and halted is not None:
             return 0
+        done = self.failed + self.succeeded
+        if halt is not None and halt.percent and halt.why == "fail" and done:
+            return min(100, round(self.failed * 100 / done))  # parallel: the percentage
         return min(self.failed, MAX_FAILED_STATUS)
 
     def summary(self, status: int) -> dict[str, object]:

@@ -90,6 +90,9 @@ def test_halt_now_fail_stops_running_fibers_and_exits_with_the_failing_status(
     soon = fmap(site, "-j1", "--halt", "soon,fail=2", "--", "sh", "-c", "exit {}",
                 stdin="1\n0\n1\n1\n1\n")
     assert soon.returncode == 2  # stopped after the second failure: 2 failed
+    percent = fmap(site, "-j1", "--halt", "soon,fail=50%", "--", "sh", "-c", "exit {}",
+                   stdin="0\n1\n1\n0\n")
+    assert percent.returncode == 67  # halted at 2 of 4 failed; 2 of the 3 run: 67%
 
 
 def test_retries_run_a_failing_task_again_and_log_the_last_try(site: Site,
