@@ -309,13 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", stop, "stop a fiber (SIGTERM, grace, SIGKILL)"),
         ("status", status, "fiberd's status, health and readiness"),
         ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
-        ("map", status, "one fiber per argument, as GNU parallel "
-                        "(fiberctl map [OPTIONS] -- CMD {}; fiberctl map --help)"),
     ]
+    # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
+    # own parser and is imported only when map runs.
+    commands.add_parser("map", add_help=False, help="one fiber per argument, as GNU parallel "
+                        "(fiberctl map [OPTIONS] -- CMD {}; fiberctl map --help)")
     for name, handler, summary in handlers:
-        if name == "map":  # parsed by slurm_fiber.cli.fibermap, imported only to run it
-            commands.add_parser(name, help=summary, add_help=False)
-            continue
         sub = commands.add_parser(name, help=summary, description=handler.__doc__)
         sub.set_defaults(handler=handler)
         sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
