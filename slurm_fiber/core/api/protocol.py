@@ -4,11 +4,11 @@ A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
 ``v`` (optional: 1 or 2; versions are additive, so every v1 request means
 the same under v2; a v2 feature, such as a pickled call, needs ``"v": 2``,
 which an older fiberd refuses as ``unsupported_version``) and the op's own
-fields. Unknown fields are refused, so a typo never silently changes what a request means. Every
-refusal is an ``ApiError`` with a code from ``ErrorCode`` and a one-line
-reason; ``parse_request`` is a pure function of the decoded body and the
-number of descriptors that came with it. Reply builders give every reply
-the same envelope (see docs/socket-protocol.md).
+fields. Unknown fields are refused, so a typo never silently changes what a
+request means. Every refusal is an ``ApiError`` with a code from
+``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function
+of the decoded body and the number of descriptors that came with it. Reply
+builders give every reply the same envelope (see docs/socket-protocol.md).
 """
 
 from __future__ import annotations
