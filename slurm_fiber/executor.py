@@ -14,7 +14,8 @@ arguments pickled; any other function (defined in ``__main__``, a lambda, a
 closure) travels by value with its arguments, pickled by cloudpickle. The
 fiber unpickles, calls, and pickles the value back (fiberd itself only passes
 the text on). The pickled call is bounded by the protocol (``MAX_PICKLED``
-characters of base64, ~72 KiB of pickle): pass bigger data by file name.
+characters of base64, ~72 KiB of pickle), and a result by the reply (16 MiB,
+~12 MiB of pickle): pass bigger data by file name.
 fiberd accepts a pickled call only from peers its socket already allows (its
 own uid and root, or the configured ``allowed_uids``/``allowed_gids``), who
 can already run any ``module:function`` of the grant: pickle adds no power.
