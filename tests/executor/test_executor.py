@@ -177,3 +177,14 @@ def test_a_call_too_big_for_the_protocol_fails_its_future_not_submit(site: Site)
         future = ex.submit(fns.square, b"x" * 200_000)
     with pytest.raises(ValueError, match="pass big data by file name"):
         future.result(0)
+
+
+def test_it_finds_fiberd_as_fiberctl_does(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBERD_SOCKET", str(site.socket))
+    with Executor() as ex:
+        assert ex.socket == site.socket
+        assert ex.submit(fns.square, 5).result(30) == 25
+    monkeypatch.delenv("FIBERD_SOCKET")
+    monkeypatch.setenv("FIBERD_STATE_DIR", str(site.state))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert Executor().socket == site.socket  # a standalone fiberd's default place
