@@ -9,3 +9,15 @@ Slurm allocation, Kubernetes Pod) live in ``slurm_fiber.homes``.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Executor", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    """``slurm_fiber.Executor``, imported on first use: ``import slurm_fiber`` stays cheap
+    (the hooks and fiberctl import the package on every run)."""
+    if name == "Executor":
+        from slurm_fiber.executor import Executor
+
+        return Executor
+    raise AttributeError(f"module 'slurm_fiber' has no attribute {name!r}")

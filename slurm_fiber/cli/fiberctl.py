@@ -9,6 +9,12 @@ SIGKILL already). SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are
 forwarded as they are. If fiberctl itself dies, fiberd sends the fiber
 SIGHUP, as a terminal hang-up would.
 
+``fiberctl map [OPTIONS] -- CMD {}`` runs CMD once per argument, each in
+its own fiber, as GNU parallel does (``fiberctl map --help``; the code lives
+in slurm_fiber.cli.fibermap, imported only when map runs). ``fiberctl wait
+[--timeout S]`` returns once fiberd is ready (69: it never answered; 75: it
+answered but is not ready).
+
 Exit codes (every command): 0 success; 1 the fiber failed (``call``: the
 function raised or the fiber died); 2 usage error; 65 fiberd refused the
 request (``code: reason`` printed); 69 fiberd unreachable or the
@@ -302,6 +308,18 @@ def describe_enforcement(record: dict[str, object]) -> str:
     return "; ".join([*(parts or ["no limits asked"]), f"devices: {confined}"])
 
 
+def wait(args: argparse.Namespace) -> None:
+    """Wait until fiberd answers and a template (--grant's, if given) is ready: exit 0;
+    after --timeout S, 69 when fiberd never answered, else 75."""
+    from slurm_fiber.tasks import NotReady, wait_ready
+
+    try:
+        wait_ready(discover_socket(args.socket), args.timeout, grant=args.grant)
+    except NotReady as e:
+        raise fail(EXIT_RETRYABLE_MISS if e.reachable else EXIT_UNREACHABLE,
+                   f"fiberctl: {e}") from None
+
+
 def _grant_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-g", "--grant", help="admitted grant UID to run under "
                         "(default: the only one)")
@@ -324,7 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("ls", list_fibers, "list the fibers fiberd tracks"),
         ("stop", stop, "stop a fiber (SIGTERM, grace, SIGKILL)"),
         ("status", status, "fiberd's status, health and readiness"),
+        ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
     ]
+    # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
+    # own parser and is imported only when map runs.
+    commands.add_parser("map", add_help=False, help="one fiber per argument, as GNU parallel "
+                        "(fiberctl map [OPTIONS] -- CMD {}; fiberctl map --help)")
     for name, handler, summary in handlers:
         sub = commands.add_parser(name, help=summary, description=handler.__doc__)
         sub.set_defaults(handler=handler)
@@ -342,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "stop":
             sub.add_argument("fiber_id", metavar="ID")
             sub.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL")
+        elif name == "wait":
+            sub.add_argument("--timeout", type=float, metavar="S",
+                             help="give up after S seconds (default: wait forever)")
+            sub.add_argument("-g", "--grant", help="wait for this grant's template")
     return parser
 
 
@@ -360,7 +387,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: exits with the documented code."""
-    args = parse(sys.argv[1:] if argv is None else argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["map"]:
+        from slurm_fiber.cli.fibermap import main as map_main
+
+        sys.exit(map_main(words[1:]))
+    args = parse(words)
     try:
         args.handler(args)
     except Exit as done:

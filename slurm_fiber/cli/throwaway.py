@@ -29,7 +29,7 @@ from pathlib import Path
 
 from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
-from slurm_fiber.core.grant import FiberSpec, TemplateSpec
+from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
 from slurm_fiber.core.trust import public_jwk
 
@@ -86,8 +86,9 @@ class Site:
         return self.root / "fiberd.log"
 
     @classmethod
-    def create(cls, root: Path, preloads: Sequence[str]) -> Site:
-        """Write the issuer's JWKS and one grant into a new layout under ``root``."""
+    def create(cls, root: Path, preloads: Sequence[str], limits: Limits | None = None) -> Site:
+        """Write the issuer's JWKS and one grant (with ``limits``, if given) into a new
+        layout under ``root``."""
         site = cls(root, tuple(preloads))
         key = generate_key()
         grantdir = site.state / "grants"
@@ -97,7 +98,8 @@ class Site:
         (root / "issuer.jwks.json").write_text(json.dumps({"keys": [public_jwk(key)]}))
         now = time.time()
         spec = FiberSpec(template=TemplateSpec(preload=site.preloads,
-                                               env={RUN_MARK: site.run_id}))
+                                               env={RUN_MARK: site.run_id}),
+                         limits=limits or Limits())
         token = mint(key, issuer=ISSUER, uid=GRANT, audience=AUDIENCE, iat=now,
                      exp=now + TOKEN_TTL, spec=spec)
         (grantdir / f"{GRANT}.jwt").write_text(token)

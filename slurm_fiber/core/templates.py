@@ -124,6 +124,7 @@ class FiberRequest:
     target: str | None = None
     args: tuple[object, ...] = ()
     kwargs: Mapping[str, object] = field(default_factory=dict)
+    pickled: str | None = None  # a pickled call (CallTarget.pickled), passed on unread
     argv: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
@@ -137,7 +138,7 @@ class FiberRequest:
         if not _FIBER_ID.fullmatch(self.id):
             raise ValueError(f"fiber id {self.id!r} is not [A-Za-z0-9_-]{{1,64}}")
         if self.mode == "call":
-            if not self.target or ":" not in self.target:
+            if self.pickled is None and (not self.target or ":" not in self.target):
                 raise ValueError("call mode needs a target 'module:function'")
         elif self.mode == "exec":
             if not self.argv or not all(isinstance(a, str) and a for a in self.argv):
@@ -573,6 +574,7 @@ class Template:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}
         return {"t": "run", "id": request.id, "mode": request.mode, "target": request.target,
                 "args": list(request.args), "kwargs": dict(request.kwargs),
+                "pickled": request.pickled,
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
                 "out_dir": str(self.state_dir / "fibers")}

@@ -96,6 +96,15 @@ def test_valid_requests_parse() -> None:
     ({"op": "inspect_fiber", "fiber": "../x"}, 0, "bad_request", "fiber"),
     ({"op": "status", "id": [1]}, 0, "bad_request", "id"),
     ({"op": "status", "v": True}, 0, "unsupported_version", None),
+    ({"op": "status", "v": 3}, 0, "unsupported_version", None),
+    # a pickled call is a v2 feature, checked only for shape (fiberd never unpickles)
+    ({"op": "clone", "call": {"pickled": "gAR9lC4="}}, 0, "bad_request", "call"),
+    ({"op": "clone", "v": 2, "call": {"pickled": "not base64!"}}, 0, "bad_request", "call"),
+    ({"op": "clone", "v": 2, "call": {"pickled": ""}}, 0, "bad_request", "call"),
+    ({"op": "clone", "v": 2, "call": {"pickled": "gAR9lC4=", "args": [1]}}, 0,
+     "bad_request", "call"),
+    ({"op": "clone", "v": 2, "call": {"pickled": "gAR9lC4=", "target": "os.system"}}, 0,
+     "bad_request", "call"),
     ({"op": 3}, 0, "bad_request", "op"),
     ({"op": "status"}, 1, "bad_fds", None),
     ({"op": "format_disk"}, 0, "unknown_op", None),
@@ -119,3 +128,17 @@ def test_nesting_is_bounded_exactly_and_brackets_in_strings_do_not_count() -> No
                                            f"{MAX_DEPTH} levels"
     tricky = b'{"s":"' + b"[{" * 200 + b'\\"]","t":[' + b'"\\\\[",' * 100 + b"1]}"
     assert parse_body(tricky) == (json.loads(tricky), None)
+
+
+def test_a_pickled_call_is_passed_on_as_text_with_or_without_a_target() -> None:
+    bare = parse_request({"op": "clone", "v": 2, "call": {"pickled": "gAR9lC4="}}, 0)
+    assert bare.op.call.pickled == "gAR9lC4=" and bare.op.call.target is None
+    named = parse_request({"op": "clone", "v": 2,
+                           "call": {"pickled": "gAR9lC4=", "target": "m:f"}}, 0)
+    assert (named.op.call.target, named.op.call.pickled) == ("m:f", "gAR9lC4=")
+
+
+def test_version_1_requests_mean_the_same_under_version_2() -> None:
+    body = {"op": "clone", "call": {"target": "m:f", "args": [1]}}
+    assert parse_request(body, 0) == parse_request({**body, "v": 1}, 0) \
+        == parse_request({**body, "v": 2}, 0)

@@ -81,9 +81,13 @@ class FiberdClient:
         except OSError as e:
             raise Unreachable(f"sending to fiberd failed: {e.strerror or e}") from e
 
-    def receive(self, wait_forever: bool = False) -> dict[str, object]:
-        """The next reply frame as sent (no error raising). Raises Unreachable."""
-        self.sock.settimeout(None if wait_forever else self.timeout)
+    def receive(self, wait_forever: bool = False,
+                within: float | None = None) -> dict[str, object]:
+        """The next reply frame as sent (no error raising). Raises Unreachable; with
+        ``within`` (seconds), TimeoutError when no whole frame came in that time (the
+        connection stays usable: a later call picks up where this one stopped)."""
+        self.sock.settimeout(within if within is not None
+                             else None if wait_forever else self.timeout)
         try:
             while True:
                 frame = self._decoder.next_frame()
@@ -98,11 +102,15 @@ class FiberdClient:
         except FramingError as e:
             raise Unreachable(f"fiberd broke the protocol: {e.reason}") from e
         except OSError as e:
+            if within is not None and isinstance(e, TimeoutError):
+                raise
             raise Unreachable(f"reading from fiberd failed: {e.strerror or e}") from e
 
-    def reply(self, wait_forever: bool = False) -> dict[str, object]:
-        """The next reply if it is a success. Raises Refused, Missed, Unreachable."""
-        message = self.receive(wait_forever)
+    def reply(self, wait_forever: bool = False,
+              within: float | None = None) -> dict[str, object]:
+        """The next reply if it is a success. Raises Refused, Missed, Unreachable
+        (and TimeoutError with ``within``, see ``receive``)."""
+        message = self.receive(wait_forever, within)
         if message.get("ok"):
             return message
         if isinstance(message.get("miss"), dict):
@@ -144,8 +152,10 @@ class FiberdClient:
         fiber = self.exchange(message, [stdio[n] for n in names])["result"]
         return fiber["fiber"] if isinstance(fiber, dict) else {}  # type: ignore[return-value]
 
-    def wait_exit(self) -> dict[str, object]:
+    def wait_exit(self, within: float | None = None) -> dict[str, object]:
         """After ``clone(wait=True)``: block until the exit event; returns it
-        (fiber_id, exit_code, signal, status, rusage, result or error)."""
-        result = self.reply(wait_forever=True)["result"]
+        (fiber_id, exit_code, signal, status, rusage, result or error). With ``within``
+        (seconds), raises TimeoutError if the fiber has not ended by then; call again
+        to keep waiting (e.g. after stopping it)."""
+        result = self.reply(wait_forever=True, within=within)["result"]
         return result if isinstance(result, dict) else {}

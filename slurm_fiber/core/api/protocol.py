@@ -1,12 +1,14 @@
 """The fiberd socket protocol: request shapes, their validation, error codes, replies.
 
 A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
-``v`` (optional, must be 1) and the op's own fields. Unknown fields are
-refused, so a typo never silently changes what a request means. Every
-refusal is an ``ApiError`` with a code from ``ErrorCode`` and a one-line
-reason; ``parse_request`` is a pure function of the decoded body and the
-number of descriptors that came with it. Reply builders give every reply
-the same envelope (see docs/socket-protocol.md).
+``v`` (optional: 1 or 2; versions are additive, so every v1 request means
+the same under v2; a v2 feature, such as a pickled call, needs ``"v": 2``,
+which an older fiberd refuses as ``unsupported_version``) and the op's own
+fields. Unknown fields are refused, so a typo never silently changes what a
+request means. Every refusal is an ``ApiError`` with a code from
+``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function
+of the decoded body and the number of descriptors that came with it. Reply
+builders give every reply the same envelope (see docs/socket-protocol.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.misses import Miss
 
-VERSION = 1
+VERSION = 2  # the newest this fiberd speaks
+VERSIONS = (1, 2)  # every one it accepts (docs/socket-protocol.md, "Versions")
+PICKLED_SINCE = 2  # call.pickled needs "v" >= this
+MAX_PICKLED = 96 * 1024  # characters of base64: the template's order (128 KiB) must hold it
+PICKLED_PATTERN = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 MAX_ID_LEN = 64
 MAX_ARGV = 4096
 MAX_ARG_LEN = 128 * 1024  # Linux MAX_ARG_STRLEN
@@ -203,8 +209,11 @@ def _env(raw: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _call(raw: Mapping[str, Any]) -> CallTarget:
-    f = _Fields(raw, frozenset({"target", "args", "kwargs"}))
+def _call(raw: Mapping[str, Any], version: int) -> CallTarget:
+    f = _Fields(raw, frozenset({"target", "args", "kwargs", "pickled"}))
+    pickled = f.get("pickled", str, "base64 text")
+    if pickled is not None:
+        return _pickled_call(f, pickled, version)
     target = f.get("target", str, "'module:function'", required=True)
     if len(target) > 512 or not TARGET_PATTERN.fullmatch(target):
         raise ApiError(ErrorCode.BAD_REQUEST, "call.target must be 'module:function'", "call")
@@ -214,6 +223,23 @@ def _call(raw: Mapping[str, Any]) -> CallTarget:
     if bad is not None:
         raise ApiError(ErrorCode.BAD_REQUEST, f"call.kwargs name {bad[:40]!r} is invalid", "call")
     return CallTarget(target=target, args=tuple(args), kwargs=kwargs)
+
+
+def _pickled_call(f: _Fields, pickled: str, version: int) -> CallTarget:
+    """A v2 pickled call: fiberd checks only the text's shape; the fiber alone unpickles it."""
+    if version < PICKLED_SINCE:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"call.pickled needs \"v\": {PICKLED_SINCE} in the request", "call")
+    if "args" in f.body or "kwargs" in f.body:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       "a pickled call carries its arguments inside call.pickled", "call")
+    if not pickled or len(pickled) > MAX_PICKLED or not PICKLED_PATTERN.fullmatch(pickled):
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"call.pickled must be 1..{MAX_PICKLED} characters of base64", "call")
+    target = f.get("target", str, "'module:function'")
+    if target is not None and (len(target) > 512 or not TARGET_PATTERN.fullmatch(target)):
+        raise ApiError(ErrorCode.BAD_REQUEST, "call.target must be 'module:function'", "call")
+    return CallTarget(target=target, pickled=pickled)
 
 
 def _exec(raw: Mapping[str, Any]) -> ExecTarget:
@@ -248,6 +274,7 @@ _CLONE_FIELDS = frozenset({"call", "exec", "grant", "token", "env", "stdio", "wa
 
 
 def _clone(f: _Fields, nfds: int) -> CloneOp:
+    version = f.body.get("v", 1)
     call_raw = f.get("call", dict, "an object {target, args, kwargs}")
     exec_raw = f.get("exec", dict, "an object {argv, cwd}")
     if (call_raw is None) == (exec_raw is None):
@@ -261,7 +288,7 @@ def _clone(f: _Fields, nfds: int) -> CloneOp:
     if token is not None:
         _text(token, "token", MAX_TOKEN)
     return CloneOp(
-        call=_call(call_raw) if call_raw is not None else None,
+        call=_call(call_raw, version) if call_raw is not None else None,
         exec=_exec(exec_raw) if exec_raw is not None else None,
         grant=grant,
         token=token,
@@ -317,8 +344,9 @@ def parse_request(body: object, nfds: int) -> Request:
     if "id" in body and request_id(body) is None:
         raise ApiError(ErrorCode.BAD_REQUEST,
                        f"'id' must be an integer or a string of at most {MAX_ID_LEN}", "id")
-    if body.get("v", VERSION) != VERSION or isinstance(body.get("v"), bool):
-        raise ApiError(ErrorCode.UNSUPPORTED_VERSION, f"this fiberd speaks protocol v{VERSION}")
+    if body.get("v", 1) not in VERSIONS or isinstance(body.get("v"), bool):
+        raise ApiError(ErrorCode.UNSUPPORTED_VERSION, "this fiberd speaks protocol "
+                       + ", ".join(f"v{v}" for v in VERSIONS))
     op = body.get("op")
     if not isinstance(op, str):
         raise ApiError(ErrorCode.BAD_REQUEST, "field 'op' (a string) is required", "op")

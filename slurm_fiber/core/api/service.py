@@ -33,11 +33,18 @@ class Peer:
 
 @dataclass(frozen=True)
 class CallTarget:
-    """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter."""
+    """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter.
 
-    target: str
+    A pickled call (protocol v2) sets ``pickled``: base64 text that only the
+    fiber decodes (fiberd passes it on unread). With ``target`` it holds the
+    pickle of ``(args, kwargs)``; with ``target`` None, of ``(function, args,
+    kwargs)``. The fiber's result (or exception) then comes back pickled too.
+    """
+
+    target: str | None
     args: tuple[object, ...] = ()
     kwargs: Mapping[str, object] = field(default_factory=dict)
+    pickled: str | None = None
 
 
 @dataclass(frozen=True)

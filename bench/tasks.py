@@ -1,0 +1,448 @@
+"""Many short tasks: fibers against the tools job authors use today, in one run (issue 14).
+
+Two workloads, N tasks each: W1 runs ``true``; W2 calls ``square(i)`` (bench/taskfns.py)
+in an interpreter that has imported the quickstart's twelve preloads. For each system:
+the sequential p50/p99 (one task at a time, submit → result) and the throughput at the
+natural parallelism (``-j``, default the usable CPUs), measured in interleaved rounds so
+a busy moment of the shared machine falls on every system alike:
+
+  subprocess     ``subprocess.run`` per task (W2: ``python -c "import <preloads>; ..."``)
+  pool           multiprocessing ``Pool(j)`` (fork), workers hold the preloads
+  forkserver     multiprocessing forkserver, one ``Process`` per task, preloads given
+                 (from a ``python -c`` program, as bench/clone.py does: started from a
+                 script, every child would re-import the script; its start is not timed)
+  parallel       GNU parallel ``-j j`` (throughput only; skipped when not installed)
+  dask           Dask distributed ``LocalCluster(j processes)`` (skipped without the
+                 ``bench`` extra)
+  fiber          slurm_fiber: W1 an exec Clone of ``true`` through ``TaskRunner`` (the
+                 path ``fiberctl map`` takes), W2 ``slurm_fiber.Executor``
+  fibermap       ``fiberctl map -j j`` (W2 with ``--call``), throughput only; it includes
+                 fiberctl's own start-up, once per map
+
+and, to split a missed target into its parts, in the same run: the bound, the least a
+Python Clone could cost here (bench/fork_floor.py's pre-forked spare pipeline, no daemon
+work: what the machine leaves), and a bare call-mode Clone round trip through
+``FiberdClient`` (``slurm_fiber.cli.latency``: what fiberd adds to the bound; the
+Executor's and the exec path's p50 over it is what the client side adds). The fibers
+run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
+behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
+(throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
+Not measured yet: ``--slurm`` (srun steps inside a job on the test cluster).
+
+    .venv/bin/python bench/tasks.py [-n 200] [--rounds 4] [-j 2] [--plot tasks.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fork_floor import spare_pipeline
+
+from slurm_fiber.cli.latency import clone_round_trips, percentiles
+from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
+from slurm_fiber.cli.throwaway import GRANT, Site
+from slurm_fiber.executor import Executor
+from slurm_fiber.tasks import Task, TaskRunner
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+FNS = "bench.taskfns"
+FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
+FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "yes",
+         "dask": "no", "fiber": "yes + cgroup", "fibermap": "yes + cgroup"}
+SEQUENTIAL = ("subprocess", "pool", "forkserver", "dask", "fiber")
+
+Seq = Callable[[int], None]  # one task, blocking
+Par = Callable[[int], object]  # n tasks at the natural parallelism, blocking; returns the
+# seconds they took (a float) when the runner times itself, else the caller times it
+Batch = Callable[[int], list[float]]  # n sequential tasks, timed by the runner itself
+
+_FORKSERVER = """
+import json, multiprocessing, sys, time
+from multiprocessing.connection import wait
+from bench import taskfns
+workload, mode, n, jobs, preloads = sys.argv[1], sys.argv[2], int(sys.argv[3]), \\
+    int(sys.argv[4]), sys.argv[5:]
+ctx = multiprocessing.get_context("forkserver")
+ctx.set_forkserver_preload(preloads)
+target = taskfns.run_true if workload == "W1" else taskfns.square
+
+def one(i):
+    p = ctx.Process(target=target, args=(i,))
+    t = time.perf_counter()
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        sys.exit(f"a forkserver Process exited with {p.exitcode}")
+    return time.perf_counter() - t
+
+one(0)  # launches the server: not counted
+if mode == "seq":
+    print(json.dumps([one(i) for i in range(n)]))
+else:  # up to ``jobs`` at once from one thread (Process.start from threads fails here)
+    t = time.perf_counter()
+    running = {}
+    for i in range(n):
+        while len(running) >= jobs:
+            for sentinel in wait(list(running)):
+                p = running.pop(sentinel)
+                p.join()
+                if p.exitcode != 0:
+                    sys.exit(f"a forkserver Process exited with {p.exitcode}")
+        p = ctx.Process(target=target, args=(i,))
+        p.start()
+        running[p.sentinel] = p
+    for p in running.values():
+        p.join()
+        if p.exitcode != 0:
+            sys.exit(f"a forkserver Process exited with {p.exitcode}")
+    print(json.dumps(time.perf_counter() - t))
+"""
+
+
+def python_w2(i: int, preloads: tuple[str, ...]) -> list[str]:
+    return [sys.executable, "-c", f"import {', '.join(preloads)}; import {FNS}; "
+            f"{FNS}.square({i})"]
+
+
+class Systems:
+    """Each system's set-up (untimed) and its W1/W2 runners; ``skipped`` says why not."""
+
+    def __init__(self, jobs: int, preloads: tuple[str, ...], site: Site,
+                 skip: set[str]) -> None:
+        self.jobs, self.preloads, self.site = jobs, preloads, site
+        self.skipped: dict[str, str] = {s: "skipped by --skip" for s in skip}
+        self.seq: dict[tuple[str, str], Seq] = {}
+        self.batch: dict[tuple[str, str], Batch] = {}
+        self.par: dict[tuple[str, str], Par] = {}
+        self.closers: list[Callable[[], None]] = []
+        for name in ("subprocess", "pool", "forkserver", "parallel", "dask", "fiber",
+                     "fibermap"):
+            if name not in self.skipped:
+                getattr(self, f"_{name}")()
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+
+    def _threads(self, one: Seq) -> Par:
+        def many(n: int) -> None:
+            with cf.ThreadPoolExecutor(self.jobs) as pool:
+                list(pool.map(one, range(n)))
+        return many
+
+    def _subprocess(self) -> None:
+        def w1(_i: int) -> None:
+            subprocess.run(["true"], check=True)
+
+        def w2(i: int) -> None:
+            subprocess.run(python_w2(i, self.preloads), check=True)
+
+        self.seq["subprocess", "W1"], self.seq["subprocess", "W2"] = w1, w2
+        self.par["subprocess", "W1"] = self._threads(w1)
+        self.par["subprocess", "W2"] = self._threads(w2)
+
+    def _pool(self) -> None:
+        from bench import taskfns
+
+        pool = multiprocessing.get_context("fork").Pool(
+            self.jobs, initializer=_import_all, initargs=((*self.preloads, FNS),))
+        self.closers.append(pool.terminate)
+        self.seq["pool", "W1"] = lambda i: pool.apply(taskfns.run_true, (i,))
+        self.seq["pool", "W2"] = lambda i: pool.apply(taskfns.square, (i,))
+        self.par["pool", "W1"] = lambda n: pool.map(taskfns.run_true, range(n), chunksize=1)
+        self.par["pool", "W2"] = lambda n: pool.map(taskfns.square, range(n), chunksize=1)
+
+    def _forkserver(self) -> None:
+        def program(w: str, mode: str, n: int) -> object:
+            done = subprocess.run([sys.executable, "-c", _FORKSERVER, w, mode, str(n),
+                                   str(self.jobs), *self.preloads, FNS],
+                                  check=True, capture_output=True, text=True)
+            return json.loads(done.stdout)
+
+        for w in ("W1", "W2"):
+            self.batch["forkserver", w] = lambda n, w=w: program(w, "seq", n)  # type: ignore[misc]
+            self.par["forkserver", w] = lambda n, w=w: program(w, "par", n)  # type: ignore[misc]
+
+    def _parallel(self) -> None:
+        found = shutil.which("parallel")
+        if found is None:
+            self.skipped["parallel"] = "GNU parallel is not installed (apt-get install parallel)"
+            return
+        code = " ".join(python_w2(0, self.preloads)[:2]) + ' "' + \
+            python_w2(0, self.preloads)[2].replace("square(0)", "square({})") + '"'
+
+        def run(command: list[str], n: int) -> None:
+            subprocess.run([found, "--will-cite", "-j", str(self.jobs), *command, ":::",
+                            *map(str, range(n))], check=True, stdout=subprocess.DEVNULL)
+
+        self.par["parallel", "W1"] = lambda n: run(["true"], n)
+        self.par["parallel", "W2"] = lambda n: run([code], n)
+
+    def _dask(self) -> None:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            self.skipped["dask"] = "dask[distributed] is not installed (pip install " \
+                                   "'slurm-fiber[bench]')"
+            return
+        from bench import taskfns
+
+        cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+        client.run(_import_all, (*self.preloads, FNS))
+        self.closers += [cluster.close, client.close]
+        self.seq["dask", "W1"] = lambda i: client.submit(taskfns.run_true, i, pure=False).result()
+        self.seq["dask", "W2"] = lambda i: client.submit(taskfns.square, i, pure=False).result()
+        self.par["dask", "W1"] = lambda n: client.gather(
+            client.map(taskfns.run_true, range(n), pure=False))
+        self.par["dask", "W2"] = lambda n: client.gather(
+            client.map(taskfns.square, range(n), pure=False))
+
+    def _fiber(self) -> None:
+        from bench import taskfns
+
+        runner = TaskRunner(self.site.socket, grant=GRANT)
+        executor = Executor(self.jobs, socket=self.site.socket, grant=GRANT)
+        self.closers += [runner.close, executor.shutdown]
+
+        def w1(_i: int) -> None:
+            outcome = runner.run(Task(exec={"argv": ["true"], "cwd": "/"}))
+            if not outcome.ok:
+                raise RuntimeError(f"exec Clone failed: {outcome}")
+
+        def w2(i: int) -> None:
+            if executor.submit(taskfns.square, i).result() != i * i:
+                raise RuntimeError("the Executor returned a wrong square")
+
+        self.seq["fiber", "W1"], self.seq["fiber", "W2"] = w1, w2
+        self.par["fiber", "W1"] = self._threads(w1)
+        self.par["fiber", "W2"] = lambda n: list(executor.map(taskfns.square, range(n)))
+
+    def _fibermap(self) -> None:
+        def run(extra: list[str], n: int) -> None:
+            subprocess.run([FIBERCTL, "map", "-S", str(self.site.socket), "-g", GRANT,
+                            "-j", str(self.jobs), "--range", f"1-{n}", *extra], check=True,
+                           stdout=subprocess.DEVNULL, cwd="/")
+
+        self.par["fibermap", "W1"] = lambda n: run(["--", "true"], n)
+        self.par["fibermap", "W2"] = lambda n: run(["--call", f"{FNS}:square_arg"], n)
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for m in modules:
+        __import__(m)
+
+
+def split(total: int, rounds: int) -> list[int]:
+    return [max(1, total // rounds + (i < total % rounds)) for i in range(rounds)]
+
+
+def measure(systems: Systems, n: int, seq_n: int, rounds: int
+            ) -> tuple[dict[str, list[float]], dict[str, list[tuple[int, float]]]]:
+    """Sequential samples (seconds per task) and throughput runs (tasks, seconds), by
+    ``system/W``, in interleaved rounds."""
+    seq: dict[str, list[float]] = {}
+    par: dict[str, list[tuple[int, float]]] = {}
+    for k, (n_i, s_i) in enumerate(zip(split(n, rounds), split(seq_n, rounds),
+                                       strict=True)):
+        print(f"round {k + 1}/{rounds}: {s_i} sequential and {n_i} parallel tasks per system",
+              file=sys.stderr)
+        for (name, w), one in systems.seq.items():
+            samples = seq.setdefault(f"{name}/{w}", [])
+            for i in range(s_i):
+                start = time.perf_counter()
+                one(i)
+                samples.append(time.perf_counter() - start)
+        for (name, w), batch in systems.batch.items():
+            seq.setdefault(f"{name}/{w}", []).extend(batch(s_i))
+        for (name, w), many in systems.par.items():
+            start = time.perf_counter()
+            took = many(n_i)
+            wall = took if isinstance(took, float) else time.perf_counter() - start
+            par.setdefault(f"{name}/{w}", []).append((n_i, wall))
+        if "fiber" not in systems.skipped:
+            seq.setdefault("clone/call", []).extend(clone_round_trips(
+                systems.site.socket, "call", s_i, grant=GRANT, warmup=1 if k == 0 else 0))
+    return seq, par
+
+
+def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
+           bound: list[float], jobs: int, skipped: dict[str, str]) -> dict[str, object]:
+    """Figures per system and workload, and the ratios behind issue 14's targets."""
+    systems: dict[str, dict[str, object]] = {}
+    clone = seq.pop("clone/call", [])
+    for key in sorted({*seq, *par}):
+        name, w = key.split("/")
+        row = systems.setdefault(name, {"fresh_process": FRESH[name]})
+        entry: dict[str, object] = {}
+        if key in seq:
+            entry.update(percentiles(seq[key]))
+        if key in par:
+            tasks = sum(t for t, _ in par[key])
+            wall = sum(s for _, s in par[key])
+            entry["tasks_per_s"] = round(tasks / wall, 1)
+        row[w] = entry
+    for name, why in skipped.items():
+        systems[name] = {"fresh_process": FRESH.get(name, "?"), "skipped": why}
+
+    def fig(name: str, w: str, what: str) -> float | None:
+        value = systems.get(name, {}).get(w, {})
+        return value.get(what) if isinstance(value, dict) else None  # type: ignore[return-value]
+
+    def over(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b == 0 else round(a / b, 2)
+
+    best_w2 = max(filter(None, (fig("fiber", "W2", "tasks_per_s"),
+                                fig("fibermap", "W2", "tasks_per_s"))), default=None)
+    targets = {
+        "w2_throughput_fiber_over_dask": {
+            "value": over(best_w2, fig("dask", "W2", "tasks_per_s")), "target": ">= 1"},
+        "w2_seq_p50_executor_over_dask": {
+            "value": over(fig("fiber", "W2", "p50_ms"), fig("dask", "W2", "p50_ms")),
+            "target": "<= 0.3"},
+        "w1_seq_p50_exec_over_subprocess": {
+            "value": over(fig("fiber", "W1", "p50_ms"), fig("subprocess", "W1", "p50_ms")),
+            "target": "<= 2.5"},
+        "w1_throughput_map_over_parallel": {
+            "value": over(fig("fibermap", "W1", "tasks_per_s"),
+                          fig("parallel", "W1", "tasks_per_s")), "target": ">= 3"},
+    }
+    for t in targets.values():
+        v, goal = t["value"], str(t["target"])
+        limit = float(goal.split()[1])
+        t["met"] = None if v is None else (v >= limit if goal.startswith(">") else v <= limit)
+    bound_p50 = statistics.median(bound) * 1000 if bound else None
+    clone_p50 = statistics.median(clone) * 1000 if clone else None
+    bounds = {
+        "pipeline_p50_ms": None if bound_p50 is None else round(bound_p50, 3),
+        "pipeline_tasks_per_s_at_j": None if not bound_p50 else round(jobs * 1000 / bound_p50, 1),
+        "clone_call_p50_ms": None if clone_p50 is None else round(clone_p50, 3),
+        "clone_call_over_pipeline": over(clone_p50, bound_p50),
+        "executor_w2_p50_over_clone_call": over(fig("fiber", "W2", "p50_ms"), clone_p50),
+        "exec_w1_p50_over_clone_call": over(fig("fiber", "W1", "p50_ms"), clone_p50),
+        "dask_w2_p50_over_pipeline": over(fig("dask", "W2", "p50_ms"), bound_p50),
+    }
+    return {"systems": systems, "targets": targets, "bound": bounds}
+
+
+def print_table(figures: dict[str, object]) -> None:
+    systems = figures["systems"]
+    assert isinstance(systems, dict)
+    print(f"{'system':12}{'fresh proc':>14}{'W1 p50 ms':>11}{'W1 /s':>9}"
+          f"{'W2 p50 ms':>11}{'W2 /s':>9}")
+    for name, row in systems.items():
+        if "skipped" in row:
+            print(f"{name:12}{row['fresh_process']:>14}  skipped: {row['skipped']}")
+            continue
+        cells = []
+        for w in ("W1", "W2"):
+            entry = row.get(w, {})
+            p50, rate = entry.get("p50_ms"), entry.get("tasks_per_s")
+            cells.append(f"{'-' if p50 is None else f'{p50:.1f}':>11}"
+                         f"{'-' if rate is None else f'{rate:.0f}':>9}")
+        print(f"{name:12}{row['fresh_process']:>14}{''.join(cells)}")
+    for key, t in figures["targets"].items():  # type: ignore[union-attr]
+        state = {None: "n/a", True: "meets", False: "MISSES"}[t["met"]]
+        print(f"{key}: {t['value']} ({state} {t['target']})")
+    b = figures["bound"]
+    assert isinstance(b, dict)
+    print(f"bound: pre-forked spare pipeline (no daemon work) p50 {b['pipeline_p50_ms']} ms "
+          f"({b['pipeline_tasks_per_s_at_j']}/s at -j); bare call Clone p50 "
+          f"{b['clone_call_p50_ms']} ms = {b['clone_call_over_pipeline']}x the bound "
+          f"(fiberd's share); Executor W2 p50 = {b['executor_w2_p50_over_clone_call']}x, "
+          f"exec W1 p50 = {b['exec_w1_p50_over_clone_call']}x the bare Clone")
+
+
+def plot(figures: dict[str, object], seq: dict[str, list[float]], path: Path) -> None:
+    """Throughput bars (W1, W2 per system) and sequential latency CDFs, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = {k: v for k, v in figures["systems"].items()  # type: ignore[union-attr]
+               if "skipped" not in v}
+    fig, (bars, cdf) = plt.subplots(1, 2, figsize=(13, 5))
+    names = list(systems)
+    for offset, w in ((-0.2, "W1"), (0.2, "W2")):
+        rates = [systems[s].get(w, {}).get("tasks_per_s") or 0 for s in names]
+        bars.bar([i + offset for i in range(len(names))], rates, width=0.4, label=w)
+    bars.set_xticks(range(len(names)), names, rotation=30)
+    bars.set_yscale("log")
+    bars.set_ylabel("tasks per second (log)")
+    bars.set_title("throughput at the natural parallelism")
+    bars.legend()
+    for key, values in seq.items():
+        xs = sorted(v * 1000 for v in values)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        cdf.step(xs, ys, where="post", label=f"{key} (p50 {statistics.median(xs):.1f} ms)")
+    cdf.set_xscale("log")
+    cdf.set_xlabel("submit → result (ms, log)")
+    cdf.set_ylabel("fraction of tasks")
+    cdf.set_title("sequential latency CDF")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=200, help="tasks per throughput run")
+    parser.add_argument("--seq", type=int, help="sequential samples (default: n / 2)")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds")
+    parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="the natural parallelism (default: usable CPUs)")
+    parser.add_argument("--skip", default="", help="comma-separated systems to leave out")
+    parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
+    parser.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
+    opts = parser.parse_args()
+    seq_n = opts.seq or max(1, opts.n // 2)
+    rounds = max(1, min(opts.rounds, opts.n, seq_n))
+    preloads = tuple(DEFAULT_PRELOADS)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT),
+                                                             os.environ.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="slurm-fiber-bench-tasks-") as tmp:
+        site = Site.create(Path(tmp), (*preloads, FNS))
+        systems = None
+        try:
+            site.start(opts.cgroup_root)
+            site.wait_warm(120, lambda state, s: None)
+            mode = site.request("status").get("mode")
+            systems = Systems(opts.jobs, preloads, site,
+                              {s for s in opts.skip.split(",") if s})
+            seq, par = measure(systems, opts.n, seq_n, rounds)
+            bound = spare_pipeline([*preloads, FNS], seq_n)
+            skipped = dict(systems.skipped)
+        finally:
+            if systems is not None:
+                systems.close()
+            site.stop()
+        left = site.leftovers()
+    figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
+               "rounds": rounds, "cgroups": mode,
+               **report(seq, par, bound, opts.jobs, skipped), "left_running": left}
+    print_table(figures)
+    if opts.plot:
+        plot(figures, seq, opts.plot)
+        print(f"plot: {opts.plot}")
+    print(json.dumps(figures))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,486 @@
+"""``fiberctl map``: GNU parallel's job for fibers: one fresh fiber per argument.
+
+    fiberctl map [-j N] [--joblog FILE] [--results DIR] [--retries K] [--halt WHEN,WHY]
+                 [--tag] [--timeout S] [--arg-file FILE | --range A-B] [--call MODULE:FUNC]
+                 [--json] [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] -- CMD {} ...
+
+Arguments come from ``--arg-file`` (one per line), ``--range A-B`` (the
+integers A..B) or stdin lines. For each, ``CMD`` runs as a fiber (exec
+mode, no shell: placeholders are replaced inside each word, so no quoting is
+needed) with ``{}`` the argument, ``{#}`` its sequence number (from 1),
+``{%}`` the job slot (1..N), ``{.}`` the argument without its extension,
+``{/}`` its base name, ``{//}`` its directory, ``{/.}`` the base name
+without extension; a command with no placeholder gets the argument
+appended. ``--call MODULE:FUNC`` calls the function in the grant's warm
+interpreter instead, with the words after ``--`` (placeholders replaced) as
+string arguments, default ``{}``; its JSON result is the task's output line.
+
+As GNU parallel: up to ``-j`` tasks at once (default: this machine's usable
+CPUs), each in this directory with stdin from /dev/null; each task's stdout
+and stderr are printed whole when it ends (with
+``--tag``, each line prefixed by the argument and a TAB); ``--joblog`` writes
+parallel's TAB-separated log (Seq, Host, Starttime, JobRuntime, Send,
+Receive, Exitval, Signal, Command: the argv as a shell would take it, or
+``MODULE:FUNC["arg", ...]``; a task stopped at ``--timeout`` has Exitval -1
+and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
+``stderr`` and ``seq``; ``--retries K`` runs a failing task up to K times
+(the log and output show the last try); ``--halt`` takes ``never``,
+``now|soon,fail|success|done=X`` or ``=Y%`` (now: stop the running fibers);
+the exit status is the number of failed tasks, 101 for more than 100 (with
+``--halt ...,fail=1``, the failing task's status; with ``fail=Y%``, the
+percentage of tasks that failed). A progress line goes to
+stderr only when stderr is a terminal. ``--json`` ends stdout with one JSON
+summary line. fiberd refusing the work itself (a final miss such as
+unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
+exit codes (77, 65, 69), as no task could run.
+
+Every task goes through ``slurm_fiber.tasks.TaskRunner.run`` (the one place
+a batch clone would replace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from slurm_fiber.cli.fiberctl import (
+    EXIT_FINAL_MISS,
+    EXIT_REFUSED,
+    EXIT_RETRYABLE_MISS,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    SOCKET_HELP,
+    Exit,
+    fail,
+    grant_fields,
+)
+from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.tasks import Outcome, Task, TaskRunner
+
+PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
+HALT = re.compile(r"(now|soon),(fail|success|done)=(\d+)(%?)")
+JOBLOG_HEADER = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand\n"
+MAX_FAILED_STATUS = 101
+
+
+@dataclass(frozen=True)
+class Halt:
+    """``--halt``: stop ``now`` (stopping running fibers) or ``soon`` (let them finish)
+    once ``count`` tasks (or ``percent`` of all) have ended as ``why``."""
+
+    now: bool
+    why: str  # fail, success, done
+    count: int
+    percent: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Halt | None:
+        """None for ``never``/``0``; raises ValueError on anything not documented."""
+        legacy = {"0": "never", "1": "soon,fail=1", "2": "now,fail=1",
+                  "-1": "soon,success=1", "-2": "now,success=1"}
+        text = legacy.get(text, text)
+        if text == "never":
+            return None
+        m = HALT.fullmatch(text)
+        if m is None:
+            raise ValueError(f"--halt {text!r} is not never or now|soon,fail|success|done=X[%]")
+        return cls(m[1] == "now", m[2], int(m[3]), bool(m[4]))
+
+    def reached(self, failed: int, succeeded: int, total: int | None) -> bool:
+        seen = {"fail": failed, "success": succeeded, "done": failed + succeeded}[self.why]
+        if self.percent:
+            return total is not None and total > 0 and seen * 100 >= self.count * total
+        return seen >= self.count
+
+
+def replace(word: str, arg: str, seq: int, slot: int) -> str:
+    """``word`` with every placeholder filled in (see the module doc)."""
+    def fill(m: re.Match[str]) -> str:
+        kind = m[1]
+        base = arg.rsplit("/", 1)[-1]
+        if kind is None:
+            return arg
+        if kind == "#":
+            return str(seq)
+        if kind == "%":
+            return str(slot)
+        if kind == ".":
+            return _strip_ext(arg)
+        if kind == "/":
+            return base
+        if kind == "//":
+            return arg.rsplit("/", 1)[0] if "/" in arg else "."
+        return _strip_ext(base)
+
+    return PLACEHOLDER.sub(fill, word)
+
+
+def _strip_ext(path: str) -> str:
+    head, _, tail = path.rpartition("/")
+    stem = tail.rsplit(".", 1)[0] if "." in tail.lstrip(".") else tail
+    return f"{head}/{stem}" if head or path.startswith("/") else stem
+
+
+def command_words(words: Sequence[str], arg: str, seq: int, slot: int,
+                  call: bool) -> list[str]:
+    """The task's argv (exec) or string arguments (call): placeholders filled in; with
+    none anywhere, the argument appended (a call with no words gets ``[arg]``)."""
+    if not any(PLACEHOLDER.search(w) for w in words):
+        return [*words, arg]
+    return [replace(w, arg, seq, slot) for w in words]
+
+
+def arguments(opts: argparse.Namespace) -> Iterator[str]:
+    """The arguments in order: --range, --arg-file, else stdin lines (newline dropped)."""
+    if opts.range is not None:
+        low, high = opts.range
+        step = 1 if high >= low else -1
+        yield from (str(i) for i in range(low, high + step, step))
+        return
+    source = open(opts.arg_file) if opts.arg_file else sys.stdin  # noqa: SIM115
+    try:
+        for line in source:
+            yield line.rstrip("\n")
+    finally:
+        if source is not sys.stdin:
+            source.close()
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(-?\d+)-(-?\d+)", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A-B (two integers)")
+    return int(m[1]), int(m[2])
+
+
+def parse_seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text)
+    if m is None or float(m[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration (e.g. 30, 2m)")
+    return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
+
+
+def results_dir(root: Path, arg: str) -> Path:
+    """GNU parallel's ``--results`` place for one argument: ``root/1/<arg>``, a ``/`` in
+    the argument written as ``\\_`` (as parallel does), an empty one as ``\\0``... kept
+    to one path component."""
+    name = arg.replace("\\", "\\\\").replace("/", "\\_") or "\\0"
+    if name in (".", ".."):
+        name = "\\" + name
+    return root / "1" / name[:255]
+
+
+class Map:
+    """One ``fiberctl map`` run: workers, output, joblog, halt, summary (see module doc)."""
+
+    def __init__(self, opts: argparse.Namespace, runner: TaskRunner, args: Iterator[str],
+                 total: int | None) -> None:
+        self.opts = opts
+        self.runner = runner
+        self.args = enumerate(args, start=1)
+        self.total = total
+        self.halt: Halt | None = opts.halt
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.halted: Outcome | None = None
+        self.abort: tuple[int, str] | None = None
+        self.failed = self.succeeded = 0
+        self.started = time.monotonic()
+        self.joblog: IO[str] | None = None
+        self.progress = sys.stderr.isatty()
+
+    # ------------------------------------------------------------ running
+
+    def run(self) -> int:
+        """Run every task; the exit status (see the module doc)."""
+        if self.opts.joblog:
+            self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
+            self.joblog.write(JOBLOG_HEADER)
+            self.joblog.flush()
+        workers = [threading.Thread(target=self.worker, args=(slot,), daemon=True)
+                   for slot in range(1, self.opts.jobs + 1)]
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                while w.is_alive():
+                    w.join(0.2)
+        except KeyboardInterrupt:
+            with self.lock:
+                self.stopping = True
+            self.runner.stop_all()
+            for w in workers:
+                w.join()
+            raise
+        finally:
+            if self.joblog is not None:
+                self.joblog.close()
+            self.runner.close()
+            if self.progress:
+                sys.stderr.write("\n")
+        return self.exit_status()
+
+    def next_arg(self) -> tuple[int, str] | None:
+        with self.lock:
+            if self.stopping:
+                return None
+            try:
+                return next(self.args)
+            except StopIteration:
+                return None
+
+    def worker(self, slot: int) -> None:
+        while (item := self.next_arg()) is not None:
+            seq, arg = item
+            words = command_words(self.opts.cmd, arg, seq, slot, self.opts.call is not None)
+            for attempt in range(1, max(1, self.opts.retries) + 1):
+                outcome, out, err = self.run_one(words)
+                if outcome.ok or self.abort_for(outcome) or attempt == self.opts.retries:
+                    break
+                with self.lock:
+                    if self.stopping:
+                        break
+            self.finish(seq, arg, words, outcome, out, err)
+
+    def run_one(self, words: list[str]) -> tuple[Outcome, bytes, bytes]:
+        """One try: the fiber's stdout and stderr go to anonymous memory files (memfd),
+        read back once it has ended."""
+        out, err = os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr")
+        try:
+            stdio = {"stdout": out, "stderr": err}
+            if self.opts.call is not None:
+                task = Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
+                            timeout=self.opts.timeout)
+            else:
+                task = Task(exec={"argv": words, "cwd": os.getcwd()}, stdio=stdio,
+                            timeout=self.opts.timeout)
+            outcome = self.runner.run(task)
+            stdout, stderr = _read_all(out), _read_all(err)
+        finally:
+            os.close(out)
+            os.close(err)
+        end = outcome.exit or {}
+        if self.opts.call is not None and outcome.exit is not None:
+            error = end.get("error")
+            if isinstance(error, dict):
+                stderr += f"{error.get('type')}: {error.get('message')}\n".encode()
+            elif not outcome.timed_out:
+                stdout += (json.dumps(end.get("result")) + "\n").encode()
+        return outcome, stdout, stderr
+
+    def abort_for(self, outcome: Outcome) -> bool:
+        """A failure of fiberd itself (not of the task) stops the whole map."""
+        if outcome.failure is None and outcome.miss is None:
+            return False  # (a retryable miss comes back only once its retries are spent)
+        if outcome.failure is not None:
+            code = EXIT_REFUSED if outcome.refused else EXIT_UNREACHABLE
+            line = f"fiberctl map: {outcome.failure}"
+        else:
+            assert outcome.miss is not None
+            code = EXIT_RETRYABLE_MISS if outcome.miss.retryable else EXIT_FINAL_MISS
+            line = f"{outcome.miss.code}: {outcome.miss.reason}"
+        with self.lock:
+            if self.abort is None:
+                self.abort = (code, line)
+            self.stopping = True
+        return True
+
+    # ------------------------------------------------------------ reporting
+
+    def finish(self, seq: int, arg: str, words: list[str], outcome: Outcome,
+               stdout: bytes, stderr: bytes) -> None:
+        ok = outcome.ok
+        stop_now = False
+        with self.lock:
+            if outcome.exit is None:
+                return  # never ran: the abort line says why
+            if ok:
+                self.succeeded += 1
+            else:
+                self.failed += 1
+            if self.halt is not None and self.halted is None and \
+                    self.halt.reached(self.failed, self.succeeded, self.total):
+                self.halted, self.stopping = outcome, True
+                stop_now = self.halt.now
+            self.emit(seq, arg, words, outcome, stdout, stderr)
+        if stop_now:
+            self.runner.stop_all()
+
+    def emit(self, seq: int, arg: str, words: list[str], outcome: Outcome,
+             stdout: bytes, stderr: bytes) -> None:
+        """Print one finished task's output, log it, keep its results (lock held)."""
+        if self.opts.tag:
+            stdout, stderr = _tag(stdout, arg), _tag(stderr, arg)
+        if self.progress:
+            sys.stderr.write("\r\033[K")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(stdout)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(stderr)
+        sys.stderr.flush()
+        end = outcome.exit or {}
+        signum = end.get("signal") if isinstance(end.get("signal"), int) else 0
+        exitval = -1 if outcome.timed_out or outcome.exit is None else (
+            end.get("exit_code") if isinstance(end.get("exit_code"), int) else -1)
+        if self.opts.call is not None and exitval == 0 and not outcome.ok:
+            exitval = 1
+        if self.joblog is not None:
+            command = (f"{self.opts.call}" + json.dumps(words) if self.opts.call
+                       else shlex.join(words))
+            self.joblog.write(f"{seq}\t:\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
+                              f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
+            self.joblog.flush()
+        if self.opts.results is not None:
+            place = results_dir(self.opts.results, arg)
+            place.mkdir(parents=True, exist_ok=True)
+            (place / "seq").write_text(f"{seq}\n")
+            (place / "stdout").write_bytes(stdout)
+            (place / "stderr").write_bytes(stderr)
+        if self.progress:
+            self.draw_progress()
+
+    def draw_progress(self) -> None:
+        done = self.failed + self.succeeded
+        rate = done / max(1e-9, time.monotonic() - self.started)
+        if self.total:
+            width = 30
+            filled = width * done // self.total
+            bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}"
+        else:
+            bar = f"{done} done"
+        sys.stderr.write(f"\r{bar}  {self.failed} failed  {rate:.1f} tasks/s")
+        sys.stderr.flush()
+
+    def exit_status(self) -> int:
+        if self.abort is not None:
+            print(self.abort[1], file=sys.stderr)
+            return self.abort[0]
+        halt, halted = self.halt, self.halted
+        if halt is not None and halted is not None and halt.why == "fail" \
+                and halt.count == 1 and not halt.percent:
+            return halted.status if halted.status is not None else 1
+        if halt is not None and halt.why == "success" and halted is not None:
+            return 0
+        done = self.failed + self.succeeded
+        if halt is not None and halt.percent and halt.why == "fail" and done:
+            return min(100, round(self.failed * 100 / done))  # parallel: the percentage
+        return min(self.failed, MAX_FAILED_STATUS)
+
+    def summary(self, status: int) -> dict[str, object]:
+        wall = time.monotonic() - self.started
+        done = self.failed + self.succeeded
+        return {"tasks": done, "succeeded": self.succeeded, "failed": self.failed,
+                "halted": self.halted is not None, "wall_s": round(wall, 3),
+                "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
+                "jobs": self.opts.jobs, "exit": status,
+                "joblog": str(self.opts.joblog) if self.opts.joblog else None}
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to ``fd`` (a memfd the fiber wrote through its own offset)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _tag(data: bytes, arg: str) -> bytes:
+    if not data:
+        return data
+    prefix = arg.encode() + b"\t"
+    lines = data.splitlines(keepends=True)
+    return b"".join(prefix + line for line in lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fiberctl map", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        metavar="N", help="tasks at once (default: usable CPUs)")
+    parser.add_argument("--joblog", type=Path, metavar="FILE", help="GNU parallel's joblog")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="keep each task's stdout/stderr/seq under DIR/1/<arg>/")
+    parser.add_argument("--retries", type=int, default=1, metavar="K",
+                        help="run a failing task up to K times (default 1)")
+    parser.add_argument("--halt", type=Halt.parse, default=None, metavar="WHEN,WHY",
+                        help="never (default), now|soon,fail|success|done=X or =Y%%")
+    parser.add_argument("--tag", action="store_true",
+                        help="prefix each output line with the argument and a TAB")
+    parser.add_argument("--timeout", type=parse_seconds, metavar="S",
+                        help="stop a task's fiber after S seconds (30, 2m, 1h)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("-a", "--arg-file", metavar="FILE", help="arguments, one per line")
+    source.add_argument("--range", type=parse_range, metavar="A-B",
+                        help="the integers A..B as arguments")
+    parser.add_argument("--call", metavar="MODULE:FUNC",
+                        help="call the function in the warm interpreter, not a command")
+    parser.add_argument("--json", action="store_true",
+                        help="end stdout with one JSON summary line")
+    parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("-g", "--grant", help="admitted grant UID (default: the only one)")
+    parser.add_argument("-t", "--token", type=Path, metavar="FILE",
+                        help="file holding a grant token (JWS)")
+    parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="added to each fiber's env (repeatable)")
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` after ``map``: options, then ``--`` and the command (kept as is)."""
+    words = list(argv)
+    cmd: list[str] = []
+    if "--" in words:
+        cut = words.index("--")
+        words, cmd = words[:cut], words[cut + 1:]
+    opts = build_parser().parse_args(words)
+    opts.cmd = cmd
+    if opts.jobs < 1 or opts.retries < 0:
+        raise fail(EXIT_USAGE, "fiberctl map: -j must be at least 1, --retries at least 0")
+    if opts.retries == 0:
+        opts.retries = 1
+    if opts.call is None and not cmd:
+        raise fail(EXIT_USAGE, "fiberctl map: give the command after --: "
+                   "fiberctl map -- CMD {} (or --call MODULE:FUNC)")
+    if opts.call is not None and not re.fullmatch(r"[\w.]+:[\w.]+", opts.call):
+        raise fail(EXIT_USAGE, "fiberctl map: --call wants MODULE:FUNC")
+    return opts
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``fiberctl map``; its exit status (see the module doc)."""
+    try:
+        opts = parse(argv)
+        fields = grant_fields(opts.grant, opts.token, opts.env)
+    except Exit as done:
+        return done.code
+    runner = TaskRunner(discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
+                        token=fields.get("token"), env=fields.get("env"))  # type: ignore[arg-type]
+    total = None
+    args: Iterator[str] = arguments(opts)
+    if opts.range is not None:
+        total = abs(opts.range[1] - opts.range[0]) + 1
+    elif opts.arg_file is not None or not sys.stdin.isatty():
+        listed = list(args)
+        total, args = len(listed), iter(listed)
+    job = Map(opts, runner, args, total)
+    try:
+        status = job.run()
+    except KeyboardInterrupt:
+        print("fiberctl map: interrupted; running fibers were stopped", file=sys.stderr)
+        return 130
+    if opts.json:
+        print(json.dumps(job.summary(status)))
+    return status

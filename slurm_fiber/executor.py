@@ -1,0 +1,282 @@
+"""``slurm_fiber.Executor``: a ``concurrent.futures.Executor`` whose every call is a fresh fiber.
+
+Each ``submit(fn, *args, **kwargs)`` runs ``fn`` in its own fiber, forked
+from the grant's warm template by the fiberd of this job or host (found as
+``fiberctl`` finds it: ``socket=``, ``$FIBERD_SOCKET``, the job's fiberd
+inside a Slurm job, the standalone default). So every task gets a clean
+process in its own cgroup, confined to the grant, with the template's
+imports already done.
+
+How a call travels (a pickled call, protocol v2, docs/socket-protocol.md):
+a function importable in the template (a module-level function of a module
+other than ``__main__``) goes by reference, ``module:qualname``, with its
+arguments pickled; any other function (defined in ``__main__``, a lambda, a
+closure) travels by value with its arguments, pickled by cloudpickle. The
+fiber unpickles, calls, and pickles the value back (fiberd itself only passes
+the text on). The pickled call is bounded by the protocol (``MAX_PICKLED``
+characters of base64, ~72 KiB of pickle), and a result by the reply (16 MiB,
+~12 MiB of pickle): pass bigger data by file name.
+fiberd accepts a pickled call only from peers its socket already allows (its
+own uid and root, or the configured ``allowed_uids``/``allowed_gids``), who
+can already run any ``module:function`` of the grant: pickle adds no power.
+
+What a future gives back: the value; the exception the function raised (its
+remote traceback chained as ``__cause__``, a ``RemoteTraceback``) or a
+``RemoteError`` when it does not unpickle here; ``FiberKilled`` naming the
+signal when the fiber died by one; ``TaskTimeout`` when the per-task
+``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
+``FiberMissed`` when fiberd started nothing (a retryable miss is first
+retried with a bounded backoff); ``FiberdError`` when fiberd refused or
+could not be reached. Threads: up to ``max_workers`` (default: this
+machine's usable CPUs), started on demand, each with one connection.
+``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
+A running call cannot be cancelled (as in concurrent.futures); if the calling
+process dies, its connections close and fiberd sends each fiber it was
+waiting for SIGHUP (the clone's ``hangup``).
+
+Every task goes through ``slurm_fiber.tasks.TaskRunner.run``, the one
+place a batch clone would replace.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import os
+import pickle
+import queue
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.tasks import Outcome, Task, TaskRunner, wait_ready
+
+T = TypeVar("T")
+MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
+
+
+class RemoteTraceback(Exception):
+    """The fiber's traceback text, chained as ``__cause__`` of a re-raised exception."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+class RemoteError(Exception):
+    """The function raised in the fiber, and the exception could not be rebuilt here:
+    ``type`` and ``message`` name it, ``traceback`` is the fiber's text."""
+
+    def __init__(self, type_name: str, message: str, traceback: str = "") -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type, self.message, self.traceback = type_name, message, traceback
+
+
+class FiberKilled(Exception):
+    """The fiber died by a signal before it answered; ``signal`` is its number."""
+
+    def __init__(self, fiber_id: str | None, signum: int) -> None:
+        import signal as _signal
+
+        try:
+            name = _signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        super().__init__(f"fiber {fiber_id} was killed by {name}")
+        self.fiber_id, self.signal, self.signal_name = fiber_id, signum, name
+
+
+class TaskTimeout(cf.TimeoutError):
+    """The task ran past its per-task timeout; its fiber was stopped."""
+
+
+class FiberMissed(Exception):
+    """fiberd started no fiber for the task (``code``, ``reason``; ``retryable`` ones
+    were retried first)."""
+
+    def __init__(self, code: str, reason: str, retryable: bool, attempts: int) -> None:
+        super().__init__(f"{code}: {reason} (after {attempts} tries)")
+        self.code, self.reason, self.retryable, self.attempts = code, reason, retryable, attempts
+
+
+class FiberdError(Exception):
+    """fiberd refused the request or could not be reached (one line)."""
+
+
+def reference(fn: Callable[..., object]) -> str | None:
+    """``module:qualname`` when ``fn`` can be found by name in another interpreter
+    (a module-level function or class of a module other than ``__main__``), else None."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname:
+        return None
+    owner: object = sys.modules.get(module)
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    return f"{module}:{qualname}" if owner is fn else None
+
+
+def _dumps(value: object) -> bytes:
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        import cloudpickle
+
+        return cloudpickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+
+
+def encode_call(fn: Callable[..., object], args: tuple[object, ...],
+                kwargs: Mapping[str, object]) -> dict[str, object]:
+    """The clone's ``call`` field for ``fn(*args, **kwargs)`` (see the module doc).
+    Raises TypeError/PicklingError when it does not pickle, ValueError when too big."""
+    target = reference(fn)
+    if target is not None:
+        data = _dumps((tuple(args), dict(kwargs)))
+    else:
+        import cloudpickle
+
+        data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)), pickle.HIGHEST_PROTOCOL)
+    text = base64.b64encode(data).decode()
+    if len(text) > MAX_PICKLED:
+        raise ValueError(f"the call pickles to {len(data)} bytes; a pickled call holds at "
+                         f"most {MAX_PICKLED * 3 // 4} (pass big data by file name)")
+    call: dict[str, object] = {"pickled": text}
+    if target is not None:
+        call["target"] = target
+    return call
+
+
+def decode_outcome(outcome: Outcome) -> object:
+    """The call's value from a finished task, or raise what the future should (see the
+    module doc)."""
+    if outcome.failure is not None:
+        raise FiberdError(outcome.failure)
+    if outcome.miss is not None:
+        m = outcome.miss
+        raise FiberMissed(m.code, m.reason, m.retryable, outcome.attempts)
+    end = outcome.exit or {}
+    if outcome.timed_out:
+        raise TaskTimeout(f"fiber {outcome.fiber_id} ran past its timeout and was stopped")
+    error = end.get("error")
+    if isinstance(error, dict):
+        signum = end.get("signal")
+        if isinstance(signum, int) and error.get("type") in ("FiberDied", "FiberLost"):
+            raise FiberKilled(outcome.fiber_id, signum)
+        raise _remote_exception(error)
+    result = end.get("result")
+    if isinstance(result, dict) and isinstance(result.get("pickled"), str):
+        return pickle.loads(base64.b64decode(result["pickled"]))
+    return result  # a fiber that called sys.exit(0): None
+
+
+def _remote_exception(error: Mapping[str, object]) -> BaseException:
+    text = str(error.get("traceback") or "")
+    found: BaseException | None = None
+    if isinstance(error.get("pickled"), str):
+        try:
+            found = pickle.loads(base64.b64decode(str(error["pickled"])))
+        except Exception:
+            found = None
+    if not isinstance(found, BaseException):
+        found = RemoteError(str(error.get("type")), str(error.get("message")), text)
+    if text:
+        found.__cause__ = RemoteTraceback(text)
+    return found
+
+
+class Executor(cf.Executor):
+    """Runs each submitted call in a fresh fiber (see the module doc).
+
+    ``socket``: fiberd's socket (default: discovered as fiberctl does); ``grant`` /
+    ``token``: which grant (default: the home's own); ``env``: added to each fiber's
+    environment; ``timeout``: per-task seconds (None: none); ``retries``: how many
+    times a retryable miss is retried; ``max_workers``: fibers in flight at once.
+    """
+
+    def __init__(self, max_workers: int | None = None, *,
+                 socket: str | os.PathLike[str] | None = None, grant: str | None = None,
+                 token: str | None = None, env: Mapping[str, str] | None = None,
+                 timeout: float | None = None, retries: int = 5,
+                 stop_grace: float = 1.0) -> None:
+        if max_workers is not None and max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self.max_workers = max_workers or len(os.sched_getaffinity(0))
+        self.socket: Path = discover_socket(socket)
+        self.grant = grant
+        self.timeout = timeout
+        self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
+                                 retries=retries, stop_grace=stop_grace)
+        self._work: queue.SimpleQueue[tuple[cf.Future[Any], Task] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def __repr__(self) -> str:
+        return f"Executor(socket={str(self.socket)!r}, max_workers={self.max_workers})"
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until fiberd answers and a template (``grant``'s, if given) is ready.
+        Raises ``TimeoutError`` (``slurm_fiber.tasks.NotReady``) after ``timeout`` s."""
+        wait_ready(self.socket, timeout, grant=self.grant)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> cf.Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` in its own fiber; its Future. A call that does
+        not pickle fails its future, not this method. Raises RuntimeError after shutdown."""
+        future: cf.Future[T] = cf.Future()
+        try:
+            task = Task(call=encode_call(fn, args, kwargs), timeout=self.timeout)
+        except Exception as err:
+            future.set_exception(err)
+            return future
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._work.put((future, task))
+            if not self._idle.acquire(blocking=False) and \
+                    len(self._threads) < self.max_workers:
+                thread = threading.Thread(target=self._worker, daemon=True,
+                                          name=f"slurm-fiber-executor-{len(self._threads)}")
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new work; with ``cancel_futures``, pending futures are cancelled (running
+        fibers finish); with ``wait``, block until every worker is done."""
+        with self._lock:
+            self._shutdown = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+            threads = list(self._threads)
+        if wait:
+            for thread in threads:
+                thread.join()
+            self.runner.close()
+
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            future, task = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(decode_outcome(self.runner.run(task)))
+                except BaseException as err:
+                    future.set_exception(err)
+            self._idle.release()

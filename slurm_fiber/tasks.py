@@ -1,0 +1,248 @@
+"""One task, one fiber: the client side shared by ``slurm_fiber.Executor`` and ``fiberctl map``.
+
+``TaskRunner.run(task)`` turns one task into one Clone on the calling
+thread's own connection to fiberd (kept open between tasks), waits for the
+fiber's exit with the task's own deadline (past it, the fiber is stopped:
+SIGTERM, ``stop_grace``, SIGKILL, and the outcome says it timed out), and
+retries a retryable miss (cold, capacity, source_stale, ...) with a bounded
+backoff (at most ``retries`` more tries, delays doubling from ``backoff`` up
+to ``backoff_cap``, never shorter than the miss's ``retry_after``). It never
+raises for what a task does; every end is an ``Outcome``.
+
+This is the one place where a task becomes a Clone: a batch clone (one
+request, many fibers) would replace ``TaskRunner.run`` with a ``run_many``
+of the same ``Task``/``Outcome`` shapes, and nothing above it changes.
+
+``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
+wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
+method says whether it blocks. Import cost is the client's only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+
+PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
+# so exec and JSON calls keep working with a v1 fiberd)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What one fiber runs: the clone's ``call`` or ``exec`` field (exactly one), the
+    descriptors to pass (``stdin``/``stdout``/``stderr`` → fd, owned by the caller) and
+    a per-task timeout in seconds (None: none)."""
+
+    call: Mapping[str, object] | None = None
+    exec: Mapping[str, object] | None = None
+    stdio: Mapping[str, int] = field(default_factory=dict)
+    timeout: float | None = None
+
+
+@dataclass
+class Outcome:
+    """How one task ended. Exactly one of: ``exit`` (the exit event: status, exit_code,
+    signal, result or error), ``miss`` (the last miss, retries spent or final),
+    ``failure`` (fiberd refused, ``refused`` true, or could not be reached: one line).
+    ``timed_out``: the
+    runner stopped the fiber at the task's timeout (``exit`` then tells how it died).
+    ``started`` is the wall time of the first try, ``runtime`` the seconds to the end."""
+
+    exit: dict[str, object] | None = None
+    miss: Missed | None = None
+    failure: str | None = None
+    refused: bool = False
+    timed_out: bool = False
+    fiber_id: str | None = None
+    attempts: int = 0
+    started: float = 0.0
+    runtime: float = 0.0
+
+    @property
+    def status(self) -> int | None:
+        """The shell's view of the fiber's end (exit code or 128+signal), None if none ran."""
+        status = self.exit.get("status") if self.exit else None
+        return status if isinstance(status, int) else None
+
+    @property
+    def ok(self) -> bool:
+        """The fiber ran and ended with status 0 and no error, in time."""
+        return (self.status == 0 and not self.timed_out and self.exit is not None
+                and self.exit.get("error") is None)
+
+
+class TaskRunner:
+    """Runs tasks as fibers of one fiberd (``socket``), under ``grant`` or ``token`` (or
+    the home's own grant) with ``env`` added. Thread-safe: each thread gets its own
+    connection. ``stop_all`` stops every fiber it is running now (from any thread)."""
+
+    def __init__(self, socket: str | os.PathLike[str], *, grant: str | None = None,
+                 token: str | None = None, env: Mapping[str, str] | None = None,
+                 retries: int = 5, backoff: float = 0.05, backoff_cap: float = 2.0,
+                 stop_grace: float = 1.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.socket = Path(socket)
+        self.base: dict[str, object] = {}
+        if grant is not None:
+            self.base["grant"] = grant
+        if token is not None:
+            self.base["token"] = token
+        if env:
+            self.base["env"] = dict(env)
+        self.retries, self.backoff, self.backoff_cap = retries, backoff, backoff_cap
+        self.stop_grace = stop_grace
+        self.sleep = sleep
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._running: set[str] = set()
+        self._clients: list[FiberdClient] = []
+
+    # ------------------------------------------------------------ public
+
+    def run(self, task: Task) -> Outcome:
+        """Run ``task`` in one fiber and wait for its end (blocks; never raises for what
+        the task or fiberd does). A retryable miss is retried; a final one is returned."""
+        outcome = Outcome(started=time.time())
+        begun = time.monotonic()
+        fields: dict[str, object] = dict(self.base)
+        if task.call is not None:
+            fields["call"] = dict(task.call)
+            if "pickled" in task.call:
+                fields["v"] = PICKLED_SINCE
+        if task.exec is not None:
+            fields["exec"] = dict(task.exec)
+        delay = self.backoff
+        while True:
+            outcome.attempts += 1
+            try:
+                self._run_once(fields, task, outcome)
+                break
+            except Missed as miss:
+                if not miss.retryable or outcome.attempts > self.retries:
+                    outcome.miss = miss
+                    break
+                after = miss.miss.get("retry_after")
+                wanted = float(after) if isinstance(after, int | float) else 0.0
+                self.sleep(min(self.backoff_cap, max(delay, wanted)))
+                delay = min(self.backoff_cap, delay * 2)
+            except (Refused, Unreachable) as err:
+                self._drop_client()
+                outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
+                break
+        outcome.runtime = time.monotonic() - begun
+        return outcome
+
+    def stop(self, fiber_id: str) -> None:
+        """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
+        blocks until it is gone. A fiber already gone is not an error."""
+        with contextlib.suppress(Refused, Unreachable), \
+                FiberdClient(self.socket, timeout=self.stop_grace + 30) as client:
+            client.request("stop_fiber", fiber=fiber_id, grace=self.stop_grace)
+
+    def stop_all(self) -> int:
+        """Stop every fiber this runner is waiting for now; how many were asked to stop."""
+        with self._lock:
+            running = list(self._running)
+        for fiber_id in running:
+            self.stop(fiber_id)
+        return len(running)
+
+    def close(self) -> None:
+        """Close every connection the runner opened (call once no thread runs a task)."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _client(self) -> FiberdClient:
+        """This thread's connection; a new one when fiberd has closed the old (it closes
+        idle connections, 300 s by default): an idle connection with anything to read has
+        been closed by fiberd, which never reads a request sent on it afterwards."""
+        client = getattr(self._local, "client", None)
+        if client is not None and select.select([client.sock], [], [], 0)[0]:
+            self._drop_client()
+            client = None
+        if client is None:
+            client = FiberdClient(self.socket)
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def _drop_client(self) -> None:
+        client = getattr(self._local, "client", None)
+        self._local.client = None
+        if client is not None:
+            client.close()
+            with self._lock:
+                if client in self._clients:
+                    self._clients.remove(client)
+
+    def _run_once(self, fields: dict[str, object], task: Task, outcome: Outcome) -> None:
+        """One Clone and its wait. Raises Missed, Refused, Unreachable."""
+        client = self._client()
+        fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
+        fiber_id = str(fiber.get("id"))
+        outcome.fiber_id = fiber_id
+        with self._lock:
+            self._running.add(fiber_id)
+        try:
+            if task.timeout is None:
+                outcome.exit = client.wait_exit()
+                return
+            try:
+                outcome.exit = client.wait_exit(within=task.timeout)
+            except TimeoutError:
+                outcome.timed_out = True
+                self.stop(fiber_id)
+                outcome.exit = client.wait_exit()
+        finally:
+            with self._lock:
+                self._running.discard(fiber_id)
+
+
+class NotReady(TimeoutError):
+    """fiberd did not become ready in time; ``reachable`` says whether it answered."""
+
+    def __init__(self, reason: str, reachable: bool) -> None:
+        super().__init__(reason)
+        self.reachable = reachable
+
+
+def wait_ready(socket: str | os.PathLike[str], timeout: float | None, *,
+               grant: str | None = None, poll: float = 0.05) -> dict[str, object]:
+    """Block until fiberd at ``socket`` answers ``ready`` true (with ``grant``: until that
+    grant's template is ready); its ``status``. Polls with a delay growing from ``poll``
+    to 0.5 s. Raises NotReady when ``timeout`` seconds pass first (None: wait forever)."""
+    end = None if timeout is None else time.monotonic() + timeout
+    last = "fiberd is not reachable"
+    reachable = False
+    while True:
+        try:
+            with FiberdClient(socket, timeout=5.0) as client:
+                reachable = True
+                ready = client.request("ready").get("ready") is True
+                status = client.request("status")
+            templates = status.get("templates")
+            state = templates.get(grant) if isinstance(templates, dict) and grant else None
+            if ready and (grant is None or state == "ready"):
+                return status
+            last = (f"grant {grant!r}'s template is {state or 'not admitted'}" if ready
+                    else "no template is ready yet")
+        except (Unreachable, Refused) as err:
+            last = str(err)
+        if end is not None and time.monotonic() >= end:
+            raise NotReady(f"fiberd not ready after {timeout:g} s: {last}", reachable)
+        pause = poll if end is None else max(0.0, min(poll, end - time.monotonic()))
+        time.sleep(pause)
+        poll = min(0.5, poll * 1.5)

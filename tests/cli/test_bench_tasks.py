@@ -1,0 +1,43 @@
+"""Smoke test: bench/tasks.py runs every system with a tiny task count, leaves one out
+with a stated reason, draws its PNG and ends with its JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "tasks.py"
+SYSTEMS = {"subprocess", "pool", "forkserver", "parallel", "dask", "fiber", "fibermap"}
+
+
+def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) -> None:
+    png = tmp_path / "tasks.png"
+    out = subprocess.run([sys.executable, str(BENCH), "-n", "4", "--seq", "2", "--rounds", "1",
+                          "--skip", "pool", "--plot", str(png)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    systems = figures["systems"]
+    assert set(systems) == SYSTEMS
+    assert systems["pool"]["skipped"] == "skipped by --skip"
+    for name, row in systems.items():
+        if "skipped" in row:
+            assert row["skipped"]  # a reason a person can act on
+            continue
+        for w in ("W1", "W2"):
+            assert row[w]["tasks_per_s"] > 0
+            if name not in ("parallel", "fibermap"):
+                assert 0 < row[w]["p50_ms"] <= row[w]["p99_ms"]
+    assert systems["fiber"]["fresh_process"] == "yes + cgroup"
+    assert set(figures["targets"]) == {"w2_throughput_fiber_over_dask",
+                                       "w2_seq_p50_executor_over_dask",
+                                       "w1_seq_p50_exec_over_subprocess",
+                                       "w1_throughput_map_over_parallel"}
+    assert figures["targets"]["w1_seq_p50_exec_over_subprocess"]["value"] > 0
+    assert figures["bound"]["pipeline_p50_ms"] > 0
+    assert figures["bound"]["clone_call_over_pipeline"] > 0
+    assert figures["bound"]["executor_w2_p50_over_clone_call"] > 0
+    assert figures["left_running"] == []
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
