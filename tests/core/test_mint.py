@@ -84,3 +84,15 @@ def test_anything_else_is_refused_in_one_line(tmp_path: Path, text: str) -> None
     path.write_text(text)
     with pytest.raises(ValueError, match="is not an unencrypted PEM private key"):
         load_private_key(path)
+
+
+def test_the_default_jti_is_a_version_4_uuid_as_before() -> None:
+    import uuid
+
+    from slurm_fiber.core.mint import random_uuid4
+
+    seen = {random_uuid4() for _ in range(200)}
+    assert len(seen) == 200
+    for text in seen:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
