@@ -33,6 +33,7 @@ the working directory (environment and flags).
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 1 | fiber processes a ready template forks ahead, in their cgroups (0..16; 0: none) |
+| template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 
@@ -101,6 +102,7 @@ class FiberdConfig:
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
     spares: int = 1
+    template_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
 
@@ -318,6 +320,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace", _seconds(0, 3600, zero_ok=True), "seconds between SIGTERM and SIGKILL"),
     Option("spares", _count(0, 16),
            "fiber processes each ready template forks ahead (0: fork on each Clone)"),
+    Option("template_timeout", _seconds(0.1, 3600),
+           "seconds a template may take to answer (or stay stopped) before it is killed "
+           "and re-warmed"),
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),

@@ -134,7 +134,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home))
     swept = await cgroups.sweep()
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
-                grace=config.grace, spares=config.spares)
+                grace=config.grace, spares=config.spares,
+                template_timeout=config.template_timeout)
     server = ApiServer(core, _server_config(config), clock=clock,
                        audit=_audit_refusal(audit))
     try:

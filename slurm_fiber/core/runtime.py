@@ -42,6 +42,7 @@ from slurm_fiber.core.audit import AuditEvent, AuditLog
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import (
+    RETRY_HINT,
     Admitted,
     GrantBook,
     Start,
@@ -55,6 +56,7 @@ from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.templates import (
+    DEFAULT_TIMEOUT,
     FiberRequest,
     ForkFailed,
     Template,
@@ -99,6 +101,8 @@ class _Grant:
 
 
 def _template_view(grant: _Grant | None) -> TemplateView:
+    """What the book is told of a grant's template: warm only when ready; warming and
+    re-warming (also after it stopped answering) are cold, with when to retry."""
     if grant is None:
         return TemplateView.absent()
     template = grant.template
@@ -106,7 +110,7 @@ def _template_view(grant: _Grant | None) -> TemplateView:
         case TemplateState.READY:
             return TemplateView.warm()
         case TemplateState.WARMING | TemplateState.REWARMING:
-            return TemplateView.cold()
+            return TemplateView.cold(template.retry_after())
         case TemplateState.WARM_FAILED:
             err = template.warm_error
             return TemplateView.failed(f"{err.error}: {err.message}" if err else "unknown error")
@@ -114,18 +118,34 @@ def _template_view(grant: _Grant | None) -> TemplateView:
             return TemplateView.absent()
 
 
+def _not_ready_miss(uid: str, template: Template, err: TemplateNotReady) -> Miss:
+    """The miss of a Clone whose template stopped being ready while it was served (it
+    died, stopped answering, or is being stopped): ``cold`` and when to retry; only a
+    failed warm is final."""
+    if err.state is TemplateState.WARM_FAILED:
+        detail = err.warm_error.error if err.warm_error else None
+        return Miss(MissCode.WARM_FAILED, f"template of {uid!r} failed to warm: {err}",
+                    detail=detail)
+    why = f" ({template.last_fault})" if template.last_fault else ""
+    retry = template.retry_after() if err.state is not TemplateState.STOPPED else RETRY_HINT
+    return Miss(MissCode.COLD, f"template of {uid!r} is {err.state.value}{why}; retry",
+                retry_after=retry)
+
+
 class Core:
     """The runtime of one fiberd. Build it once, on the loop that will use it.
 
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
     the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
-    processes each ready template forks ahead. ``python`` is the
-    interpreter templates run.
+    processes each ready template forks ahead. ``template_timeout`` is the
+    seconds a template or spare may take to answer before the template is
+    killed and re-warmed. ``python`` is the interpreter templates run.
     """
 
     def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
-                 spares: int = 1, python: str = sys.executable,
+                 spares: int = 1, template_timeout: float = DEFAULT_TIMEOUT,
+                 python: str = sys.executable,
                  prune_after: float = DEFAULT_PRUNE_AFTER) -> None:
         self.home = home
         self.book = book
@@ -136,6 +156,7 @@ class Core:
         self.state_dir = state_dir
         self.grace = grace
         self.spares = spares
+        self.template_timeout = template_timeout
         self.python = python
         self.prune_after = prune_after
         self.closing = False
@@ -379,7 +400,8 @@ class Core:
                               cgroup: GrantCgroup | None) -> Template:
         env = template_env(os.environ, spec.template, channel)
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
-                                    clock=self.clock, python=self.python, spares=self.spares)
+                                    clock=self.clock, python=self.python, spares=self.spares,
+                                    timeout=self.template_timeout)
 
     async def _replace_template(self, grant: _Grant, spec: FiberSpec) -> None:
         """A renewal changed the template: warm a new one; the old one stops once its
@@ -402,13 +424,19 @@ class Core:
             grant.retired.remove(old)
 
     async def _watch(self, grant: _Grant) -> None:
-        """Publish readiness on every flip of the template between warm and not warm."""
+        """Publish readiness on every flip of the template between warm and not warm;
+        audit a failed warm, and a template given up on (``template_lost``: it died or
+        stopped answering, and is re-warmed)."""
         template, state, published = grant.template, grant.template.state, False
         while state is not TemplateState.STOPPED:
             warm = state is TemplateState.READY
             if state is TemplateState.WARM_FAILED and template.warm_error is not None:
                 self._write("warm_failed", uid=grant.uid, error=template.warm_error.error,
                             reason=template.warm_error.message)
+            if state is TemplateState.REWARMING:
+                with contextlib.suppress(OSError):
+                    self._write("template_lost", uid=grant.uid, pid=template.pid,
+                                reason=template.last_fault, restarts=template.restarts)
             if warm != published:
                 await self._publish(grant.uid, warm)
                 published = warm
@@ -498,11 +526,11 @@ class Core:
             cwd=exe.cwd if exe else None, env=request.env,
             stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,
             epoch=decision.epoch, deadline=decision.deadline.at)
+        template = grant.template
         try:
-            fiber = await grant.template.fork(fiber_request)
-        except TemplateNotReady:
-            return self._miss(grant.uid, Miss(MissCode.COLD, f"template of {grant.uid!r} is "
-                                              "re-warming", retry_after=1.0), caller)
+            fiber = await template.fork(fiber_request)
+        except TemplateNotReady as err:
+            return self._miss(grant.uid, _not_ready_miss(grant.uid, template, err), caller)
         except ForkFailed as err:
             self._write("clone_failed", uid=grant.uid, fiber=fiber_id, reason=str(err), **caller)
             raise CloneFailed(str(err)) from None
