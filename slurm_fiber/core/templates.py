@@ -567,9 +567,12 @@ class Template:
         try:
             if not await first_done(closed, pidfd_wait(pidfd)):
                 readable()  # it died: take what it sent before
-            elif not await first_done(asyncio.ensure_future(pidfd_wait(pidfd)),
-                                      self.clock.sleep(self.timeout)):
-                self._lose(f"still running {self.timeout:g} s after closing its socket")
+            else:  # it closed its end: it is exiting, or must be made to
+                dying = asyncio.ensure_future(pidfd_wait(pidfd))
+                if not await first_done(dying, self.clock.sleep(self.timeout)):
+                    self._lose(f"still running {self.timeout:g} s after closing its socket")
+                    self._kill_process()  # also when it was not ready (a failed warm)
+                await dying
         finally:
             loop.remove_reader(sock.fileno())
             guard.cancel()
