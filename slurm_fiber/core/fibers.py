@@ -14,7 +14,7 @@ accounted as ``lost`` (no wait status).
 The fiber's own pidfd is watched as well, so its end is seen even when the
 template stops answering (SIGSTOP, a hang): once the pidfd says it exited,
 fiberd reads its wait status from the kernel while it is an unreaped zombie
-(``waiting.zombie_exit``) and waits at most ``report_timeout`` seconds on
+of its template (``waiting.zombie_exit``) and waits at most ``report_timeout`` seconds on
 the clock for the template's report; without one, the fiber is accounted
 with the kernel's status (``exited``, no maxrss), or as ``lost`` if that was
 not readable. So ``wait()`` never hangs on a stalled template.
@@ -108,7 +108,8 @@ class Fiber:
     ``started`` is the clock's ``mono()`` at fork. ``stdout_path`` and
     ``stderr_path`` name the output files (None: passed stdio, or, once
     ended, an empty file removed). ``report_timeout``: clock seconds the
-    template's exit report may lag the fiber's exit (see the module doc).
+    template's exit report may lag the fiber's exit; ``parent``: the
+    template's pid (see the module doc).
     """
 
     id: str
@@ -124,6 +125,7 @@ class Fiber:
     stdout_path: Path | None = None
     stderr_path: Path | None = None
     report_timeout: float = 10.0
+    parent: int | None = None
     state: FiberState = FiberState.RUNNING
     exit: FiberExit | None = None
     pidfd: int | None = field(default=None, repr=False)
@@ -249,7 +251,9 @@ class Fiber:
                     self.kill()  # and by ours, with its process group or cgroup
                 await pidfd_wait(pidfd)
             return state, msg
-        kernel = zombie_exit(self.pid, pidfd)  # read now: reaped once the template is gone
+        # Read now (reaped once the template is gone), and only while the template's child:
+        # one that died after its template did died with it (lost).
+        kernel = zombie_exit(self.pid, pidfd, self.parent)
         if await first_done(self._reported, self.clock.sleep(self.report_timeout)):
             state, msg = self._reported.result()
             if state is FiberState.EXITED or kernel is None:

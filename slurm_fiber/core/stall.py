@@ -10,6 +10,11 @@ time on the caller's clock; it reads nothing and changes nothing, so the rule
 is tested alone. It also says when to look again, so the caller sleeps
 exactly until the verdict could change (or until the next look at the
 process state), never polls faster.
+
+Only time fiberd itself was watching counts: after a gap in its looks (fiberd
+was suspended with its job, stopped, or its loop was blocked; the suspend-
+aware clock jumped) the count starts afresh, so resuming a suspended job
+never condemns a template for the time everything was stopped.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ class Seen:
 
     ``asked``: when the oldest request still unanswered was sent (None: none
     is). ``stopped``: since when the process has been seen stopped without a
-    break (None: it was running at the last look).
+    break (None: it was running at the last look). ``watching``: since when
+    fiberd has been looking without a gap (``gap``).
     """
 
     asked: float | None = None
     stopped: float | None = None
+    watching: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -48,18 +55,26 @@ def judge(seen: Seen, now: float, bound: float, every: float) -> Verdict:
     for). Otherwise ``recheck`` is the time until the first of those could
     fall due, at most ``every``.
     """
-    if seen.asked is not None and now - seen.asked >= bound:
-        return Verdict(f"no answer to a request for {now - seen.asked:.1f} s "
+    asked = None if seen.asked is None else max(seen.asked, seen.watching)
+    stopped = None if seen.stopped is None else max(seen.stopped, seen.watching)
+    if asked is not None and now - asked >= bound:
+        return Verdict(f"no answer to a request for {now - asked:.1f} s "
                        f"(template_timeout {bound:g} s)", every)
-    if seen.stopped is not None and now - seen.stopped >= bound:
-        return Verdict(f"stopped (SIGSTOP or a tracer) for {now - seen.stopped:.1f} s "
+    if stopped is not None and now - stopped >= bound:
+        return Verdict(f"stopped (SIGSTOP or a tracer) for {now - stopped:.1f} s "
                        f"(template_timeout {bound:g} s)", every)
     due = [every]
-    if seen.asked is not None:
-        due.append(seen.asked + bound - now)
-    if seen.stopped is not None:
-        due.append(seen.stopped + bound - now)
+    if asked is not None:
+        due.append(asked + bound - now)
+    if stopped is not None:
+        due.append(stopped + bound - now)
     return Verdict(None, max(min(due), 1e-3))
+
+
+def gap(last_look: float, now: float, every: float) -> bool:
+    """Whether the looks at ``last_look`` and ``now`` are too far apart to count the
+    time between as watched (more than twice the period: fiberd itself did not run)."""
+    return now - last_look > 2 * every
 
 
 def look_every(bound: float) -> float:

@@ -45,17 +45,17 @@ Bounded waits: every wait on the template or a spare ends within
 ``timeout`` seconds on the injected Clock (``template_timeout``, default
 10 s). A template that leaves a spare request unanswered that long, stays
 stopped that long (SIGSTOP, a tracer; its state is looked at about once a
-second, see ``core/stall.py``), cannot be written to, or takes no message
-that long, has stopped answering: it is ``rewarming`` at once (not ready;
-``last_fault`` says why), its fibers and then it are killed (process group,
-and its cgroup leaf when carved), and once it is gone it is re-warmed after
-the backoff, like a template that died. A Clone waiting on it, or arriving
-meanwhile, gets TemplateNotReady (the runtime answers the retryable
-``cold``, with ``retry_after()``), never a hang or ``internal``. Fiber
-exits are still seen while the template stalls: each fiber's pidfd is
-watched (``core/fibers.py``). Warming itself is not bounded (a grant's warm
-code may take minutes); a warming template that stays stopped is re-warmed
-like a ready one.
+second; only time fiberd itself runs counts, see ``core/stall.py``), cannot
+be written to, or takes no message that long, has stopped answering: it
+is ``rewarming`` at once (not ready; ``last_fault`` says why), its fibers
+and then it are killed (process group, and its cgroup leaf when carved),
+and once it is gone it is re-warmed after the backoff, like a template that
+died. A Clone waiting on it, or arriving meanwhile, gets TemplateNotReady
+(the runtime answers the retryable ``cold``, with ``retry_after()``), never
+a hang or ``internal``. Fiber exits are still seen while the template
+stalls: each fiber's pidfd is watched (``core/fibers.py``). Warming itself
+is not bounded (a grant's warm code may take minutes); a warming template
+that stays stopped is re-warmed like a ready one.
 """
 
 from __future__ import annotations
@@ -473,7 +473,7 @@ class Template:
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
             stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
             stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None,
-            report_timeout=self.timeout)
+            report_timeout=self.timeout, parent=self.pid)
         fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
         self._in_use[spare.id] = fiber
@@ -600,17 +600,23 @@ class Template:
     async def _guard(self, pid: int) -> None:
         """Give the template process up (``_lose``) once ``stall.judge`` says it stalled:
         a spare request unanswered, or the process stopped, for ``timeout`` seconds on
-        the clock. Runs until cancelled (by ``_watch``) or it gives up on it."""
+        the clock while fiberd was watching. Runs until cancelled (by ``_watch``) or it
+        gives up on it."""
         every = stall.look_every(self.timeout)
         stopped_since: float | None = None
+        watching = last_look = self.clock.mono()
         while True:
             now = self.clock.mono()
+            if stall.gap(last_look, now, every):
+                watching = now
+            last_look = now
             if not stopped(pid):
                 stopped_since = None
             elif stopped_since is None:
                 stopped_since = now
             asked = min((s.asked for s in self._forking.values()), default=None)
-            verdict = stall.judge(stall.Seen(asked, stopped_since), now, self.timeout, every)
+            seen = stall.Seen(asked, stopped_since, watching)
+            verdict = stall.judge(seen, now, self.timeout, every)
             if verdict.reason is not None:
                 self._lose(verdict.reason)
                 return

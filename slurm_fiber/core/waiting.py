@@ -40,13 +40,18 @@ async def pidfd_wait(pidfd: int) -> None:
 
 
 async def first_done(main: asyncio.Future[object], *others: Awaitable[object]) -> bool:
-    """Wait for ``main`` or any of ``others``; True when ``main`` is done. Cancels the others."""
+    """Wait for ``main`` or any of ``others``; True when ``main`` is done. Cancels the others
+    and returns only once they have finished unwinding, so what they hold is released: a
+    ``pidfd_wait`` among them has removed its reader before the caller adds another on the
+    same pidfd (the event loop keeps one reader per fd) or closes it."""
     tasks = [asyncio.ensure_future(o) for o in others]
     try:
         await asyncio.wait([main, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t in tasks:
             t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
     return main.done()
 
 
@@ -72,18 +77,22 @@ def stopped(pid: int) -> bool:
     return fields is not None and fields[0] in ("T", "t")
 
 
-def zombie_exit(pid: int, pidfd: int) -> dict[str, object] | None:
+def zombie_exit(pid: int, pidfd: int, parent: int | None = None) -> dict[str, object] | None:
     """The exit of a process that has exited but is not reaped yet, as the kernel keeps
     it: ``{"status": <wait status>, "cpu": <seconds, with reaped children>}``.
 
     ``pidfd`` must refer to ``pid``: it proves the numbers read are that
-    process's (a pid is not reused before its process is reaped). None when
-    the process is running, already reaped, or its exit code is hidden from
+    process's (a pid is not reused before its process is reaped). With
+    ``parent``, only a zombie still that process's child counts (one that
+    died after its parent was re-parented first). None when the process is
+    running, already reaped, not ``parent``'s, or its exit code is hidden from
     us (the kernel shows 0 to a reader that may not trace it: not root and
     not its exact uid and gid).
     """
     fields = _stat(pid)
     if fields is None or fields[0] != "Z" or len(fields) < 50 or not _may_read(pid):
+        return None
+    if parent is not None and fields[1] != str(parent):
         return None
     try:
         signal.pidfd_send_signal(pidfd, 0)  # still unreaped now, so it was when read

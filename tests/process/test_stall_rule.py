@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.stall import Seen, judge, look_every
+from slurm_fiber.core.stall import Seen, gap, judge, look_every
 
 BOUND, EVERY = 10.0, 1.0
 
@@ -44,3 +44,15 @@ def test_a_recheck_is_never_zero_or_negative() -> None:
 def test_looks_are_well_within_the_bound_and_at_most_once_a_second() -> None:
     assert look_every(10.0) == 1.0
     assert look_every(1.0) == 0.25
+
+
+def test_only_watched_time_counts_after_a_gap_in_the_looks() -> None:
+    # fiberd was suspended with its job from 101 to 500: a request sent at 100 and a stop
+    # seen at 100 count from 500, the first look after the gap.
+    assert gap(last_look=101.0, now=500.0, every=EVERY)
+    assert not gap(last_look=101.0, now=103.0, every=EVERY)
+    seen = Seen(asked=100.0, stopped=100.0, watching=500.0)
+    verdict = judge(seen, now=500.0, bound=BOUND, every=EVERY)
+    assert verdict.reason is None and verdict.recheck == EVERY
+    later = judge(seen, now=510.0, bound=BOUND, every=EVERY)
+    assert later.reason is not None and "for 10.0 s" in later.reason

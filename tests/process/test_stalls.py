@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.fibers import FiberState
+from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import (
     FiberRequest,
     Template,
     TemplateNotReady,
     TemplateState,
 )
+from slurm_fiber.core.waiting import zombie_exit
 from tests.process.helpers import (
     aio,
+    cgroup_dirs,
     idle_spares,
     marked_procs,
     proc_state,
@@ -31,6 +35,14 @@ from tests.process.helpers import (
 
 T = "tests.process.targets"
 BOUND = 5.0
+
+
+async def pass_time(clock: FakeClock, seconds: float, step: float = 0.5) -> None:
+    """Move the fake clock ``seconds`` forward in steps, as time passes for a running fiberd
+    (one jump would be a gap in its watching, which restarts the stall count)."""
+    while seconds > 1e-9:
+        await clock.advance_and_settle(min(step, seconds))
+        seconds -= step
 
 
 async def rewarmed(t: Template, clock: FakeClock, first: int) -> None:
@@ -61,7 +73,7 @@ async def test_a_spare_request_unanswered_for_the_bound_gives_the_template_up(
     assert wait_state(first, "T")
     clone = asyncio.ensure_future(t.fork(FiberRequest(id="f1", target=f"{T}:add", args=(1, 1))))
     await clock.settle()  # the request is sent
-    await clock.advance_and_settle(BOUND - 0.1)
+    await pass_time(clock, BOUND - 0.1)
     assert not clone.done() and t.state is TemplateState.READY  # within the bound: waiting
     await clock.advance_and_settle(0.2)
     with pytest.raises(TemplateNotReady) as refused:
@@ -79,18 +91,22 @@ async def test_a_spare_request_unanswered_for_the_bound_gives_the_template_up(
     assert marked_procs(mark) == []
 
 
+@pytest.mark.parametrize("carved", [False, True], ids=["uncarved", "carved"])
 @aio
 async def test_a_template_stopped_for_the_bound_is_given_up_with_no_clone_asking(
-        tmp_path: Path, mark: str):
+        tmp_path: Path, mark: str, carved: bool, request: pytest.FixtureRequest):
     clock = FakeClock()
-    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, timeout=BOUND)
+    mgr = CgroupManager(request.getfixturevalue("cgroup_root")) if carved else None
+    grant = mgr.carve_grant("g", Limits()) if mgr else None
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, timeout=BOUND,
+                            cgroup=grant)
     [spare] = await idle_spares(t)
     first = t.pid
     assert first is not None
     os.kill(first, signal.SIGSTOP)
     assert wait_state(first, "T")
-    await clock.advance_and_settle(1.0)  # the next look sees it stopped
-    await clock.advance_and_settle(BOUND - 0.1)
+    await pass_time(clock, 1.0)  # the next look sees it stopped
+    await pass_time(clock, BOUND - 0.1)
     assert t.state is TemplateState.READY
     await clock.advance_and_settle(0.2)
     assert t.state is TemplateState.REWARMING
@@ -102,13 +118,20 @@ async def test_a_template_stopped_for_the_bound_is_given_up_with_no_clone_asking
     await rewarmed(t, clock, first)
     await stop_with(t, clock)
     assert marked_procs(mark) == []
+    if mgr is not None:
+        await mgr.remove_grant("g")  # fails if a spare's leaf were left
+        assert cgroup_dirs(request.getfixturevalue("cgroup_root")) == []
 
 
+@pytest.mark.parametrize("carved", [False, True], ids=["uncarved", "carved"])
 @aio
 async def test_a_fibers_exit_is_reported_while_its_template_is_stopped(
-        tmp_path: Path, mark: str):
+        tmp_path: Path, mark: str, carved: bool, request: pytest.FixtureRequest):
     clock = FakeClock()
-    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, timeout=BOUND)
+    mgr = CgroupManager(request.getfixturevalue("cgroup_root")) if carved else None
+    grant = mgr.carve_grant("g", Limits()) if mgr else None
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, timeout=BOUND,
+                            cgroup=grant)
     fiber = await t.fork(FiberRequest(id="f1", target=f"{T}:sleep", args=(60,)))
     assert t.pid is not None
     os.kill(t.pid, signal.SIGSTOP)
@@ -117,7 +140,7 @@ async def test_a_fibers_exit_is_reported_while_its_template_is_stopped(
     assert wait_state(fiber.pid, "Z")  # its parent, the template, cannot reap it
     waiting = asyncio.ensure_future(fiber.wait())
     await clock.settle()  # fiberd sees its pidfd: it exited
-    await clock.advance_and_settle(BOUND - 0.1)
+    await pass_time(clock, BOUND - 0.1)
     assert not waiting.done()  # the template's report may still come
     await clock.advance_and_settle(0.2)
     end = await waiting
@@ -126,6 +149,8 @@ async def test_a_fibers_exit_is_reported_while_its_template_is_stopped(
     assert fiber.id not in t.fibers
     await stop_with(t, clock)
     assert marked_procs(mark) == []
+    if mgr is not None:
+        await mgr.remove_grant("g")
 
 
 @aio
@@ -138,8 +163,8 @@ async def test_a_fiber_running_when_its_template_is_given_up_is_lost_not_left(
     assert t.pid is not None
     os.kill(t.pid, signal.SIGSTOP)
     assert wait_state(t.pid, "T")
-    await clock.advance_and_settle(1.0)
-    await clock.advance_and_settle(BOUND)
+    await pass_time(clock, 1.0)
+    await pass_time(clock, BOUND)
     assert t.state is TemplateState.REWARMING
     end = await fiber.wait()
     assert end.state in (FiberState.LOST, FiberState.EXITED)
@@ -169,3 +194,19 @@ async def test_a_clone_racing_a_sigkilled_template_is_not_ready_not_a_failed_for
     assert (await fiber.wait()).result == {"ok": True, "result": 2}
     await t.stop(1.0)
     assert marked_procs(mark) == []
+
+
+def test_the_kernel_keeps_an_unreaped_childs_exit_and_only_its_parents() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    pidfd = os.pidfd_open(pid)
+    try:
+        assert wait_state(pid, "Z")
+        seen = zombie_exit(pid, pidfd, parent=os.getpid())
+        assert seen is not None and os.waitstatus_to_exitcode(int(seen["status"])) == 7
+        assert zombie_exit(pid, pidfd, parent=1) is None  # not the parent it died under
+        os.waitpid(pid, 0)
+        assert zombie_exit(pid, pidfd) is None  # reaped: the pid may name another
+    finally:
+        os.close(pidfd)
