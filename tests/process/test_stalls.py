@@ -160,12 +160,14 @@ async def test_a_fiber_running_when_its_template_is_given_up_is_lost_not_left(
     t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, timeout=BOUND)
     fiber = await t.fork(FiberRequest(id="f1", target=f"{T}:ignore_term_and_sleep",
                                       args=(60,)))
-    assert t.pid is not None
-    os.kill(t.pid, signal.SIGSTOP)
-    assert wait_state(t.pid, "T")
+    first = t.pid
+    assert first is not None
+    os.kill(first, signal.SIGSTOP)
+    assert wait_state(first, "T")
     await pass_time(clock, 1.0)
     await pass_time(clock, BOUND)
-    assert t.state is TemplateState.REWARMING
+    assert t.last_fault is not None  # given up on (and maybe re-warming already)
+    assert wait_dead(first)
     end = await fiber.wait()
     assert end.state in (FiberState.LOST, FiberState.EXITED)
     assert end.status is None or end.signal == signal.SIGKILL
