@@ -107,6 +107,8 @@ async def test_a_stopped_template_turns_not_ready_with_no_clone_asking(site: Sit
             assert isinstance(stopper, FiberView)
             await until(lambda: live.core.status()["templates"]["g1"] != "ready")  # type: ignore[index]
             assert not live.core.ready()
+            ready_file = site.state / "ready.json"
+            await until(lambda: json.loads(ready_file.read_text())["warm"] == [])
             miss = await unless_hung(live.clone(target=ADD, args=(1, 1)))
             assert isinstance(miss, Miss) and miss.code is MissCode.COLD
             await a_later_clone_runs(live, old)
