@@ -14,10 +14,11 @@ accounted as ``lost`` (no wait status).
 The fiber's own pidfd is watched as well, so its end is seen even when the
 template stops answering (SIGSTOP, a hang): once the pidfd says it exited,
 fiberd reads its wait status from the kernel while it is an unreaped zombie
-of its template (``waiting.zombie_exit``) and waits at most ``report_timeout`` seconds on
-the clock for the template's report; without one, the fiber is accounted
-with the kernel's status (``exited``, no maxrss), or as ``lost`` if that was
-not readable. So ``wait()`` never hangs on a stalled template.
+of its template (``waiting.zombie_exit``) and waits at most
+``report_timeout`` seconds on the clock for the template's report; without
+one, the fiber is accounted with the kernel's status (``exited``, no
+maxrss), or as ``lost`` if that was not readable. So ``wait()`` never hangs
+on a stalled template.
 
 Output: a fiber given no stdout or stderr writes to a file under the
 template's state dir (``stdout_path``, ``stderr_path``, named in the
