@@ -34,6 +34,7 @@ the working directory (environment and flags).
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 1 | fiber processes a ready template forks ahead, in their cgroups (0..16; 0: none) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
+| template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 
@@ -111,6 +112,7 @@ class FiberdConfig:
     grace: float = 5.0
     spares: int = 1
     strict_limits: bool = False
+    template_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
 
@@ -345,6 +347,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",
            switch=True),
+    Option("template_timeout", _seconds(0.1, 3600),
+           "seconds a template may take to answer (or stay stopped) before it is killed "
+           "and re-warmed"),
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),

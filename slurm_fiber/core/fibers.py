@@ -8,8 +8,17 @@ rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
 is empty (``cgroup.kill`` takes any stray descendants with it), so
 "returned" means "nothing of it runs". The empty leaf belongs to the
 template, which reuses or removes it. If the template dies first, the fiber
-dies with it (its death signal) and is accounted as ``lost`` (no wait
-status).
+dies with it (its death signal; fiberd kills it and its group too) and is
+accounted as ``lost`` (no wait status).
+
+The fiber's own pidfd is watched as well, so its end is seen even when the
+template stops answering (SIGSTOP, a hang): once the pidfd says it exited,
+fiberd reads its wait status from the kernel while it is an unreaped zombie
+of its template (``waiting.zombie_exit``) and waits at most
+``report_timeout`` seconds on the clock for the template's report; without
+one, the fiber is accounted with the kernel's status (``exited``, no
+maxrss), or as ``lost`` if that was not readable. So ``wait()`` never hangs
+on a stalled template.
 
 Output: a fiber given no stdout or stderr writes to a file under the
 template's state dir (``stdout_path``, ``stderr_path``, named in the
@@ -43,7 +52,7 @@ from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait
+from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, zombie_exit
 
 
 class FiberState(enum.StrEnum):
@@ -99,7 +108,9 @@ class Fiber:
     ``deadline`` is monotonic seconds on the core's clock (None: none set);
     ``started`` is the clock's ``mono()`` at fork. ``stdout_path`` and
     ``stderr_path`` name the output files (None: passed stdio, or, once
-    ended, an empty file removed).
+    ended, an empty file removed). ``report_timeout``: clock seconds the
+    template's exit report may lag the fiber's exit; ``parent``: the
+    template's pid (see the module doc).
     """
 
     id: str
@@ -114,6 +125,8 @@ class Fiber:
     clock: Clock
     stdout_path: Path | None = None
     stderr_path: Path | None = None
+    report_timeout: float = 10.0
+    parent: int | None = None
     state: FiberState = FiberState.RUNNING
     exit: FiberExit | None = None
     pidfd: int | None = field(default=None, repr=False)
@@ -224,10 +237,34 @@ class Fiber:
 
     # ------------------------------------------------------------ internals
 
+    async def _outcome(self) -> tuple[FiberState, dict[str, object]]:
+        """How the fiber ended: the template's report; else, when none comes within
+        ``report_timeout`` of the fiber's exit (a stalled template), the kernel's record;
+        ``lost`` when neither is known. Returns once the fiber process has exited."""
+        pidfd = self.pidfd
+        if pidfd is None:
+            return await self._reported
+        exited = asyncio.ensure_future(pidfd_wait(pidfd))
+        if await first_done(self._reported, exited):
+            state, msg = self._reported.result()
+            if state is FiberState.LOST:  # its template died: it dies by its death signal
+                if not pidfd_exited(pidfd):
+                    self.kill()  # and by ours, with its process group or cgroup
+                await pidfd_wait(pidfd)
+            return state, msg
+        # Read now (reaped once the template is gone), and only while the template's child:
+        # one that died after its template did died with it (lost).
+        kernel = zombie_exit(self.pid, pidfd, self.parent)
+        if await first_done(self._reported, self.clock.sleep(self.report_timeout)):
+            state, msg = self._reported.result()
+            if state is FiberState.EXITED or kernel is None:
+                return state, msg
+        if kernel is not None:
+            return FiberState.EXITED, kernel
+        return FiberState.LOST, {}
+
     async def _finish(self) -> FiberExit:
-        state, msg = await self._reported
-        if state is FiberState.LOST and self.pidfd is not None:
-            await pidfd_wait(self.pidfd)
+        state, msg = await self._outcome()
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)

@@ -44,6 +44,7 @@ from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import (
+    RETRY_HINT,
     Admitted,
     GrantBook,
     Start,
@@ -58,6 +59,7 @@ from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.templates import (
+    DEFAULT_TIMEOUT,
     FiberRequest,
     ForkFailed,
     Template,
@@ -103,6 +105,8 @@ class _Grant:
 
 
 def _template_view(grant: _Grant | None) -> TemplateView:
+    """What the book is told of a grant's template: warm only when ready; warming and
+    re-warming (also after it stopped answering) are cold, with when to retry."""
     if grant is None:
         return TemplateView.absent()
     template = grant.template
@@ -110,7 +114,7 @@ def _template_view(grant: _Grant | None) -> TemplateView:
         case TemplateState.READY:
             return TemplateView.warm()
         case TemplateState.WARMING | TemplateState.REWARMING:
-            return TemplateView.cold()
+            return TemplateView.cold(template.retry_after())
         case TemplateState.WARM_FAILED:
             err = template.warm_error
             return TemplateView.failed(f"{err.error}: {err.message}" if err else "unknown error")
@@ -118,20 +122,37 @@ def _template_view(grant: _Grant | None) -> TemplateView:
             return TemplateView.absent()
 
 
+def _not_ready_miss(uid: str, template: Template, err: TemplateNotReady) -> Miss:
+    """The miss of a Clone whose template stopped being ready while it was served (it
+    died, stopped answering, or is being stopped): ``cold`` and when to retry; only a
+    failed warm is final."""
+    if err.state is TemplateState.WARM_FAILED:
+        detail = err.warm_error.error if err.warm_error else None
+        return Miss(MissCode.WARM_FAILED, f"template of {uid!r} failed to warm: {err}",
+                    detail=detail)
+    why = f" ({template.last_fault})" if template.last_fault else ""
+    retry = template.retry_after() if err.state is not TemplateState.STOPPED else RETRY_HINT
+    return Miss(MissCode.COLD, f"template of {uid!r} is {err.state.value}{why}; retry",
+                retry_after=retry)
+
+
 class Core:
     """The runtime of one fiberd. Build it once, on the loop that will use it.
 
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
     the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
-    processes each ready template forks ahead. ``python`` is the
-    interpreter templates run. ``strict_limits``: refuse (``unenforceable``)
-    a grant asking for a limit nothing here enforces, instead of running it
-    with that limit reported as not enforced.
+    processes each ready template forks ahead. ``template_timeout`` is the
+    seconds a template or spare may take to answer before the template is
+    killed and re-warmed. ``python`` is the interpreter templates run.
+    ``strict_limits``: refuse (``unenforceable``) a grant asking for a limit
+    nothing here enforces, instead of running it with that limit reported as
+    not enforced.
     """
 
     def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
-                 spares: int = 1, python: str = sys.executable,
+                 spares: int = 1, template_timeout: float = DEFAULT_TIMEOUT,
+                 python: str = sys.executable,
                  prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False) -> None:
         self.home = home
         self.book = book
@@ -142,6 +163,7 @@ class Core:
         self.state_dir = state_dir
         self.grace = grace
         self.spares = spares
+        self.template_timeout = template_timeout
         self.python = python
         self.prune_after = prune_after
         self.strict_limits = strict_limits
@@ -454,7 +476,8 @@ class Core:
                               cgroup: GrantCgroup | None) -> Template:
         env = template_env(os.environ, spec.template, channel)
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
-                                    clock=self.clock, python=self.python, spares=self.spares)
+                                    clock=self.clock, python=self.python, spares=self.spares,
+                                    timeout=self.template_timeout)
 
     def _enforced(self, uid: str, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The record of what carving wrote; audited (``enforcement``) when it differs from
@@ -488,13 +511,19 @@ class Core:
             grant.retired.remove(old)
 
     async def _watch(self, grant: _Grant) -> None:
-        """Publish readiness on every flip of the template between warm and not warm."""
+        """Publish readiness on every flip of the template between warm and not warm;
+        audit a failed warm, and a template given up on (``template_lost``: it died or
+        stopped answering, and is re-warmed)."""
         template, state, published = grant.template, grant.template.state, False
         while state is not TemplateState.STOPPED:
             warm = state is TemplateState.READY
             if state is TemplateState.WARM_FAILED and template.warm_error is not None:
                 self._write("warm_failed", uid=grant.uid, error=template.warm_error.error,
                             reason=template.warm_error.message)
+            if state is TemplateState.REWARMING:
+                with contextlib.suppress(OSError):
+                    self._write("template_lost", uid=grant.uid, pid=template.pid,
+                                reason=template.last_fault, restarts=template.restarts)
             if warm != published:
                 await self._publish(grant.uid, warm)
                 published = warm
@@ -588,11 +617,11 @@ class Core:
             cwd=exe.cwd if exe else None, env=request.env,
             stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,
             epoch=decision.epoch, deadline=decision.deadline.at)
+        template = grant.template
         try:
-            fiber = await grant.template.fork(fiber_request)
-        except TemplateNotReady:
-            return self._miss(grant.uid, Miss(MissCode.COLD, f"template of {grant.uid!r} is "
-                                              "re-warming", retry_after=1.0), caller)
+            fiber = await template.fork(fiber_request)
+        except TemplateNotReady as err:
+            return self._miss(grant.uid, _not_ready_miss(grant.uid, template, err), caller)
         except ForkFailed as err:
             self._write("clone_failed", uid=grant.uid, fiber=fiber_id, reason=str(err), **caller)
             raise CloneFailed(str(err)) from None

@@ -40,6 +40,22 @@ dies is ``rewarming`` (after a backoff on the injected Clock, doubling from
 0.5 s to 30 s, reset on ready) and its running fibers are accounted as
 ``lost``; a template that dies while warming is ``warm_failed`` (a warm
 that crashes the interpreter would crash again). ``stop()`` → ``stopped``.
+
+Bounded waits: every wait on the template or a spare ends within
+``timeout`` seconds on the injected Clock (``template_timeout``, default
+10 s). A template that leaves a spare request unanswered that long, stays
+stopped that long (SIGSTOP, a tracer; its state is looked at about once a
+second; only time fiberd itself runs counts, see ``core/stall.py``), cannot
+be written to, or takes no message that long, has stopped answering: it
+is ``rewarming`` at once (not ready; ``last_fault`` says why), its fibers
+and then it are killed (process group, and its cgroup leaf when carved),
+and once it is gone it is re-warmed after the backoff, like a template that
+died. A Clone waiting on it, or arriving meanwhile, gets TemplateNotReady
+(the runtime answers the retryable ``cold``, with ``retry_after()``), never
+a hang or ``internal``. Fiber exits are still seen while the template
+stalls: each fiber's pidfd is watched (``core/fibers.py``). Warming itself
+is not bounded (a grant's warm code may take minutes); a warming template
+that stays stopped is re-warmed like a ready one.
 """
 
 from __future__ import annotations
@@ -61,16 +77,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core import cgroups, template_main
+from slurm_fiber.core import cgroups, stall, template_main
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
 from slurm_fiber.core.fibers import Fiber, FiberExit, stop_all
 from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.waiting import first_done, pidfd_wait
+from slurm_fiber.core.waiting import first_done, pidfd_wait, stopped
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DEFAULT_TIMEOUT = 10.0  # seconds a template or a spare may take to answer (template_timeout)
+_WARM_GUESS = 1.0  # seconds a warm is expected to take before one has been measured
 log = logging.getLogger(__name__)
 
 
@@ -162,6 +180,10 @@ class Backoff:
     def reset(self) -> None:
         self._next = self.initial
 
+    def peek(self) -> float:
+        """The delay ``next()`` would give, without taking it."""
+        return self._next
+
 
 def template_env(base: Mapping[str, str], spec: TemplateSpec,
                  channel: DeviceChannel) -> dict[str, str]:
@@ -178,6 +200,7 @@ class _Spare:
     cgroup: Path | None
     orders: socket.socket  # fiberd's end of the spare's order channel
     spared: asyncio.Future[int]  # its pid, once the template has forked it
+    asked: float = 0.0  # when it was asked of the template (clock mono)
     pidfd: int | None = None
 
 
@@ -185,13 +208,15 @@ class Template:
     """One grant's warm template process, its spares, and the fibers forked from it.
 
     Build with ``await Template.start(...)``. Read ``state``, ``warm_error``,
-    ``pid``, ``fibers`` (id → running Fiber), ``restarts``. Not thread-safe.
+    ``pid``, ``fibers`` (id → running Fiber), ``restarts``, ``last_fault``
+    (why the last process was given up on, one line; None if none was).
+    Not thread-safe.
     """
 
     def __init__(self, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
-                 spares: int = 1) -> None:
+                 spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -201,10 +226,12 @@ class Template:
         self.python = python
         self.backoff = backoff or Backoff()
         self.spares = spares
+        self.timeout = timeout
         self.state = TemplateState.WARMING
         self.warm_error: WarmError | None = None
         self.pid: int | None = None
         self.restarts = 0
+        self.last_fault: str | None = None
         self.fibers: dict[str, Fiber] = {}
         self._changed = asyncio.Event()
         self._sock: socket.socket | None = None
@@ -218,17 +245,22 @@ class Template:
         self._filling: asyncio.Task[None] | None = None
         self._free_leaves: list[Path] = []  # empty slot leaves, for the next spares
         self._burying: set[asyncio.Future[None]] = set()  # leaves being removed
+        self._lost = False  # the current process was given up on (it is being killed)
+        self._spawned_at = 0.0  # clock mono of the current process's start
+        self._warm_took: float | None = None  # seconds the last warm took
+        self._respawn_at: float | None = None  # clock mono the next re-warm starts at
 
     @classmethod
     async def start(cls, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
-                    spares: int = 1) -> Template:
+                    spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
-        ``spares`` spare processes. Raises OSError if the process cannot be started
+        ``spares`` spare processes. ``timeout``: seconds it and its spares may take to
+        answer (module doc). Raises OSError if the process cannot be started
         (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
-                       python=python, backoff=backoff, spares=spares)
+                       python=python, backoff=backoff, spares=spares, timeout=timeout)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -251,24 +283,42 @@ class Template:
     async def fork(self, request: FiberRequest) -> Fiber:
         """Start one fiber and return it running (its pid known, its pidfd open).
 
-        Uses an idle spare, else makes one. Raises TemplateNotReady unless
-        ``ready``, ValueError for a malformed request, ForkFailed when the
-        template cannot fork or the fiber's cgroup cannot be made.
+        Uses an idle spare, else makes one (waiting at most ``timeout`` for
+        it). Raises TemplateNotReady unless ``ready``, also when the template
+        dies, stops answering or is stopped meanwhile; ValueError for a
+        malformed request; ForkFailed when the template cannot fork or the
+        fiber's cgroup cannot be made.
         """
         request.check()
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
-            if self.state is not TemplateState.READY or self._sock is None:
-                raise TemplateNotReady(self.state, self.warm_error)
+            if self.state is not TemplateState.READY or self._sock is None or self._lost:
+                raise self._not_ready()
             if request.id in self.fibers:
                 raise ForkFailed(f"fiber id {request.id} is in use")
-            spare = await self._take_spare()
+            try:
+                spare = await self._take_spare()
+            except _NoAnswer:
+                raise self._not_ready() from None
             self._refill()
             try:
                 return await self._hand_over(spare, request)
             except _SpareGone as err:
                 gone = str(err)
+        if self.state is not TemplateState.READY or self._lost:
+            raise self._not_ready()
         raise ForkFailed(gone)
+
+    def retry_after(self) -> float:
+        """Seconds until this template is expected ready again: the rest of its backoff and
+        the last warm's duration (a guess of 1 s before any was measured)."""
+        now = self.clock.mono()
+        warm = self._warm_took if self._warm_took is not None else _WARM_GUESS
+        if self.state is TemplateState.WARMING:
+            return max(0.1, self._spawned_at + warm - now)
+        if self._respawn_at is not None:
+            return max(0.1, self._respawn_at - now + warm)
+        return self.backoff.peek() + warm  # the process is still going: no backoff yet
 
     async def stop_fibers(self, grace: float, *,
                           before_epoch: int | None = None) -> list[FiberExit]:
@@ -289,11 +339,10 @@ class Template:
                 self._sock.send(wire.encode({"t": "stop"}))
         task = self._task
         if task is not None:
-            if self.state is TemplateState.REWARMING:
+            if self._pidfd is None:
                 task.cancel()  # asleep in its backoff: no process to stop
-            elif not await first_done(task, self.clock.sleep(grace)) and self._pidfd is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            elif not await first_done(task, self.clock.sleep(grace)):
+                self._kill_process()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while self._burying:
@@ -308,8 +357,8 @@ class Template:
     def to_json(self) -> dict[str, object]:
         return {"uid": self.uid, "state": self.state.value, "pid": self.pid,
                 "warm_error": self.warm_error.to_json() if self.warm_error else None,
-                "restarts": self.restarts, "fibers": len(self.fibers),
-                "spares": len(self._idle),
+                "restarts": self.restarts, "last_fault": self.last_fault,
+                "fibers": len(self.fibers), "spares": len(self._idle),
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
 
     # ------------------------------------------------------------ spares
@@ -329,20 +378,26 @@ class Template:
 
     async def _ask_spare(self) -> _Spare:
         """Ask the template for one more spare (its ``spared`` future tells when it is
-        forked). Raises ForkFailed when its cgroup leaf or the request fails."""
+        forked; the template has ``timeout`` to answer, see ``_guard``). Raises
+        ForkFailed when its cgroup leaf fails, _NoAnswer when the template cannot take
+        the request (it is then given up on)."""
         spare_id = str(next(self._spare_ids))
         leaf = await self._leaf(spare_id)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
-        spare = _Spare(spare_id, leaf, ours, asyncio.get_running_loop().create_future())
+        spare = _Spare(spare_id, leaf, ours, asyncio.get_running_loop().create_future(),
+                       asked=self.clock.mono())
         self._forking[spare_id] = spare
         try:
             await _send(self._sock, {"t": "spare", "id": spare_id,
                                      "cgroup": str(leaf) if leaf else None},
-                        [theirs.fileno()], "the template")
-        except BaseException:
+                        [theirs.fileno()], "the template", self.clock, self.timeout)
+        except BaseException as err:
             self._forking.pop(spare_id, None)
             self._bury(spare)
+            if isinstance(err, ForkFailed):
+                self._lose(str(err))
+                raise _NoAnswer(str(err)) from None
             raise
         finally:
             theirs.close()
@@ -384,6 +439,8 @@ class Template:
             try:
                 spare = await self._ask_spare()
                 await asyncio.shield(spare.spared)
+            except _NoAnswer:
+                return  # the template is gone or given up on: no spares until re-warmed
             except ForkFailed as err:
                 log.warning("template %s: no spare made: %s", self.uid, err)
                 return
@@ -404,7 +461,7 @@ class Template:
         try:
             await _send(spare.orders, self._order(request),
                         [fd for fd in request.stdio if fd is not None],
-                        "the spare fiber process")
+                        "the spare fiber process", self.clock, self.timeout)
         except BaseException as err:
             self._bury(spare)
             if isinstance(err, ForkFailed):
@@ -416,7 +473,8 @@ class Template:
             epoch=request.epoch, deadline=request.deadline, started=self.clock.mono(),
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
             stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
-            stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None)
+            stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None,
+            report_timeout=self.timeout, parent=self.pid)
         fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
         self._in_use[spare.id] = fiber
@@ -449,7 +507,7 @@ class Template:
             self._idle.remove(spare)
         spare.orders.close()
         if not spare.spared.done():
-            spare.spared.set_exception(ForkFailed("the template is gone"))
+            spare.spared.set_exception(_NoAnswer("the template is gone"))
         if not spare.spared.cancelled():
             spare.spared.exception()  # retrieved: nobody may be waiting for it
         self._track(asyncio.ensure_future(_kill_spare(spare)))
@@ -477,6 +535,9 @@ class Template:
         self._sock = ours
         self._pidfd = os.pidfd_open(proc.pid)
         self.pid = proc.pid
+        self._lost = False
+        self._spawned_at = self.clock.mono()
+        self._respawn_at = None
         order = {"t": "warm", "preload": list(self.spec.preload), "warm": self.spec.warm,
                  "cgroup": str(self.cgroup.template) if self.cgroup else None}
         ours.send(wire.encode(order))
@@ -485,7 +546,11 @@ class Template:
 
     async def _watch(self, sock: socket.socket, proc: subprocess.Popen[bytes],
                      pidfd: int) -> None:
-        """Serve one template process's messages until it dies, then account and re-warm."""
+        """Serve one template process's messages until it dies, then account and re-warm.
+
+        Guarded meanwhile (``_guard``). Its death is its pidfd's: a descendant that
+        inherited the socket cannot keep fiberd waiting for end of file.
+        """
         loop = asyncio.get_running_loop()
         closed: asyncio.Future[None] = loop.create_future()
 
@@ -502,39 +567,122 @@ class Template:
                 closed.set_result(None)
 
         loop.add_reader(sock.fileno(), readable)
+        guard = asyncio.ensure_future(self._guard(proc.pid))
         try:
-            await closed
+            if not await first_done(closed, pidfd_wait(pidfd)):
+                readable()  # it died: take what it sent before
+            else:  # it closed its end: it is exiting, or must be made to
+                dying = asyncio.ensure_future(pidfd_wait(pidfd))
+                if not await first_done(dying, self.clock.sleep(self.timeout)):
+                    self._lose(f"still running {self.timeout:g} s after closing its socket")
+                    self._kill_process()  # also when it was not ready (a failed warm)
+                await dying
         finally:
             loop.remove_reader(sock.fileno())
+            guard.cancel()
         await pidfd_wait(pidfd)
+        self._kill_process()  # what it left in its process group or cgroup leaf
         status = proc.wait()
         os.close(pidfd)
         sock.close()
         self._sock = self._pidfd = None
         self._template_gone(status)
-        if self.state is TemplateState.REWARMING:
-            await self.clock.sleep(self.backoff.next())
-            if not self._stopping:
-                self.restarts += 1
+        while self.state is TemplateState.REWARMING and not self._stopping:
+            delay = self.backoff.next()
+            self._respawn_at = self.clock.mono() + delay
+            await self.clock.sleep(delay)
+            if self._stopping:
+                return
+            self.restarts += 1
+            try:
                 self._spawn()
+                return
+            except OSError as err:
+                self.last_fault = f"cannot start the template: {err}"
+                log.error("template %s: %s", self.uid, self.last_fault)
+
+    async def _guard(self, pid: int) -> None:
+        """Give the template process up (``_lose``) once ``stall.judge`` says it stalled:
+        a spare request unanswered, or the process stopped, for ``timeout`` seconds on
+        the clock while fiberd was watching. Runs until cancelled (by ``_watch``) or it
+        gives up on it."""
+        every = stall.look_every(self.timeout)
+        stopped_since: float | None = None
+        watching = last_look = self.clock.mono()
+        while True:
+            now = self.clock.mono()
+            if stall.gap(last_look, now, every):
+                watching = now
+            last_look = now
+            if not stopped(pid):
+                stopped_since = None
+            elif stopped_since is None:
+                stopped_since = now
+            asked = min((s.asked for s in self._forking.values()), default=None)
+            seen = stall.Seen(asked, stopped_since, watching)
+            verdict = stall.judge(seen, now, self.timeout, every)
+            if verdict.reason is not None:
+                self._lose(verdict.reason)
+                return
+            await self.clock.sleep(verdict.recheck)
+
+    def _lose(self, reason: str) -> None:
+        """Give up on the current process, which stopped answering (``reason``, one line):
+        it is not ready from now (``rewarming``), Clones waiting on it get TemplateNotReady,
+        its fibers and then it are killed; ``_watch`` re-warms once it is gone."""
+        live = (TemplateState.WARMING, TemplateState.READY)
+        if self._lost or self._stopping or self._pidfd is None or self.state not in live:
+            return
+        self._lost = True
+        self.last_fault = reason
+        log.warning("template %s (pid %s) stopped answering: %s; killing it and re-warming",
+                    self.uid, self.pid, reason)
+        self._set_state(TemplateState.REWARMING)
+        self._dismiss_spares()
+        for fiber in list(self.fibers.values()):
+            fiber.kill()  # they would die by their death signal; this takes their groups too
+        self._kill_process()
+
+    def _kill_process(self) -> None:
+        """SIGKILL the template process, its process group (it leads one) and, carved, all
+        in its cgroup leaf. Its spares and fibers die by their death signal. Never raises."""
+        if self._pidfd is None or self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # unreaped, its pid cannot be reused
+        if self.cgroup is not None and cgroups.populated(self.cgroup.template):
+            with contextlib.suppress(OSError):
+                cgroups.kill(self.cgroup.template)
+
+    def _not_ready(self) -> TemplateNotReady:
+        state = TemplateState.STOPPED if self._stopping else self.state
+        return TemplateNotReady(state, self.warm_error)
 
     def _template_gone(self, status: int) -> None:
-        self._dismiss_spares()  # they die with it (their death signal); reap their leaves
-        for fiber in list(self.fibers.values()):
-            fiber.template_lost()
         if self._stopping:
             self._set_state(TemplateState.STOPPED)
+        elif self._lost:
+            pass  # rewarming since it was given up on
         elif self.state is TemplateState.WARMING:
             self.warm_error = WarmError("TemplateDied",
                                         f"the template exited ({status}) before it was warm")
             self._set_state(TemplateState.WARM_FAILED)
         elif self.state is TemplateState.READY:
+            self.last_fault = f"the template exited ({_how(status)})"
             self._set_state(TemplateState.REWARMING)
+        self._dismiss_spares()  # they die with it (their death signal); reap their leaves
+        for fiber in list(self.fibers.values()):
+            fiber.template_lost()
 
     def _dispatch(self, msg: dict[str, object]) -> None:
         kind = msg["t"]
+        if self._lost and kind != "exit":
+            return  # given up on: only its fibers' exits still count
         if kind == "ready":
             self.backoff.reset()
+            self._warm_took = self.clock.mono() - self._spawned_at
             self._set_state(TemplateState.READY)
             self._refill()
         elif kind == "warm_failed":
@@ -586,9 +734,10 @@ class Template:
 
 
 async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[int],
-                peer: str) -> None:
+                peer: str, clock: Clock, timeout: float) -> None:
     """Send one message with fds on a non-blocking SEQPACKET socket, waiting for buffer
-    room without blocking the loop. Raises ForkFailed (naming ``peer``) when it is gone."""
+    room without blocking the loop, at most ``timeout`` seconds on ``clock``. Raises
+    ForkFailed (naming ``peer``) when it is gone or took nothing in that time."""
     data = wire.encode(msg)
     loop = asyncio.get_running_loop()
     while True:
@@ -601,7 +750,8 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
             room: asyncio.Future[None] = loop.create_future()
             loop.add_writer(sock.fileno(), lambda f=room: f.done() or f.set_result(None))
             try:
-                await room
+                if not await first_done(room, clock.sleep(timeout)):
+                    raise ForkFailed(f"{peer} took no message for {timeout:g} s") from None
             finally:
                 loop.remove_writer(sock.fileno())
         except OSError as e:
@@ -610,6 +760,22 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
 
 class _SpareGone(Exception):
     """The spare died before it took its order (one line)."""
+
+
+class _NoAnswer(ForkFailed):
+    """The template cannot serve a spare request: it is gone, stopped answering or is
+    stopping (it is no longer ready; ``fork`` turns this into TemplateNotReady)."""
+
+
+def _how(returncode: int) -> str:
+    """A Popen return code in words: "exit code 1", "signal 9 (SIGKILL)"."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+    return f"signal {-returncode} ({name})"
 
 
 def _bare(leaf: Path) -> bool:

@@ -38,7 +38,8 @@ def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
-                         uid: str = "grant-1", spares: int = 1) -> Template:
+                         uid: str = "grant-1", spares: int = 1,
+                         timeout: float = 10.0) -> Template:
     """A template whose env carries the test's mark and can import ``tests.process``."""
     spec = TemplateSpec(preload=preload, warm=warm,
                         env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
@@ -46,7 +47,7 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
     state = tmp / "state"
     state.mkdir(exist_ok=True)
     return await Template.start(uid, spec, env, cgroup, state_dir=state,
-                                clock=clock or SystemClock(), spares=spares)
+                                clock=clock or SystemClock(), spares=spares, timeout=timeout)
 
 
 async def read_line(fd: int) -> bytes:
@@ -87,6 +88,33 @@ async def idle_spares(template: Template, count: int = 1, within: float = 10.0) 
     while len(template.idle_spares) != count and time.monotonic() < end:
         await asyncio.sleep(0.01)
     return template.idle_spares
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("R", "S", "T", "Z" ...; "" once reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def wait_dead(pid: int, within: float = 10.0) -> bool:
+    """Whether ``pid`` ended (a zombie or reaped) within ``within`` s; blocks, polling /proc
+    (so the event loop hears of it only afterwards)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if proc_state(pid) in ("Z", ""):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def wait_state(pid: int, state: str, within: float = 10.0) -> bool:
+    """Whether ``pid`` reached the /proc state ``state`` within ``within`` s (blocks)."""
+    end = time.monotonic() + within
+    while proc_state(pid) != state and time.monotonic() < end:
+        time.sleep(0.005)
+    return proc_state(pid) == state
 
 
 def unified_cgroup(pid: int) -> str:

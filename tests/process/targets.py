@@ -82,6 +82,12 @@ def echo_lines() -> None:
         print(line.strip().upper(), flush=True)
 
 
+def stop_my_template() -> str:
+    """What hostile fiber code can do: SIGSTOP the template it was forked from."""
+    os.kill(os.getppid(), signal.SIGSTOP)
+    return "stopped"
+
+
 def wait_for_interrupt() -> None:
     print("waiting", flush=True)
     time.sleep(60)

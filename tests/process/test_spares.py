@@ -25,23 +25,11 @@ from tests.process.helpers import (
     idle_spares,
     marked_procs,
     unified_cgroup,
+    wait_dead,
     warm_template,
 )
 
 T = "tests.process.targets"
-
-
-def wait_dead(pid: int, within: float = 10.0) -> bool:
-    """Whether ``pid`` ended (a zombie or reaped) within ``within`` s; blocks, polling /proc."""
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.005)
-    return False
 
 
 @aio
