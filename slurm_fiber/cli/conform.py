@@ -3,7 +3,9 @@
 It opens the home's stage, starts fiberd in this process for each clause
 (exactly as the ``fiberd`` command wires it), pulls the stage's levers and
 checks the core's contract, printing a line per clause as it goes (stderr)
-and a table or JSON at the end (stdout). Exit codes: 0 every clause passed
+and a table or JSON at the end (stdout). Started as root for the Slurm
+home, it runs itself again as the stage's job user (fiberd runs as the job
+user there, and the harness runs fiberd in its own process). Exit codes: 0 every clause passed
 or was a declared skip, 1 a clause failed (or, with --strict, was skipped
 without being declared) or the stage could not be opened, 2 usage (unknown
 home, a clause pattern that matches nothing).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import typer
 
@@ -82,6 +85,26 @@ def _listing() -> str:
     return "\n".join([*rows, f"homes: {', '.join(known_homes())} (or module:StageFactory)"])
 
 
+def _as_job_user(as_json: bool, clause: str, strict: bool, settle: float,
+                 clauses: int) -> int:
+    """This command again for the Slurm stage, as its job user (conform.slurm's
+    rerun_as_job_user); the exit code."""
+    from slurm_fiber.conform.slurm import rerun_as_job_user, rerun_bound
+    from slurm_fiber.conform.stage import StageCannot
+
+    args = ["conform", "--home", "slurm", "--settle", str(settle),
+            *(["--json"] if as_json else []), *(["--clause", clause] if clause else []),
+            *(["--strict"] if strict else [])]
+    try:
+        return rerun_as_job_user(args, os.environ, rerun_bound(clauses, settle))
+    except KeyboardInterrupt:
+        typer.echo("slurm-fiber conform: interrupted; fiberd stopped", err=True)
+        return 1
+    except (StageCannot, OSError) as err:
+        typer.echo(f"slurm-fiber conform: the slurm stage could not run: {err}", err=True)
+        return 1
+
+
 def command(
     home: str = typer.Option("", "--home", metavar="NAME",
                              help="The home to check: a registered name (standalone, ...) "
@@ -109,6 +132,9 @@ def command(
         chosen = select_clauses(clause or None)
     except (UnknownStage, NoClauseMatches) as err:
         raise _usage(str(err)) from None
+    if home == "slurm" and os.geteuid() == 0:
+        # fiberd runs as the job user, and the harness runs fiberd in its own process.
+        raise typer.Exit(_as_job_user(as_json, clause, strict, settle, len(chosen)))
     try:
         stage = factory()
         report = asyncio.run(run_suite(stage, chosen, strict=strict, settle_margin=settle,

@@ -21,7 +21,14 @@ import typer
 from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
 from slurm_fiber.config import ConfigError, FiberdConfig
 from slurm_fiber.core.clock import Clock, SystemClock
-from slurm_fiber.daemon import FiberdRefused, ProblemRelay, Running, serve, start_fiberd
+from slurm_fiber.daemon import (
+    FiberdRefused,
+    ProblemRelay,
+    Running,
+    serve,
+    shutdown,
+    start_fiberd,
+)
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, HomeRefused, build_home, close_home
 from slurm_fiber.logs import setup_logging
@@ -68,7 +75,10 @@ async def started(config: FiberdConfig, environ: Mapping[str, str],
 
     ``build`` makes the home (default: the configured one; grant-conform
     passes a stage's builder). Raises HomeRefused or FiberdRefused when it
-    cannot start.
+    cannot start. A start that fails after the socket listens (the home's
+    announcement cannot be written) shuts that fiberd down again first
+    (socket closed and its lock freed, the stop audited), so the next start
+    on the same socket is not refused as "in use".
     """
     clock = clock or SystemClock()
     relay = ProblemRelay()
@@ -76,7 +86,14 @@ async def started(config: FiberdConfig, environ: Mapping[str, str],
     try:
         running = await start_fiberd(config, built.home, clock, audience=built.audience,
                                      relay=relay)
-        built.announce(running.socket)
+        try:
+            built.announce(running.socket)
+        except BaseException as err:
+            why = f"cannot announce fiberd: {err}"
+            await shutdown(running, [], why)
+            if isinstance(err, OSError):  # e.g. safefs.UnsafePath: a state dir not ours
+                raise FiberdRefused(why) from None
+            raise
         yield Fiberd(built, running, config)
     finally:
         for line in await close_home(built):

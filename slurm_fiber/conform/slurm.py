@@ -11,14 +11,17 @@ site config's ``home_defaults``), but trusting only the harness's issuer, so the
 prolog's own grant ``job-<id>.jwt`` (the site issuer's) is refused and never
 warms a template of its own; the clauses use their own UIDs.
 
-The job runs as a job user, as on a site: run as root, the stage submits
-with ``runuser -u <user> -- sbatch`` where ``<user>`` is
-``$SLURM_FIBER_CONFORM_USER`` (default ``nobody``), from a job dir of its
-own (``/tmp/sf-conform-*``, owned by that user, mode 0700, removed on
-close) and with a plain environment (PATH, locale and the SLURM_* variables
-only); run as anyone else, it submits as itself. The step environment the
-job writes there is read without following a link, non-blocking, and
-bounded in size: the job user owns that dir.
+fiberd runs as the job's user, as fiberd-run does in a job: it trusts a
+state dir of its own uid or root's only, and the job's state dir is the job
+user's. So the whole harness runs as the job user, and the stage refuses to
+open as root. ``slurm-fiber conform --home slurm`` started as root runs
+itself again as ``$SLURM_FIBER_CONFORM_USER`` (default ``nobody``) with
+``rerun_as_job_user``: ``runuser -u <user> --`` the site install's
+``slurm-fiber`` (``$SLURM_FIBER_SITE_VENV``, else the one next to this
+interpreter), with a plain environment (PATH, locale and the SLURM_*
+variables only), from "/". The stage then submits the job as that user from
+its own stage dir, and reads the step environment the job writes there
+through safefs (no link followed, no FIFO waited on, bounded in size).
 
 fiberd's own state (grant book, audit log, socket, template logs) is kept
 in the stage dir, not the job's state dir: this fiberd is not a step of
@@ -52,7 +55,11 @@ Levers:
   than the sampling is missed); the job Comment, when the site publishes it,
   is not read;
 - devices: the job's GPU(s) on its node (with gres.conf's device files);
-  held_devices: the GPU leases the job's party holds in the node's lease dir.
+  held_devices: the job's GPUs that fiberd's Slurm home holds for a grant now
+  (``SlurmHome.held_resources``, read from the home the stage's builder
+  built) and whose node lease the job holds. The node's lease area is
+  root's: the prolog claims each GPU in the job's name for the whole job,
+  so a grant's removal releases the GPU in fiberd, never in the lease dir.
 
 The Slurm home polls slurmctld every 5 s (``SlurmHomeConfig.poll_every``,
 not a fiberd option), so the stale TTL is set above that.
@@ -66,16 +73,16 @@ import json
 import os
 import pwd
 import re
-import shutil
+import signal
 import socket
-import stat
 import subprocess
-import tempfile
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from slurm_fiber.config import load_config
+from slurm_fiber import safefs
+from slurm_fiber.config import FiberdConfig, load_config
 from slurm_fiber.conform.stage import (
     Capability,
     Issuer,
@@ -85,10 +92,12 @@ from slurm_fiber.conform.stage import (
     StageCannot,
     while_open,
 )
-from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import Device
-from slurm_fiber.homes.select import home_defaults
+from slurm_fiber.homes.problem import ProblemSink
+from slurm_fiber.homes.select import BuiltHome, build_home, home_defaults
 from slurm_fiber.homes.slurm import fiberdrecord
+from slurm_fiber.homes.slurm.home import SlurmHome
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
 from slurm_fiber.homes.slurm.leases import job_party, node_leases
 from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
@@ -106,8 +115,10 @@ exec sleep 1800
 """
 JOB_USER_ENV = "SLURM_FIBER_CONFORM_USER"
 DEFAULT_JOB_USER = "nobody"
+SITE_VENV_ENV = "SLURM_FIBER_SITE_VENV"
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 RUNUSER = "/usr/sbin/runuser"
+STOP_GRACE = 15.0  # seconds an interrupted rerun may take to close its stage
 MAX_STEP_ENV = 1 << 20  # bytes of the step environment the stage reads
 CTLD_PORT = re.compile(r"^\s*SlurmctldPort\s*=.*$", re.IGNORECASE | re.MULTILINE)
 
@@ -127,9 +138,9 @@ def parse_env0(data: bytes) -> dict[str, str]:
 
 
 def job_user(environ: Mapping[str, str], euid: int) -> pwd.struct_passwd | None:
-    """The account the stage's job runs as: None (submit as this process) unless ``euid`` is
-    root, then ``$SLURM_FIBER_CONFORM_USER`` or ``nobody``. Raises StageCannot for an account
-    that does not exist, or for root itself."""
+    """The account the harness, its fiberd and its job run as: None (this process's own)
+    unless ``euid`` is root, then ``$SLURM_FIBER_CONFORM_USER`` or ``nobody``. Raises
+    StageCannot for an account that does not exist, or for root itself."""
     if euid != 0:
         return None
     name = environ.get(JOB_USER_ENV) or DEFAULT_JOB_USER
@@ -143,20 +154,68 @@ def job_user(environ: Mapping[str, str], euid: int) -> pwd.struct_passwd | None:
 
 
 def job_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """What the job's submitter gets: a plain PATH and locale and the SLURM_* variables. Pure."""
+    """What the job user's run gets: a plain PATH and locale and the SLURM_* variables. Pure."""
     return {"PATH": JOB_PATH, "LANG": "C.UTF-8",
             **{k: v for k, v in environ.items() if k.startswith("SLURM_")}}
 
 
 def read_job_file(path: Path, max_bytes: int) -> bytes:
-    """A regular file the job user wrote, read without following a link or blocking on a FIFO,
-    at most ``max_bytes``; OSError otherwise. TODO(safefs): safefs.read_file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            raise OSError(f"{path}: not a regular file of at most {max_bytes} bytes")
-        return f.read(max_bytes)
+    """A file the job wrote in a dir of this process's user: safefs.read_file (a regular file
+    of one link, this user's, at most ``max_bytes``; no link followed, no FIFO waited on) in
+    the dir safefs.open_dir opened. OSError (UnsafePath) otherwise."""
+    dir_fd = safefs.open_dir(path.parent, trusted_owners=(os.geteuid(),))
+    try:
+        return safefs.read_file(dir_fd, path.name, max_bytes=max_bytes, owners=(os.geteuid(),))
+    finally:
+        os.close(dir_fd)
+
+
+def rerun_bound(clauses: int, settle_margin: float) -> float:
+    """Seconds a rerun of ``clauses`` clauses may take: the runner's budget per clause for
+    this stage's options, plus the job's start and its cancellation. Pure."""
+    settle = settle_margin + 5 * POLL_INTERVAL + 0.5
+    return START_TIMEOUT + 2 * COMMAND_TIMEOUT + clauses * (4 * settle + STALE_TTL + 30.0)
+
+
+def rerun_as_job_user(args: Sequence[str], environ: Mapping[str, str], within: float) -> int:
+    """Run ``slurm-fiber <args>`` again as the stage's job user; its exit code.
+
+    For ``slurm-fiber conform --home slurm`` started as root (see the module
+    doc): ``runuser -u <user> --`` the site install's ``slurm-fiber`` with
+    ``job_env``, from "/", in a session of its own; its output is this
+    command's. Blocks up to ``within`` seconds; then (or on
+    KeyboardInterrupt, re-raised) it is interrupted (SIGINT to its process
+    group: the stage closes and cancels its job), and SIGKILLed STOP_GRACE
+    seconds later. Raises StageCannot for an unusable account.
+    """
+    user = job_user(environ, 0)
+    assert user is not None  # job_user gives an account for root, or raises
+    venv = environ.get(SITE_VENV_ENV)
+    program = (Path(venv) / "bin" if venv else Path(sys.executable).parent) / "slurm-fiber"
+    proc = subprocess.Popen([RUNUSER, "-u", user.pw_name, "--", str(program), *args],
+                            env=job_env(environ), cwd="/", start_new_session=True)
+    try:
+        return proc.wait(within)
+    except subprocess.TimeoutExpired:
+        print(f"slurm-fiber conform: the run as {user.pw_name} did not end within "
+              f"{within:g} s; interrupted", file=sys.stderr)
+        _interrupt(proc)
+        return 1
+    except KeyboardInterrupt:
+        _interrupt(proc)
+        raise
+
+
+def _interrupt(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT ``proc``'s process group, SIGKILL it after STOP_GRACE s; wait for ``proc``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _run(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -194,7 +253,7 @@ class SlurmStage(OpenedStage):
         self._sampler: asyncio.Task[None] | None = None
         self._last_doc: object = None
         self._history: list[bool] = []
-        self._job_dir: Path | None = None
+        self._home: SlurmHome | None = None
 
     @property
     def job(self) -> SlurmJob:
@@ -210,8 +269,13 @@ class SlurmStage(OpenedStage):
         """Submit the job, wait for its step's environment, prepare the two slurm.confs.
 
         Blocks (in threads) up to START_TIMEOUT for the job to start. Raises
-        StageCannot (one line) when there is no usable cluster.
+        StageCannot (one line) when there is no usable cluster, or when run as
+        root (fiberd runs as the job user: see ``rerun_as_job_user``).
         """
+        if os.geteuid() == 0:
+            raise StageCannot("fiberd runs as the job's user, not root: run the harness as "
+                              f"the job user (`slurm-fiber conform` started as root re-runs "
+                              f"itself as ${JOB_USER_ENV}, default {DEFAULT_JOB_USER})")
         self.opened(workdir, issuer)
         (workdir / "fiberd").mkdir(mode=0o700)
         conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
@@ -262,26 +326,15 @@ class SlurmStage(OpenedStage):
                 self._held_record.rename(self._paths.cgroup_file)
         return _run("scancel", str(self._job_id))
 
-    def _job_dir_for(self, workdir: Path, user: pwd.struct_passwd | None) -> Path:
-        """Where the job runs: ``workdir`` for a job of this process's user, else a new dir
-        in /tmp owned by ``user``, mode 0700."""
-        if user is None:
-            return workdir
-        self._job_dir = Path(tempfile.mkdtemp(prefix="sf-conform-", dir="/tmp"))
-        os.chown(self._job_dir, user.pw_uid, user.pw_gid)
-        return self._job_dir
-
-    def _start_job(self, workdir: Path) -> dict[str, str]:
-        user = job_user(os.environ, os.geteuid())
-        jobdir = self._job_dir_for(workdir, user)
+    def _start_job(self, jobdir: Path) -> dict[str, str]:
+        """Submit the job (as this process's user) to run in ``jobdir``; its step's
+        environment once it reported it."""
         script = jobdir / "job.sh"
         script.write_text(JOB_SCRIPT)
         script.chmod(0o644)
-        argv = ["sbatch", "--parsable", "--gres=gpu:1", "--time=30", "-n1",
-                "--job-name=slurm-fiber-conform", f"--chdir={jobdir}",
-                f"--output={jobdir}/job.out", str(script)]
-        out = (_run(*argv) if user is None else
-               _run(RUNUSER, "-u", user.pw_name, "--", *argv, env=job_env(os.environ)))
+        out = _run("sbatch", "--parsable", "--gres=gpu:1", "--time=30", "-n1",
+                   "--job-name=slurm-fiber-conform", f"--chdir={jobdir}",
+                   f"--output={jobdir}/job.out", str(script))
         if out.returncode != 0:
             raise StageCannot(f"sbatch failed: {out.stderr.strip()[:300]}")
         self._job_id = int(out.stdout.strip().split(";")[0])
@@ -301,7 +354,7 @@ class SlurmStage(OpenedStage):
 
     def _job_out(self) -> str:
         with contextlib.suppress(OSError):
-            out = read_job_file((self._job_dir or self.root) / "job.out", MAX_STEP_ENV)
+            out = read_job_file(self.root / "job.out", MAX_STEP_ENV)
             return out.decode(errors="replace")[-300:].strip() or "no output"
         return "no output"
 
@@ -318,9 +371,6 @@ class SlurmStage(OpenedStage):
         if self._refuser is not None:
             self._refuser.close()
             self._refuser = None
-        if self._job_dir is not None:
-            shutil.rmtree(self._job_dir, ignore_errors=True)
-            self._job_dir = None
 
     # ---- fiberd
 
@@ -335,7 +385,16 @@ class SlurmStage(OpenedStage):
             "poll_interval": str(POLL_INTERVAL), "stale_ttl": str(STALE_TTL),
             "fence_ttl": str(FENCE_TTL), "grace": "0.5", "audit_fsync": "never",
         }
-        return Launch(load_config(env={}, flags=flags, home_defaults=defaults), self._environ)
+        return Launch(load_config(env={}, flags=flags, home_defaults=defaults), self._environ,
+                      build=self._build)
+
+    async def _build(self, config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
+                     on_problem: ProblemSink) -> BuiltHome:
+        """The Slurm home exactly as ``fiberd`` builds it, kept to read what it holds."""
+        built = await build_home(config, clock, environ, on_problem)
+        assert isinstance(built.home, SlurmHome)
+        self._home = built.home
+        return built
 
     # ---- levers
 
@@ -379,10 +438,14 @@ class SlurmStage(OpenedStage):
         return self._devices
 
     def held_devices(self) -> frozenset[Device]:
-        """The job's GPUs whose leases the job's party holds now in the node's lease dir."""
+        """The job's GPUs that fiberd's home holds for a grant now and whose node lease the
+        job's party holds (the prolog's claim, root's: it lasts the whole job)."""
+        if self._home is None:
+            return frozenset()
         party = job_party(self.job)
         leases = node_leases(self.paths, SystemClock(), ttl=60.0)
-        held = {h.env for h in leases.dir.list() if h.party().same_as(party)}
+        leased = {h.env for h in leases.dir.list() if h.party().same_as(party)}
+        held = self._home.held_resources() & leased
         return frozenset(d for d in self._devices
                          if gpu_resource(self.job.node, d.index) in held)
 

@@ -5,17 +5,20 @@ env``): the stage submits a real batch job holding one GPU, and fiberd runs
 with that job's step environment, real templates and fibers, real
 `scontrol`/`squeue`, the prolog's grantdir and GPU leases, and `scancel`.
 
-The stage's job runs as a job user (sfalice, through
-``SLURM_FIBER_CONFORM_USER``), never as root.
+The CLI is started as root, so it runs itself again as the stage's job user
+(sfalice, through ``SLURM_FIBER_CONFORM_USER``): the job and fiberd run as
+that user, never as root (root's fiberd refuses the job user's state dir).
 
 Every clause runs (nothing is declared lacking) and passes. (The run once
 found that a job's GPU could be claimed only once: a released claim freed
-the lease with no grant left; NodeLeases.release now gives it back to the
-job's pool.)
+the lease with no grant left. Now the prolog claims each GPU for the whole
+job in the root-only lease area, and ``devices.released`` reads what
+fiberd's home holds.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -24,8 +27,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.slurm import (
     JOB_USER_ENV,
+    SlurmStage,
     dead_conf,
     job_env,
     parse_env0,
@@ -121,7 +126,16 @@ def test_the_job_runs_as_the_named_user_and_never_as_root() -> None:
         stage_job_user({JOB_USER_ENV: "sf-no-such-user"}, euid=0)
 
 
-def test_the_submitter_gets_a_plain_environment() -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks the stage run as root")
+def test_the_stage_does_not_open_as_root(tmp_path: Path) -> None:
+    """fiberd would run as root and refuse the job user's state dir: nothing is submitted."""
+    stage = SlurmStage()
+    issuer = ConformIssuer(tmp_path, "mark").issuer
+    with pytest.raises(StageCannot, match="fiberd runs as the job's user, not root"):
+        asyncio.run(stage.open(tmp_path / "stage", issuer))
+
+
+def test_the_job_users_run_gets_a_plain_environment() -> None:
     env = job_env({"PATH": "/root/.pyenv/bin:/usr/bin", "HOME": "/root", "VIRTUAL_ENV": "/v",
                    "SLURM_CONF": "/c", "SLURM_FIBER_CONFIG": "/s"})
     assert env == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",

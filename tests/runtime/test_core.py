@@ -9,14 +9,23 @@ shutdown and restart, and the audit trail of each.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from slurm_fiber.cli.fiberd import started
+from slurm_fiber.config import FiberdConfig
+from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.daemon import FiberdRefused
+from slurm_fiber.homes.problem import ProblemSink
+from slurm_fiber.homes.select import BuiltHome, build_home
+from slurm_fiber.safefs import UnsafePath
 from tests.process.helpers import aio, marked_procs
 from tests.runtime.kit import Site, running_fiberd, until, warm
 
@@ -185,3 +194,27 @@ async def test_a_restart_remembers_denials_and_the_epoch(site: Site) -> None:
         assert live.core.status()["epoch"] == 1
         miss = await live.clone(token=token)
         assert isinstance(miss, Miss) and miss.code is MissCode.DENIED
+
+
+@aio
+async def test_a_start_whose_announcement_fails_frees_the_socket_for_the_next(
+        site: Site) -> None:
+    """A home that cannot leave its record (the Slurm home refusing a state dir fiberd does
+    not trust) makes the start a one-line refusal, and shuts the half-started fiberd down."""
+    async def refusing_announce(config: FiberdConfig, clock: Clock,
+                                environ: Mapping[str, str], sink: ProblemSink) -> BuiltHome:
+        built = await build_home(config, clock, environ, sink)
+
+        def announce(sock: Path) -> None:
+            raise UnsafePath(f"{site.state} is owned by uid 995, not by a trusted owner")
+
+        return dataclasses.replace(built, announce=announce)
+
+    with pytest.raises(FiberdRefused, match=r"cannot announce fiberd: .* is owned by uid 995"):
+        async with started(site.config(), {}, build=refusing_announce):
+            pytest.fail("started despite the failed announcement")
+    assert not (site.state / "fiberd.sock").exists()
+    assert [e["event"] for e in audit_events(site)][-2:] == ["start", "stop"]
+    site.drop()
+    async with running_fiberd(site) as live:  # the same socket: not "in use"
+        await warm(live)

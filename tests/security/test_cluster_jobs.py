@@ -1,15 +1,18 @@
 """One job user's job against another's on the real cluster (issue 13; markers hostile, slurm).
 
-alice (sfalice) runs a GPU job on n1 whose fiberd holds her GPU's lease; it
-is held for the whole module. mallory (sfmallory), another job user on the
+alice (sfalice) runs a GPU job on n1: the prolog claimed her GPU's lease in
+her job's name (root's record in the root-only lease area) and her fiberd
+verified it; the job is held for the whole module. mallory (sfmallory), another job user on the
 same node, then:
 
 (a) from a GPU job of her own, tries to take alice's lease in the node's
     lease area: rename alice's lease entry (``mv``), open the lease state
     for writing, and write into alice's lease entry. Every attempt must
     fail, and alice's fiberd must keep her GPU: the lease is still her
-    job's, and a fiber of hers still runs with it. (A successful attempt is
-    undone at once, so a failing run leaves the cluster usable.)
+    job's, her holder record and every state entry naming her party or her
+    GPU are unchanged (mallory's own GPU job changes only her own GPU's
+    entries), and a fiber of hers still runs with it. (A successful attempt
+    is undone at once, so a failing run leaves the cluster usable.)
 (b) from a fiber of her own job's fiberd, tries to list alice's job state
     dir, read alice's token in it, and connect to alice's fiberd socket.
     Every attempt must be refused by the kernel (permission denied).
@@ -28,9 +31,11 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.homes.slurm.leases import AREA_OWNERS
 from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
 from slurm_fiber.homes.slurm.siteconfig import load_site_config
 from slurm_fiber.lease import Leases
+from slurm_fiber.lease.dirlease import HOLDER_FILE
 from tests.security.users import JobUser
 from tests.slurm import conftest as slurm_site
 from tests.slurm.conftest import SlurmCluster, new_job_dir
@@ -122,9 +127,31 @@ def victim(slurm_cluster: SlurmCluster, alice: JobUser, _job_dirs: Path) -> Iter
 
 def holder_of(victim: Victim) -> str | None:
     """The session holding the victim's GPU lease in the node's lease area, if any."""
-    leases = Leases(victim.paths.lease_dir, victim.paths.lease_state, FakeClock())
+    leases = Leases(victim.paths.lease_dir, victim.paths.lease_state, FakeClock(),
+                    owners=AREA_OWNERS)
     holder = leases.dir.get(victim.resource)
     return None if holder is None else holder.party().session
+
+
+def alices_entries(victim: Victim) -> dict[str, object]:
+    """What of the node's lease area is alice's: her lease's holder record and every entry of
+    the state document that names her party or her GPU (by key or in its value)."""
+    mine = (victim.party(), victim.resource)
+
+    def names_her(key: str, value: object) -> bool:
+        return key in mine or any(m in json.dumps(value) for m in mine)
+
+    doc = json.loads(victim.paths.lease_state.read_text())
+    state: dict[str, object] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            state[key] = {k: v for k, v in value.items() if names_her(k, v)}
+        elif isinstance(value, list):
+            state[key] = [v for v in value if names_her("", v)]
+        else:
+            state[key] = value if names_her(key, value) else None
+    record = (victim.paths.lease_dir / victim.resource / HOLDER_FILE).read_bytes()
+    return {"holder": record, "state": state}
 
 
 def fiber_gpu(cluster: SlurmCluster, victim: Victim) -> tuple[int, str]:
@@ -140,7 +167,7 @@ def test_another_users_gpu_job_cannot_take_or_move_a_jobs_gpu_lease(
         job_dir: Callable[[JobUser], Path]) -> None:
     index = victim.resource.rsplit(":", 1)[1]
     assert holder_of(victim) == victim.party(), "alice's fiberd does not hold her GPU"
-    state_before = victim.paths.lease_state.read_bytes()
+    hers_before = alices_entries(victim)
     work = job_dir(mallory)
     script = LEASE_ATTACK.format(work=work, lease_dir=victim.paths.lease_dir,
                                  resource=victim.resource)
@@ -154,7 +181,7 @@ def test_another_users_gpu_job_cannot_take_or_move_a_jobs_gpu_lease(
     succeeded = [what for what, (rc, _) in tried.items() if rc == 0]
     assert not succeeded, f"mallory could {succeeded} alice's lease: {record}"
     assert holder_of(victim) == victim.party()
-    assert victim.paths.lease_state.read_bytes() == state_before
+    assert alices_entries(victim) == hers_before
     assert fiber_gpu(slurm_cluster, victim) == (0, index)
 
 

@@ -321,11 +321,14 @@ def test_devices_are_the_jobs_gpus_claimed_and_released(tmp_path: Path, clock: F
     assert channel.env()["CUDA_VISIBLE_DEVICES"] == "1"
     second, release_second = asyncio.run(home.devices(grant()))  # another grant, same job
     assert second == channel
+    assert home.held_resources() == {"gpu:n1:1"}
     release()
     release()  # idempotent
     assert ledger.held == {"gpu:n1:1": "job 6"}  # still used by the second grant
+    assert home.held_resources() == {"gpu:n1:1"}
     release_second()
     assert ledger.held == {} and ledger.log == ["claim gpu:n1:1", "release gpu:n1:1"]
+    assert home.held_resources() == frozenset()
     none, release_none = asyncio.run(home.devices(grant(devices=())))
     assert none.devices == () and none.env()["CUDA_VISIBLE_DEVICES"] == ""
     release_none()

@@ -22,9 +22,11 @@ import pytest
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.homes.slurm.leases import AREA_OWNERS
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config
 from slurm_fiber.lease import Leases
+from slurm_fiber.lease.dirlease import HOLDER_FILE
 
 if TYPE_CHECKING:
     from conftest import BareHost, JobUser, SlurmCluster
@@ -60,8 +62,25 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT_S) ->
 
 
 def leases_of(site: SiteConfig, node: str) -> Leases:
+    """The node's root-only lease area, read as the hooks read it (root's entries only)."""
     paths = job_paths(site.state_root, node, 1)
-    return Leases(paths.lease_dir, paths.lease_state, FakeClock())
+    return Leases(paths.lease_dir, paths.lease_state, FakeClock(), owners=AREA_OWNERS)
+
+
+def assert_held_by_job(site: SiteConfig, node: str, job: int, user: JobUser,
+                       resource: str) -> None:
+    """``resource`` is held, as the prolog leaves it, by ``job``'s party (no process named,
+    root's record) and no grant of the job is left pending in the state document."""
+    leases = leases_of(site, node)
+    holder = leases.dir.get(resource)
+    party = f"slurm-job:citest:{job}"
+    assert holder is not None, f"{resource} is free"
+    assert (holder.party().session, holder.process(), holder.holder) == (
+        party, None, f"slurm job {job} ({user.name})"), holder
+    record = leases.dir.path / resource / HOLDER_FILE
+    assert (record.stat().st_uid, record.stat().st_mode & 0o777) == (0, 0o644)
+    pending = [g.resource for g in leases.state().grants if g.to.session == party]
+    assert pending == [], f"job {job} still has pending grants {pending}"
 
 
 def nothing_left(site: SiteConfig, node: str, job_id: int) -> bool:
@@ -91,9 +110,10 @@ def test_a_jobs_prolog_places_a_verifying_token_and_its_gpu_lease(
             (work / f"token-{job}").read_bytes())
         assert grant.uid == f"job-{job}" and grant.issuer == site.issuer
         gpu = int((work / f"gpus-{job}").read_text())
-        grants = leases_of(site, "n1").state().grants
-        mine = [g.resource for g in grants if g.to.session == f"slurm-job:citest:{job}"]
-        assert mine == [f"gpu:n1:{gpu}"]
+        assert_held_by_job(site, "n1", job, test_user, f"gpu:n1:{gpu}")
+        held = [h.env for h in leases_of(site, "n1").dir.list()
+                if h.party().session == f"slurm-job:citest:{job}"]
+        assert held == [f"gpu:n1:{gpu}"]
     finally:
         (work / "release").touch()
         slurm_cluster.wait_done(job)
@@ -114,11 +134,12 @@ def test_two_jobs_on_one_node_get_different_gpus_and_leases(
         for job in jobs:
             eventually(lambda job=job: (work_of[job] / f"gpus-{job}").exists(),
                        f"job {job} silent")
-        grants = leases_of(site, "n1").state().grants
-        held = {g.to.session: g.resource for g in grants}
+        held = {h.party().session: h.env for h in leases_of(site, "n1").dir.list()}
         mine = [held.get(f"slurm-job:citest:{job}") for job in jobs]
         gpus = [f"gpu:n1:{(work_of[job] / f'gpus-{job}').read_text()}" for job in jobs]
         assert mine == gpus and len(set(mine)) == 2
+        for job, user, gpu in zip(jobs, users, gpus, strict=True):
+            assert_held_by_job(site, "n1", job, user, gpu)
         owners = [(work_of[job] / f"stat-{job}").read_text().split()[0] for job in jobs]
         assert owners == [user.name for user in users]
     finally:
@@ -288,45 +309,61 @@ def test_every_node_of_a_job_gets_its_own_state(slurm_cluster: SlurmCluster,
         eventually(lambda node=node: nothing_left(site, node, job), f"job {job} left on {node}")
 
 
-CLAIMING_JOB = """#!/bin/sh
+VERIFYING_JOB = """#!/bin/sh
 cd "{work}"
 "{python}" - > "claim-$SLURM_JOB_ID.tmp" 2>&1 <<'PY'
 import os
 from slurm_fiber.core.clock import SystemClock
+from slurm_fiber.homes.slurm.home import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import job_from_env
 from slurm_fiber.homes.slurm.leases import NodeLeases
-from slurm_fiber.homes.slurm.paths import gpu_resource
+from slurm_fiber.homes.slurm.paths import gpu_resource, job_paths
 from slurm_fiber.homes.slurm.siteconfig import load_site_config
-from slurm_fiber.lease.stale import process_ref
+config = load_site_config(os.environ)
 job = job_from_env(os.environ)
-leases = NodeLeases.for_job(load_site_config(os.environ), job, SystemClock(),
-                            process_ref(os.getppid()))
+leases = NodeLeases.for_job(config, job, SystemClock())
 for gpu in job.gpus:
     leases.claim(gpu_resource(job.node, gpu))
-    print("claimed", gpu_resource(job.node, gpu))
+    print("verified", gpu_resource(job.node, gpu))
+other = gpu_resource(job.node, 1 - job.gpus[0])  # the node's other GPU, not the job's
+try:
+    leases.claim(other)
+    print("claimed", other)
+except DevicesRefused as err:
+    print("refused", other, err.code)
+lease_dir = job_paths(config.state_root, job.node, job.job_id).lease_dir
+try:
+    os.mkdir(lease_dir / other)
+    print("wrote", other)
+except PermissionError:
+    print("read-only", lease_dir)
 PY
 mv "claim-$SLURM_JOB_ID.tmp" "claim-$SLURM_JOB_ID"
 i=0; while [ ! -f release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 """
 
 
-def test_the_job_user_claims_its_granted_gpu_and_the_epilog_frees_it(
+def test_the_job_users_claim_verifies_the_prologs_lease_and_the_epilog_frees_it(
         slurm_cluster: SlurmCluster, job_dir: WorkDir, test_user: JobUser) -> None:
-    """What fiberd does as the job user, done by the job itself with the site install."""
+    """What fiberd does as the job user, done by the job itself with the site install:
+    its claim only verifies the lease the prolog claimed in the job's name."""
     site = site_of(slurm_cluster)
     work = job_dir(test_user)
     job = slurm_cluster.submit(
-        CLAIMING_JOB.format(work=work, python=slurm_cluster.site_bin / "python"), "-w", "n1",
+        VERIFYING_JOB.format(work=work, python=slurm_cluster.site_bin / "python"), "-w", "n1",
         "--gres=gpu:1", "-t", "2", workdir=work, user=test_user)
     try:
-        eventually(lambda: (work / f"claim-{job}").exists(), f"job {job} did not claim")
-        said = (work / f"claim-{job}").read_text()
-        assert said.startswith("claimed gpu:n1:"), said
-        resource = said.split()[1]
-        holder = leases_of(site, "n1").dir.get(resource)
-        assert holder is not None and holder.party().session == f"slurm-job:citest:{job}"
-        lease = job_paths(site.state_root, "n1", job).lease_dir / resource
-        assert lease.stat().st_uid == test_user.uid
+        eventually(lambda: (work / f"claim-{job}").exists(), f"job {job} did not verify")
+        said = (work / f"claim-{job}").read_text().split("\n")
+        assert said[0].startswith("verified gpu:n1:"), said
+        resource = said[0].split()[1]
+        other = f"gpu:n1:{1 - int(resource.rsplit(':', 1)[1])}"
+        refused, lease_dir = said[1].split(), leases_of(site, "n1").dir.path
+        assert refused[:2] == ["refused", other], said
+        assert refused[2] in ("lease_failed", "device_held"), said
+        assert said[2] == f"read-only {lease_dir}", said
+        assert_held_by_job(site, "n1", job, test_user, resource)
+        assert (lease_dir / resource).stat().st_uid == 0
     finally:
         (work / "release").touch()
         slurm_cluster.wait_done(job)

@@ -295,6 +295,16 @@ class SlurmHome:
 
     # ---- device leases (called in threads)
 
+    def held_resources(self) -> frozenset[str]:
+        """The GPU resources (``gpu:<node>:<index>``) some grant of this fiberd holds now.
+
+        fiberd's own record of its holds: the node's lease of each GPU is the
+        job's for the whole job (the prolog's claim), whether a grant uses it
+        or not. Thread-safe; never blocks on the lease state.
+        """
+        with self._claims_lock:
+            return frozenset(self._claims)
+
     def _hold(self, resource: str) -> None:
         with self._claims_lock:
             if self._claims.get(resource, 0) == 0 and self.leases is not None:
