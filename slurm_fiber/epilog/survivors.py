@@ -33,19 +33,19 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.cgroup_layout import parse_cgroup_path
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
+from slurm_fiber.record import record
 
 MAX_ENVIRON = 1 << 20
 POLL_S = 0.02
 ROUNDS = 3
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobProcess:
     """A process of the job: pid, start time (to tell a reused pid), why it is the job's,
     and its command line as first seen."""

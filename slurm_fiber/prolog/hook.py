@@ -17,8 +17,9 @@ import signal
 import sys
 import syslog
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from slurm_fiber.record import Factory, record
 
 T = TypeVar("T")
 
@@ -27,7 +28,7 @@ class StepTimeout(Exception):
     """A step ran out of its time bound."""
 
 
-@dataclass
+@record
 class Hook:
     """One run of a hook: its ``name`` (syslog ident), the job (once known), its failures.
 
@@ -41,8 +42,8 @@ class Hook:
     job: int | None = None
     verbose: bool = False
     use_syslog: bool = True
-    failed: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    failed: dict[str, str] = Factory(dict)
+    notes: list[str] = Factory(list)
 
     def _line(self, step: str, text: str) -> str:
         who = f"job {self.job}: " if self.job is not None else ""
