@@ -23,11 +23,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from slurm_fiber.record import record
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -35,7 +36,7 @@ MAX_JWKS_BYTES = 1 << 20
 RACY_WINDOW_NS = 2_000_000_000
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TrustedKey:
     """One loaded public key: its issuer, kid, pinned algorithm and key object."""
 
@@ -119,7 +120,7 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
     return alg, key
 
 
-@dataclass
+@record
 class _IssuerFile:
     path: Path
     stamp: tuple[int, int, int] | None = None
