@@ -98,35 +98,66 @@ class Leases:
         Refusal (not granted, queued behind others, upgrade running, held by
         someone else) or LeaseError.
         """
-        check_resource(resource)
+        outcome = self.claim_each([resource], caller, purpose, budget_gib, steal_stale, grant_by)[0]
+        if isinstance(outcome, Refusal):
+            raise outcome
+        return outcome
+
+    def claim_each(
+        self,
+        resources: list[str],
+        caller: Caller,
+        purpose: str,
+        budget_gib: int = 0,
+        steal_stale: bool = False,
+        grant_by: Caller | None = None,
+    ) -> list[Holder | Refusal]:
+        """``claim`` of each of ``resources``, in order, under one lock and one state write.
+
+        One outcome per resource: the holder record now on disk, or the
+        Refusal of that claim (the others still go ahead). A Slurm prolog
+        claims all of a job's GPUs this way, so the state document and its
+        directory are flushed once per job, not once per GPU. Raises
+        LeaseError (bad input, failed I/O), and then writes no state: a
+        lease directory already made for an earlier resource stays the
+        caller's, and a later claim of it returns it unchanged.
+        """
+        for resource in resources:
+            check_resource(resource)
         check_purpose(purpose)
         if budget_gib < 0:
             raise LeaseError(f"budget must be 0 or more GiB, not {budget_gib}")
-        refusal: Refusal | None = None
+        outcomes: list[Holder | Refusal] = []
         with update(self.state_path, self.owners) as st:
-            now = self.clock.wall()
-            self._watch(st, now)
-            current = self.dir.get(resource)
-            if current is not None and steal_stale:
-                current = self._steal(resource, current, caller, now)
-            if current is not None and current.party().same_as(caller.party):
-                return current
-            if grant_by is not None:
-                self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
-            try:
-                gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
-                index = check(st, gate)
-                mine = self._holder(resource, caller, purpose, budget_gib, now, st, index)
-                taken = self.dir.claim(resource, mine) if current is None else current
-                if taken is not None:
-                    raise _held(taken)
-            except Refusal as err:
-                refusal = err
-            else:
-                if index >= 0:
-                    del st.grants[index]
-                return mine
-        raise refusal
+            for resource in resources:
+                try:
+                    outcomes.append(self._claim_locked(st, resource, caller, purpose, budget_gib,
+                                                       steal_stale, grant_by))
+                except Refusal as err:
+                    outcomes.append(err)
+        return outcomes
+
+    def _claim_locked(self, st: State, resource: str, caller: Caller, purpose: str,
+                      budget_gib: int, steal_stale: bool, grant_by: Caller | None) -> Holder:
+        """One claim inside ``update``: the holder now on disk; raises Refusal."""
+        now = self.clock.wall()
+        self._watch(st, now)
+        current = self.dir.get(resource)
+        if current is not None and steal_stale:
+            current = self._steal(resource, current, caller, now)
+        if current is not None and current.party().same_as(caller.party):
+            return current
+        if grant_by is not None:
+            self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
+        gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
+        index = check(st, gate)
+        mine = self._holder(resource, caller, purpose, budget_gib, now, st, index)
+        taken = self.dir.claim(resource, mine) if current is None else current
+        if taken is not None:
+            raise _held(taken)
+        if index >= 0:
+            del st.grants[index]  # a refused claim leaves its grant queued
+        return mine
 
     def release(self, resource: str, caller: Caller, force: bool = False) -> Holder | None:
         """Free ``resource``; return the holder it had (None when it was free).

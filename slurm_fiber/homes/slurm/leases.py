@@ -16,7 +16,8 @@ one line and never taken as a lease. The narrow way in is the prolog:
 - the prolog (root) records itself as the node's supervisor (no process to
   watch: it exits, its grants stay), grants each of the job's GPUs on this
   node to the job's party in allocation order, and claims each in the
-  job's name, consuming the grant (``grant_and_claim_job_gpus``): a session
+  job's name, consuming the grant, all under one lock and one write of the
+  state document (``grant_and_claim_job_gpus``): a session
   still claims only what the supervisor granted it, in order;
 - fiberd (the job user) only verifies through ``NodeLeases``, the Slurm
   home's ``DeviceLeases``, and writes nothing: held by its own job, fine;
@@ -174,13 +175,12 @@ def grant_and_claim_job_gpus(leases: Leases, job: SlurmJob) -> tuple[list[str], 
         leases.supervise_start(by)  # recorded once per node: every prolog is the same party
     claimer = Caller(job_party(job), name=job_holder_name(job))
     resources = [gpu_resource(job.node, index) for index in job.gpus]
-    refused: list[str] = []
-    for resource in resources:
-        try:  # held already by the job: unchanged; else granted and claimed in one step
-            leases.claim(resource, claimer, f"slurm job {job.job_id}", steal_stale=True,
-                         grant_by=by)
-        except Refusal as err:
-            refused.append(f"{resource}: {err.reason}")
+    # One locked step for all the job's GPUs (one state write): a GPU held by the job already
+    # is left unchanged, any other is granted and claimed.
+    outcomes = leases.claim_each(resources, claimer, f"slurm job {job.job_id}",
+                                 steal_stale=True, grant_by=by)
+    refused = [f"{resource}: {outcome.reason}" for resource, outcome
+               in zip(resources, outcomes, strict=True) if isinstance(outcome, Refusal)]
     return resources, refused
 
 
