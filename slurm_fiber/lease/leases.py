@@ -167,23 +167,47 @@ class Leases:
         Records the release time, from which the next grant's TTL runs.
         """
         with update(self.state_path, self.owners) as st:
-            try:
-                current = self.dir.get(resource)
-            except LeaseError:
-                if not force:
-                    raise
-                current = None
-            mine = current is not None and current.party().same_as(caller.party)
-            if not force and current is not None and not mine:
-                raise LeaseError(
-                    f"{resource} is held by {current.holder}, not by you; "
-                    "--force releases it (audited)"
-                )
-            if force and not mine:
-                self._audit("force-release", resource, caller, current, "released by force")
-            self.dir.release(resource)
-            st.released[resource] = self.clock.wall()
-            return current
+            return self._release_locked(st, resource, caller, force)
+
+    def release_each(self, resources: list[str],
+                     caller: Caller) -> list[Holder | LeaseError | None]:
+        """``release`` (not forced) of each of ``resources``, under one lock and one state write.
+
+        One outcome per resource: the holder it had (None when it was free),
+        or the LeaseError that left it held; the others still go ahead. A
+        Slurm epilog releases all of a job's GPUs this way, so the state
+        document and its directory are flushed once per job, not once per
+        GPU. Raises LeaseError only when the state cannot be read or written.
+        """
+        outcomes: list[Holder | LeaseError | None] = []
+        with update(self.state_path, self.owners) as st:
+            for resource in resources:
+                try:
+                    outcomes.append(self._release_locked(st, resource, caller, False))
+                except LeaseError as err:
+                    outcomes.append(err)
+        return outcomes
+
+    def _release_locked(self, st: State, resource: str, caller: Caller,
+                        force: bool) -> Holder | None:
+        """One release inside ``update``: the holder it had; raises LeaseError."""
+        try:
+            current = self.dir.get(resource)
+        except LeaseError:
+            if not force:
+                raise
+            current = None
+        mine = current is not None and current.party().same_as(caller.party)
+        if not force and current is not None and not mine:
+            raise LeaseError(
+                f"{resource} is held by {current.holder}, not by you; "
+                "--force releases it (audited)"
+            )
+        if force and not mine:
+            self._audit("force-release", resource, caller, current, "released by force")
+        self.dir.release(resource)
+        st.released[resource] = self.clock.wall()
+        return current
 
     def grant(self, resource: str, to: Party, by: Caller, upgrade_unblock: str = "") -> int:
         """As the recorded supervisor, queue a grant of ``resource`` to ``to``.

@@ -105,6 +105,25 @@ def test_a_jobs_gpus_are_claimed_in_one_write_of_the_state(tmp_path: Path, clock
         ("gpu:n1:1", "slurm-job:citest:7")]  # the refused claim's grant waits
 
 
+def test_the_epilog_releases_a_jobs_gpus_in_one_write_of_the_state(
+        tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = job(7, (0, 1, 2))
+    prolog(tmp_path, a, clock)
+    written: list[str] = []
+    real = state_module.write_atomic
+
+    def counted(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:
+        written.append(name)
+        real(dir_fd, name, data, where, mode)
+
+    monkeypatch.setattr(state_module, "write_atomic", counted)
+    leases = node_leases(job_paths(tmp_path, "n1", 7), clock, TTL)
+    assert release_job(leases, a) == (["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"], [])
+    assert written == ["state.json"]  # once for the three GPUs, not once per GPU
+    assert leases.dir.list() == []
+    assert sorted(leases.state().released) == ["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"]
+
+
 def test_a_gpu_the_prolog_did_not_claim_is_refused(tmp_path: Path, clock: FakeClock) -> None:
     prolog(tmp_path, job(7, (0,)), clock)
     other = fiberd(tmp_path, job(8, (1,)), clock)

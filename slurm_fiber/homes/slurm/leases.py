@@ -22,8 +22,8 @@ one line and never taken as a lease. The narrow way in is the prolog:
 - fiberd (the job user) only verifies through ``NodeLeases``, the Slurm
   home's ``DeviceLeases``, and writes nothing: held by its own job, fine;
   held by another job, ``device_held``; not held, ``lease_failed``;
-- the epilog (root) ``release_job``: frees every lease the job holds and
-  drops the grants it never claimed.
+- the epilog (root) ``release_job``: frees every lease the job holds (one
+  write of the state document) and drops the grants it never claimed.
 
 A lease claimed by the prolog names no process (the prolog exits), so it is
 never stale: it stays the job's until the job's epilog, or until root runs
@@ -193,19 +193,27 @@ def release_job(leases: Leases, job: SlurmJob) -> tuple[list[str], list[str]]:
     """Free every lease ``job`` holds on the node and drop its unclaimed grants.
 
     Returns (released resources, resources whose grants were dropped).
-    Idempotent. Raises LeaseError when the lease state cannot be read or
-    written; a lease that cannot be released is left for the next try.
+    Idempotent. The job's leases are released under one lock and one write
+    of the state document. Raises LeaseError when the lease state cannot be
+    read or written, and, once the others are released and the grants
+    dropped, naming each lease that could not be released (left for the
+    next try).
     """
     party = job_party(job)
     caller = Caller(party, name=f"slurm-fiber epilog for job {job.job_id}")
-    released = [h.env for h in leases.dir.list() if h.party().same_as(party)]
-    for resource in released:
-        leases.release(resource, caller)
+    held = [h.env for h in leases.dir.list() if h.party().same_as(party)]
+    outcomes = leases.release_each(held, caller) if held else []
+    failed = [f"{resource}: {outcome}" for resource, outcome
+              in zip(held, outcomes, strict=True) if isinstance(outcome, LeaseError)]
+    released = [resource for resource, outcome in zip(held, outcomes, strict=True)
+                if not isinstance(outcome, LeaseError)]
     state = leases.state()
     dropped: list[str] = []
     if state.supervisor is not None and any(g.to.same_as(party) for g in state.grants):
         by = Caller(state.supervisor.party)
         dropped = [g.resource for g in leases.revoke(party, by)]
+    if failed:
+        raise LeaseError("not released: " + "; ".join(failed))
     return released, dropped
 
 
