@@ -10,8 +10,8 @@ hook's wall time on a 2-core machine. ``@record`` gives a class what
 uses, and compiles nothing:
 
 - ``__init__`` taking the annotated fields in order, by position or name;
-  a class-level value is the default, ``Factory(f)`` a default made by
-  calling ``f()`` for each instance (dataclasses' ``default_factory``);
+  a class-level value is the default, ``field(default_factory=f)`` a default
+  made by calling ``f()`` for each instance (as dataclasses' ``field``);
 - ``__eq__`` by exact class and field values, ``__repr__``, ``__match_args__``;
 - ``frozen=True``: assignment and deletion raise ``FrozenRecordError`` (an
   AttributeError, like dataclasses' FrozenInstanceError) and ``__hash__``
@@ -25,7 +25,7 @@ inheritance of fields). Pure; standard library only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, dataclass_transform, overload
 
 T = TypeVar("T")
 _MISSING = object()
@@ -35,13 +35,19 @@ class FrozenRecordError(AttributeError):
     """An assignment to, or deletion of, a field of a frozen record."""
 
 
-class Factory:
-    """A field default made afresh for each instance: ``names: list[str] = Factory(list)``."""
+class _Factory:
+    """A field default made afresh for each instance (what ``field`` returns)."""
 
-    __slots__ = ("make",)
+    __slots__ = ("factory",)
 
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self.make = make
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+
+
+def field(*, default_factory: Callable[[], T]) -> T:
+    """A field default made afresh for each instance: ``names: list[str] =
+    field(default_factory=list)``. Typed as the field's value for type checkers."""
+    return cast(T, _Factory(default_factory))
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -63,7 +69,7 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
             default = defaults.get(name, _MISSING)
             if default is _MISSING:
                 raise TypeError(f"{cls.__name__}() missing required argument: {name!r}")
-            values[name] = default.make() if isinstance(default, Factory) else default
+            values[name] = default.factory() if isinstance(default, _Factory) else default
     self.__dict__.update(values)
 
 
@@ -94,8 +100,19 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise FrozenRecordError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
 
 
+@overload
+def record(cls: type[T], /) -> type[T]: ...
+@overload
+def record(*, frozen: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(field_specifiers=(field,))
 def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
-    """Make ``cls`` a record (see the module docstring); ``@record`` or ``@record(frozen=True)``."""
+    """Make ``cls`` a record (see the module docstring); ``@record`` or ``@record(frozen=True)``.
+
+    Declared with ``typing.dataclass_transform`` (``field`` as its field specifier),
+    so type checkers see the generated ``__init__`` and frozen fields as for a dataclass.
+    """
 
     def make(cls: type[T]) -> type[T]:
         # The class's own annotations, without importing inspect (get_annotations).
@@ -104,7 +121,7 @@ def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
         for name in names:
             if name in cls.__dict__:
                 defaults[name] = cls.__dict__[name]
-                if isinstance(defaults[name], Factory):
+                if isinstance(defaults[name], _Factory):
                     delattr(cls, name)
         seen_default = False
         for name in names:

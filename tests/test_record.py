@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from slurm_fiber.record import Factory, FrozenRecordError, as_dict, record, replace
+from slurm_fiber.record import FrozenRecordError, as_dict, field, record, replace
 
 
 @record(frozen=True)
@@ -19,7 +19,7 @@ class Point:
 @record
 class Bag:
     name: str
-    items: list[int] = Factory(list)
+    items: list[int] = field(default_factory=list)
 
 
 def test_init_by_position_name_and_default() -> None:

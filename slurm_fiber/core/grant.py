@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from slurm_fiber.record import Factory, record
+from slurm_fiber.record import field, record
 
 UID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -31,7 +31,7 @@ class TemplateSpec:
 
     preload: tuple[str, ...] = ()
     warm: str | None = None  # "module:function"
-    env: Mapping[str, str] = Factory(dict)
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @record(frozen=True)
@@ -49,8 +49,8 @@ class Limits:
 class FiberSpec:
     """The token's ``fiber`` claim: template, limits and device kinds it may drive."""
 
-    template: TemplateSpec = Factory(TemplateSpec)
-    limits: Limits = Factory(Limits)
+    template: TemplateSpec = field(default_factory=TemplateSpec)
+    limits: Limits = field(default_factory=Limits)
     devices: tuple[str, ...] = ()  # device kinds, e.g. ("gpu",)
 
 

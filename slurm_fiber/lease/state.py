@@ -28,7 +28,7 @@ from slurm_fiber.lease.files import Owners, open_area, open_regular, read_json, 
 from slurm_fiber.lease.names import check_resource
 from slurm_fiber.lease.records import NUMBER, fields
 from slurm_fiber.lease.times import parse_rfc3339, to_rfc3339
-from slurm_fiber.record import Factory, record
+from slurm_fiber.record import field, record
 
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
@@ -126,10 +126,10 @@ class State:
     """The whole document. ``released`` maps a resource to its last release time."""
 
     supervisor: Supervisor | None = None
-    grants: list[Grant] = Factory(list)
-    released: dict[str, float] = Factory(dict)
-    upgrades: list[Upgrade] = Factory(list)
-    unknown: dict[str, Any] = Factory(dict)
+    grants: list[Grant] = field(default_factory=list)
+    released: dict[str, float] = field(default_factory=dict)
+    upgrades: list[Upgrade] = field(default_factory=list)
+    unknown: dict[str, Any] = field(default_factory=dict)
 
     def upgrade_of(self, resource: str, now: float) -> Upgrade | None:
         """The upgrade running at ``now`` on the installation named ``resource``, if any."""

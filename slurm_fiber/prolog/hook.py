@@ -19,7 +19,7 @@ import syslog
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from slurm_fiber.record import Factory, record
+from slurm_fiber.record import field, record
 
 T = TypeVar("T")
 
@@ -42,8 +42,8 @@ class Hook:
     job: int | None = None
     verbose: bool = False
     use_syslog: bool = True
-    failed: dict[str, str] = Factory(dict)
-    notes: list[str] = Factory(list)
+    failed: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def _line(self, step: str, text: str) -> str:
         who = f"job {self.job}: " if self.job is not None else ""

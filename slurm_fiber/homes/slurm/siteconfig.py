@@ -49,7 +49,7 @@ from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
-from slurm_fiber.record import Factory, record
+from slurm_fiber.record import field, record
 
 if TYPE_CHECKING:
     from slurm_fiber.homes.slurm.home import SlurmHomeConfig
@@ -68,7 +68,7 @@ class SiteConfig:
 
     issuer: str = ""
     issuer_key: Path | None = None
-    trust: Mapping[str, Path] = Factory(lambda: MappingProxyType({}))
+    trust: Mapping[str, Path] = field(default_factory=lambda: MappingProxyType({}))
     state_root: Path = DEFAULT_STATE_ROOT
     spool_dir: Path | None = None
     gres_conf: Path | None = None
@@ -79,7 +79,7 @@ class SiteConfig:
     step_seconds: float = 2.0
     lease_ttl: float = 7 * 86400.0
     token_lifetime: float = 86400.0
-    grant: FiberSpec = Factory(FiberSpec)
+    grant: FiberSpec = field(default_factory=FiberSpec)
     source: Path | None = None
 
     def is_fatal(self, check: str) -> bool:
