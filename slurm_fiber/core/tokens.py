@@ -44,7 +44,7 @@ import binascii
 import enum
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from jwt.algorithms import Algorithm, get_default_algorithms
@@ -53,6 +53,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fiberspec import BadFiberClaim, number_in_range, parse_fiber_spec
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.trust import TrustedKey, TrustStore
+from slurm_fiber.record import replace
 
 MAX_TOKEN_BYTES = 64 * 1024
 MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the last second every date library shows

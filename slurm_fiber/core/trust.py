@@ -18,16 +18,17 @@ changes. Not thread-safe: used from one event loop or one command.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from slurm_fiber.record import record
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -35,7 +36,7 @@ MAX_JWKS_BYTES = 1 << 20
 RACY_WINDOW_NS = 2_000_000_000
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TrustedKey:
     """One loaded public key: its issuer, kid, pinned algorithm and key object."""
 
@@ -59,7 +60,11 @@ def public_jwk(key: PublicKey | PrivateKey) -> dict[str, str]:
     else:
         raise ValueError("only Ed25519 and P-256 keys are supported")
     canonical = json.dumps(members, separators=(",", ":"), sort_keys=True)
-    kid = _b64(hashlib.sha256(canonical.encode()).digest())
+    # cryptography's SHA-256 (loaded with ec anyway), not hashlib: its OpenSSL binding
+    # costs ~4 ms, and the prolog computes this kid for every token it mints.
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(canonical.encode())
+    kid = _b64(digest.finalize())
     return {**members, "kid": kid, "alg": alg, "use": "sig"}
 
 
@@ -119,7 +124,7 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
     return alg, key
 
 
-@dataclass
+@record
 class _IssuerFile:
     path: Path
     stamp: tuple[int, int, int] | None = None

@@ -23,6 +23,10 @@ Every step copes with a missing piece (a half-done prolog, a crashed
 fiberd, a second run), so the epilog is idempotent. It exits 1, which
 drains the node, only when processes of the job provably survive SIGKILL,
 and then names them; any other problem is reported and the exit is 0.
+
+The epilog runs for every job, so what only some need is imported inside its
+step: the lease package where the node has a lease area, the cgroup code
+where the site delegates cgroups or a fiberd record names a cgroup root.
 """
 
 from __future__ import annotations
@@ -37,18 +41,10 @@ from pathlib import Path
 from slurm_fiber import safefs
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import survivors
-from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
-from slurm_fiber.homes.slurm.leases import (
-    moved_aside_line,
-    node_leases,
-    prepare_lease_area,
-    release_job,
-)
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
-from slurm_fiber.prolog.cgroup import job_cgroup
 from slurm_fiber.prolog.cli import hook_main
 from slurm_fiber.prolog.hook import Hook
 
@@ -120,6 +116,8 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
         hook.warn("processes", f"fiberd record ignored: {why}")
     roots = [delegated] if delegated is not None else []
     if record is not None:
+        from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
+
         try:
             mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
             root = survivors.trusted_root(record, delegated, mount, job.job_id)
@@ -145,6 +143,13 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
     if not paths.lease_dir.exists():
         return True
+    from slurm_fiber.homes.slurm.leases import (
+        moved_aside_line,
+        node_leases,
+        prepare_lease_area,
+        release_job,
+    )
+
     moved = prepare_lease_area(paths)  # an area an older version shared: root's first
     if moved:
         hook.warn("leases", moved_aside_line(moved))
@@ -183,6 +188,8 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     paths = job_paths(config.state_root, job.node, job.job_id)
     delegated = None
     if config.delegate_cgroup:
+        from slurm_fiber.prolog.cgroup import job_cgroup
+
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
     hook.step("grants", lambda: remove_path(paths.grantdir))
     alive = hook.step("processes",

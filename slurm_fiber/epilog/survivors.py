@@ -21,9 +21,9 @@ waits a bounded time and returns the ones that provably survived (still
 there, same start time, not a zombie), each with its command line. Pid 1,
 the caller and its ancestors are never touched.
 
-psutil and the cgroup module are imported only once there is a process or a
-cgroup to inspect: the epilog runs for every job, and most jobs leave
-neither.
+psutil and the cgroup modules are imported only once there is a process, a
+cgroup or a fiberd record to inspect: the epilog runs for every job, and
+most jobs leave none of them.
 """
 
 from __future__ import annotations
@@ -33,19 +33,18 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_fiber.homes.slurm.cgroup_layout import parse_cgroup_path
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
+from slurm_fiber.record import record
 
 MAX_ENVIRON = 1 << 20
 POLL_S = 0.02
 ROUNDS = 3
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobProcess:
     """A process of the job: pid, start time (to tell a reused pid), why it is the job's,
     and its command line as first seen."""
@@ -80,6 +79,8 @@ def trusted_root(record: FiberdRecord, delegated: Path | None, mount: Path | Non
         return root
     if mount is None or mount not in root.parents:
         return None
+    from slurm_fiber.homes.slurm.cgroup_layout import parse_cgroup_path
+
     where = parse_cgroup_path(root.relative_to(mount))
     return root if where is not None and where.job_id == job_id else None
 

@@ -17,7 +17,6 @@ current holder refuse, LeaseError for bad input or failed I/O; both one line.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
@@ -30,12 +29,13 @@ from slurm_fiber.lease.rules import Refusal, check, gate_for, pending, prune, wa
 from slurm_fiber.lease.stale import append_audit, gone_reason, holder_gone_reason
 from slurm_fiber.lease.state import Grant, Party, State, Supervisor, Upgrade, load, update
 from slurm_fiber.lease.times import to_rfc3339
+from slurm_fiber.record import record
 
 DEFAULT_TTL = 600.0
 DEFAULT_RESTART_GRACE = 120.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Caller:
     """Who acts: the party, a display name, and the process that holds what it claims.
 
@@ -98,35 +98,66 @@ class Leases:
         Refusal (not granted, queued behind others, upgrade running, held by
         someone else) or LeaseError.
         """
-        check_resource(resource)
+        outcome = self.claim_each([resource], caller, purpose, budget_gib, steal_stale, grant_by)[0]
+        if isinstance(outcome, Refusal):
+            raise outcome
+        return outcome
+
+    def claim_each(
+        self,
+        resources: list[str],
+        caller: Caller,
+        purpose: str,
+        budget_gib: int = 0,
+        steal_stale: bool = False,
+        grant_by: Caller | None = None,
+    ) -> list[Holder | Refusal]:
+        """``claim`` of each of ``resources``, in order, under one lock and one state write.
+
+        One outcome per resource: the holder record now on disk, or the
+        Refusal of that claim (the others still go ahead). A Slurm prolog
+        claims all of a job's GPUs this way, so the state document and its
+        directory are flushed once per job, not once per GPU. Raises
+        LeaseError (bad input, failed I/O), and then writes no state: a
+        lease directory already made for an earlier resource stays the
+        caller's, and a later claim of it returns it unchanged.
+        """
+        for resource in resources:
+            check_resource(resource)
         check_purpose(purpose)
         if budget_gib < 0:
             raise LeaseError(f"budget must be 0 or more GiB, not {budget_gib}")
-        refusal: Refusal | None = None
+        outcomes: list[Holder | Refusal] = []
         with update(self.state_path, self.owners) as st:
-            now = self.clock.wall()
-            self._watch(st, now)
-            current = self.dir.get(resource)
-            if current is not None and steal_stale:
-                current = self._steal(resource, current, caller, now)
-            if current is not None and current.party().same_as(caller.party):
-                return current
-            if grant_by is not None:
-                self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
-            try:
-                gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
-                index = check(st, gate)
-                mine = self._holder(resource, caller, purpose, budget_gib, now, st, index)
-                taken = self.dir.claim(resource, mine) if current is None else current
-                if taken is not None:
-                    raise _held(taken)
-            except Refusal as err:
-                refusal = err
-            else:
-                if index >= 0:
-                    del st.grants[index]
-                return mine
-        raise refusal
+            for resource in resources:
+                try:
+                    outcomes.append(self._claim_locked(st, resource, caller, purpose, budget_gib,
+                                                       steal_stale, grant_by))
+                except Refusal as err:
+                    outcomes.append(err)
+        return outcomes
+
+    def _claim_locked(self, st: State, resource: str, caller: Caller, purpose: str,
+                      budget_gib: int, steal_stale: bool, grant_by: Caller | None) -> Holder:
+        """One claim inside ``update``: the holder now on disk; raises Refusal."""
+        now = self.clock.wall()
+        self._watch(st, now)
+        current = self.dir.get(resource)
+        if current is not None and steal_stale:
+            current = self._steal(resource, current, caller, now)
+        if current is not None and current.party().same_as(caller.party):
+            return current
+        if grant_by is not None:
+            self._grant_once(st, resource, caller.party, grant_by, current is not None, now)
+        gate = gate_for(st, resource, caller.party, current is not None, now, self.ttl)
+        index = check(st, gate)
+        mine = self._holder(resource, caller, purpose, budget_gib, now, st, index)
+        taken = self.dir.claim(resource, mine) if current is None else current
+        if taken is not None:
+            raise _held(taken)
+        if index >= 0:
+            del st.grants[index]  # a refused claim leaves its grant queued
+        return mine
 
     def release(self, resource: str, caller: Caller, force: bool = False) -> Holder | None:
         """Free ``resource``; return the holder it had (None when it was free).
@@ -136,23 +167,47 @@ class Leases:
         Records the release time, from which the next grant's TTL runs.
         """
         with update(self.state_path, self.owners) as st:
-            try:
-                current = self.dir.get(resource)
-            except LeaseError:
-                if not force:
-                    raise
-                current = None
-            mine = current is not None and current.party().same_as(caller.party)
-            if not force and current is not None and not mine:
-                raise LeaseError(
-                    f"{resource} is held by {current.holder}, not by you; "
-                    "--force releases it (audited)"
-                )
-            if force and not mine:
-                self._audit("force-release", resource, caller, current, "released by force")
-            self.dir.release(resource)
-            st.released[resource] = self.clock.wall()
-            return current
+            return self._release_locked(st, resource, caller, force)
+
+    def release_each(self, resources: list[str],
+                     caller: Caller) -> list[Holder | LeaseError | None]:
+        """``release`` (not forced) of each of ``resources``, under one lock and one state write.
+
+        One outcome per resource: the holder it had (None when it was free),
+        or the LeaseError that left it held; the others still go ahead. A
+        Slurm epilog releases all of a job's GPUs this way, so the state
+        document and its directory are flushed once per job, not once per
+        GPU. Raises LeaseError only when the state cannot be read or written.
+        """
+        outcomes: list[Holder | LeaseError | None] = []
+        with update(self.state_path, self.owners) as st:
+            for resource in resources:
+                try:
+                    outcomes.append(self._release_locked(st, resource, caller, False))
+                except LeaseError as err:
+                    outcomes.append(err)
+        return outcomes
+
+    def _release_locked(self, st: State, resource: str, caller: Caller,
+                        force: bool) -> Holder | None:
+        """One release inside ``update``: the holder it had; raises LeaseError."""
+        try:
+            current = self.dir.get(resource)
+        except LeaseError:
+            if not force:
+                raise
+            current = None
+        mine = current is not None and current.party().same_as(caller.party)
+        if not force and current is not None and not mine:
+            raise LeaseError(
+                f"{resource} is held by {current.holder}, not by you; "
+                "--force releases it (audited)"
+            )
+        if force and not mine:
+            self._audit("force-release", resource, caller, current, "released by force")
+        self.dir.release(resource)
+        st.released[resource] = self.clock.wall()
+        return current
 
     def grant(self, resource: str, to: Party, by: Caller, upgrade_unblock: str = "") -> int:
         """As the recorded supervisor, queue a grant of ``resource`` to ``to``.

@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,12 @@ from slurm_fiber.lease.files import Owners, open_area, open_regular, read_json, 
 from slurm_fiber.lease.names import check_resource
 from slurm_fiber.lease.records import NUMBER, fields
 from slurm_fiber.lease.times import parse_rfc3339, to_rfc3339
+from slurm_fiber.record import field, record
 
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Party:
     """A session (``session`` set) or a person (no session) as the state names it.
 
@@ -74,7 +74,7 @@ class Party:
         return cls(**fields(obj, where, {}, keys))
 
 
-@dataclass
+@record
 class Supervisor:
     """The recorded supervisor: from its ``supervise start`` to a deliberate stop.
 
@@ -91,7 +91,7 @@ class Supervisor:
     gone: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Grant:
     """The supervisor's word that ``to`` may claim ``resource``; queued in order given.
 
@@ -106,7 +106,7 @@ class Grant:
     upgrade_unblock: str = ""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Upgrade:
     """An upgrade running on the installation named ``installation`` until ended or ``until``."""
 
@@ -121,7 +121,7 @@ class Upgrade:
         return self.until is None or now < self.until
 
 
-@dataclass
+@record
 class State:
     """The whole document. ``released`` maps a resource to its last release time."""
 

@@ -12,7 +12,6 @@ processes survived), 2 usage.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -26,6 +25,8 @@ def hook_main(name: str, help_text: str, run: HookRun) -> None:
     """Run hook ``name``: ``run(environ, hook)`` gives the exit code. Never returns."""
     if len(sys.argv) <= 1:
         sys.exit(run(os.environ, Hook(name)))
+    import json
+
     import typer
 
     app = typer.Typer(add_completion=False, rich_markup_mode=None)

@@ -20,6 +20,10 @@ slurmctld calls) and the site config (siteconfig). Steps, each bounded by
 Exit status: 0, unless a failed step is one the site lists in ``fatal``
 (then 1, and slurmd drains the node). Running it again for the same job is
 harmless (idempotent).
+
+The prolog delays every job start, so what only some jobs need is imported
+inside its step: the cgroup code with ``delegate_cgroup``, the lease package
+for jobs with GPUs, the minting code (cryptography) with an ``issuer_key``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
-from slurm_fiber.prolog.cgroup import delegate, job_cgroup
 from slurm_fiber.prolog.cli import hook_main
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
 from slurm_fiber.prolog.hook import Hook
@@ -68,6 +71,8 @@ def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bo
 
 
 def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+    from slurm_fiber.prolog.cgroup import delegate, job_cgroup  # only where the site delegates
+
     path = job_cgroup(config, job.node, job.job_id)
     if path is None:
         raise OSError(2, "no cgroup2 mount on this node to delegate from")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 from pathlib import Path
 
@@ -75,6 +74,8 @@ def clear_foreign(parent_fd: int, name: str, uid: int) -> bool:
     if stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0):
         return False
     if stat.S_ISDIR(st.st_mode):
+        import shutil  # rare (a reused job id): shutil imports bz2, lzma and zlib
+
         shutil.rmtree(name, dir_fd=parent_fd)
     else:
         os.unlink(name, dir_fd=parent_fd)

@@ -30,6 +30,7 @@ from slurm_fiber.homes.slurm.leases import (
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.lease import Caller, LeaseError, ProcessRef
+from slurm_fiber.lease import state as state_module
 from slurm_fiber.prolog.statedir import check_parent
 
 TTL = 3600.0
@@ -75,6 +76,52 @@ def test_the_prolog_grants_and_claims_and_the_jobs_fiberd_verifies(tmp_path: Pat
     assert leases.dir.get("gpu:n1:0") == holder
     mine.claim("gpu:n1:0")
     assert {p: p.stat().st_mtime_ns for p in leases.dir.path.rglob("*")} == before  # no writes
+
+
+def test_a_jobs_gpus_are_claimed_in_one_write_of_the_state(tmp_path: Path, clock: FakeClock,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    prolog(tmp_path, job(6, (3,)), clock)  # the node's supervisor is recorded already
+    written: list[str] = []
+    real = state_module.write_atomic
+
+    def counted(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:
+        written.append(name)
+        real(dir_fd, name, data, where, mode)
+
+    monkeypatch.setattr(state_module, "write_atomic", counted)
+    a, b = job(7, (0, 1, 2)), job(8, (1,))
+    assert prolog(tmp_path, b, clock) == (["gpu:n1:1"], [])
+    written.clear()
+    resources, refused = prolog(tmp_path, a, clock)
+    assert resources == ["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"]
+    assert len(refused) == 1 and refused[0].startswith("gpu:n1:1: gpu:n1:1 is held by slurm job 8")
+    assert written == ["state.json"]  # once for the three GPUs, not once per GPU
+    leases = node_leases(job_paths(tmp_path, "n1", 7), clock, TTL)
+    for resource in ("gpu:n1:0", "gpu:n1:2"):
+        holder = leases.dir.get(resource)
+        assert holder is not None and holder.party().same_as(job_party(a))
+    assert [(g.resource, g.to.session) for g in leases.state().grants] == [
+        ("gpu:n1:1", "slurm-job:citest:7")]  # the refused claim's grant waits
+
+
+def test_the_epilog_releases_a_jobs_gpus_in_one_write_of_the_state(
+        tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = job(7, (0, 1, 2))
+    prolog(tmp_path, a, clock)
+    written: list[str] = []
+    real = state_module.write_atomic
+
+    def counted(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:
+        written.append(name)
+        real(dir_fd, name, data, where, mode)
+
+    monkeypatch.setattr(state_module, "write_atomic", counted)
+    leases = node_leases(job_paths(tmp_path, "n1", 7), clock, TTL)
+    assert release_job(leases, a) == (["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"], [])
+    assert written == ["state.json"]  # once for the three GPUs, not once per GPU
+    assert leases.dir.list() == []
+    assert sorted(leases.state().released) == ["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"]
 
 
 def test_a_gpu_the_prolog_did_not_claim_is_refused(tmp_path: Path, clock: FakeClock) -> None:

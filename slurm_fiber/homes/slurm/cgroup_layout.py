@@ -23,10 +23,10 @@ except a malformed /proc/<pid>/cgroup, which raises SlurmParseError.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
+from slurm_fiber.record import record
 
 SCOPE = re.compile(r"(?:[A-Za-z0-9_.-]+_)?slurmstepd\.scope")
 JOB_DIR = re.compile(r"job_(\d{1,10})")
@@ -36,7 +36,7 @@ TASK_DIR = re.compile(r"task_(\d{1,10}|special)")
 STEP_PARTS = frozenset({"user", "slurm"})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SlurmCgroup:
     """Where a cgroup sits in Slurm's tree. Paths are relative to the cgroup mount.
 

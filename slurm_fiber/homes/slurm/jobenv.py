@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from slurm_fiber.record import record
 
 MAX_ID = 2**32 - 2  # Slurm ids and Unix ids are uint32; the top values are sentinels
 MAX_FREE_TEXT = 4096
@@ -52,7 +53,7 @@ class SlurmParseError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SlurmJob:
     """One job as this node sees it. ``gpus`` are the node's GPU indices, sorted.
 

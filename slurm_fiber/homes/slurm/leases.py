@@ -16,13 +16,14 @@ one line and never taken as a lease. The narrow way in is the prolog:
 - the prolog (root) records itself as the node's supervisor (no process to
   watch: it exits, its grants stay), grants each of the job's GPUs on this
   node to the job's party in allocation order, and claims each in the
-  job's name, consuming the grant (``grant_and_claim_job_gpus``): a session
+  job's name, consuming the grant, all under one lock and one write of the
+  state document (``grant_and_claim_job_gpus``): a session
   still claims only what the supervisor granted it, in order;
 - fiberd (the job user) only verifies through ``NodeLeases``, the Slurm
   home's ``DeviceLeases``, and writes nothing: held by its own job, fine;
   held by another job, ``device_held``; not held, ``lease_failed``;
-- the epilog (root) ``release_job``: frees every lease the job holds and
-  drops the grants it never claimed.
+- the epilog (root) ``release_job``: frees every lease the job holds (one
+  write of the state document) and drops the grants it never claimed.
 
 A lease claimed by the prolog names no process (the prolog exits), so it is
 never stale: it stays the job's until the job's epilog, or until root runs
@@ -174,13 +175,12 @@ def grant_and_claim_job_gpus(leases: Leases, job: SlurmJob) -> tuple[list[str], 
         leases.supervise_start(by)  # recorded once per node: every prolog is the same party
     claimer = Caller(job_party(job), name=job_holder_name(job))
     resources = [gpu_resource(job.node, index) for index in job.gpus]
-    refused: list[str] = []
-    for resource in resources:
-        try:  # held already by the job: unchanged; else granted and claimed in one step
-            leases.claim(resource, claimer, f"slurm job {job.job_id}", steal_stale=True,
-                         grant_by=by)
-        except Refusal as err:
-            refused.append(f"{resource}: {err.reason}")
+    # One locked step for all the job's GPUs (one state write): a GPU held by the job already
+    # is left unchanged, any other is granted and claimed.
+    outcomes = leases.claim_each(resources, claimer, f"slurm job {job.job_id}",
+                                 steal_stale=True, grant_by=by)
+    refused = [f"{resource}: {outcome.reason}" for resource, outcome
+               in zip(resources, outcomes, strict=True) if isinstance(outcome, Refusal)]
     return resources, refused
 
 
@@ -193,19 +193,27 @@ def release_job(leases: Leases, job: SlurmJob) -> tuple[list[str], list[str]]:
     """Free every lease ``job`` holds on the node and drop its unclaimed grants.
 
     Returns (released resources, resources whose grants were dropped).
-    Idempotent. Raises LeaseError when the lease state cannot be read or
-    written; a lease that cannot be released is left for the next try.
+    Idempotent. The job's leases are released under one lock and one write
+    of the state document. Raises LeaseError when the lease state cannot be
+    read or written, and, once the others are released and the grants
+    dropped, naming each lease that could not be released (left for the
+    next try).
     """
     party = job_party(job)
     caller = Caller(party, name=f"slurm-fiber epilog for job {job.job_id}")
-    released = [h.env for h in leases.dir.list() if h.party().same_as(party)]
-    for resource in released:
-        leases.release(resource, caller)
+    held = [h.env for h in leases.dir.list() if h.party().same_as(party)]
+    outcomes = leases.release_each(held, caller) if held else []
+    failed = [f"{resource}: {outcome}" for resource, outcome
+              in zip(held, outcomes, strict=True) if isinstance(outcome, LeaseError)]
+    released = [resource for resource, outcome in zip(held, outcomes, strict=True)
+                if not isinstance(outcome, LeaseError)]
     state = leases.state()
     dropped: list[str] = []
     if state.supervisor is not None and any(g.to.same_as(party) for g in state.grants):
         by = Caller(state.supervisor.party)
         dropped = [g.resource for g in leases.revoke(party, by)]
+    if failed:
+        raise LeaseError("not released: " + "; ".join(failed))
     return released, dropped
 
 

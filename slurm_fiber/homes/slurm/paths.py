@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.jobenv import check_node
+from slurm_fiber.record import record
 
 DEFAULT_STATE_ROOT = Path("/var/lib/slurm-fiber")
 STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobPaths:
     """The paths of one job on one node (see the module docstring for the layout)."""
 

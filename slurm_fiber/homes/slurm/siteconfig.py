@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -50,6 +49,7 @@ from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
+from slurm_fiber.record import field, record
 
 if TYPE_CHECKING:
     from slurm_fiber.homes.slurm.home import SlurmHomeConfig
@@ -58,7 +58,7 @@ CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SiteConfig:
     """The site's settings; see the module docstring for each key. Every field has a default.
 

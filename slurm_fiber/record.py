@@ -1,0 +1,157 @@
+"""Value classes that cost next to nothing to define: ``@record`` for the Slurm hooks' path.
+
+The prolog and epilog start a fresh interpreter for every job and define some
+twenty value classes (the job, its paths, the site config, the grant spec,
+lease records). As dataclasses they cost about 1.5 ms each to create (each
+compiles several generated functions) plus ``dataclasses`` itself, which
+imports ``inspect`` (with ast, dis and tokenize): together 35-50 ms of a
+hook's wall time on a 2-core machine. ``@record`` gives a class what
+``@dataclass`` and ``@dataclass(frozen=True)`` give for the part this project
+uses, and compiles nothing:
+
+- ``__init__`` taking the annotated fields in order, by position or name;
+  a class-level value is the default, ``field(default_factory=f)`` a default
+  made by calling ``f()`` for each instance (as dataclasses' ``field``);
+- ``__eq__`` by exact class and field values, ``__repr__``, ``__match_args__``;
+- ``frozen=True``: assignment and deletion raise ``FrozenRecordError`` (an
+  AttributeError, like dataclasses' FrozenInstanceError) and ``__hash__``
+  hashes the fields; a mutable record is unhashable, as a dataclass with eq.
+
+``replace(obj, **changes)`` and ``as_dict(obj)`` (shallow) work on records.
+Fields are read from ``__annotations__`` of the class itself (no
+inheritance of fields). Pure; standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast, dataclass_transform, overload
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class FrozenRecordError(AttributeError):
+    """An assignment to, or deletion of, a field of a frozen record."""
+
+
+class _Factory:
+    """A field default made afresh for each instance (what ``field`` returns)."""
+
+    __slots__ = ("factory",)
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+
+
+def field(*, default_factory: Callable[[], T]) -> T:
+    """A field default made afresh for each instance: ``names: list[str] =
+    field(default_factory=list)``. Typed as the field's value for type checkers."""
+    return cast(T, _Factory(default_factory))
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    names: tuple[str, ...] = cls.__record_fields__
+    if len(args) > len(names):
+        raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments "
+                        f"but {len(args)} were given")
+    values = dict(zip(names, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in names:
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}")
+        if name in values:
+            raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
+        values[name] = value
+    defaults: dict[str, Any] = cls.__record_defaults__
+    for name in names:
+        if name not in values:
+            default = defaults.get(name, _MISSING)
+            if default is _MISSING:
+                raise TypeError(f"{cls.__name__}() missing required argument: {name!r}")
+            values[name] = default.factory() if isinstance(default, _Factory) else default
+    self.__dict__.update(values)
+
+
+def _values(self: Any) -> tuple[Any, ...]:
+    return tuple(self.__dict__[name] for name in type(self).__record_fields__)
+
+
+def _eq(self: Any, other: object) -> bool:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    return _values(self) == _values(other)
+
+
+def _repr(self: Any) -> str:
+    shown = ", ".join(f"{name}={self.__dict__[name]!r}" for name in type(self).__record_fields__)
+    return f"{type(self).__qualname__}({shown})"
+
+
+def _hash(self: Any) -> int:
+    return hash(_values(self))
+
+
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise FrozenRecordError(f"cannot assign to field {name!r} of a frozen {type(self).__name__}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise FrozenRecordError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
+
+
+@overload
+def record(cls: type[T], /) -> type[T]: ...
+@overload
+def record(*, frozen: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(field_specifiers=(field,))
+def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
+    """Make ``cls`` a record (see the module docstring); ``@record`` or ``@record(frozen=True)``.
+
+    Declared with ``typing.dataclass_transform`` (``field`` as its field specifier),
+    so type checkers see the generated ``__init__`` and frozen fields as for a dataclass.
+    """
+
+    def make(cls: type[T]) -> type[T]:
+        # The class's own annotations, without importing inspect (get_annotations).
+        names = tuple(cls.__dict__.get("__annotations__", {}))  # noqa: RUF063
+        defaults = {}
+        for name in names:
+            if name in cls.__dict__:
+                defaults[name] = cls.__dict__[name]
+                if isinstance(defaults[name], _Factory):
+                    delattr(cls, name)
+        seen_default = False
+        for name in names:
+            if name in defaults:
+                seen_default = True
+            elif seen_default:
+                raise TypeError(f"{cls.__name__}: field {name!r} without a default follows "
+                                "one with a default")
+        cls.__record_fields__ = names  # type: ignore[attr-defined]
+        cls.__record_defaults__ = defaults  # type: ignore[attr-defined]
+        cls.__match_args__ = names  # type: ignore[attr-defined]
+        cls.__init__ = _init  # type: ignore[misc]
+        cls.__eq__ = _eq  # type: ignore[method-assign,assignment]
+        cls.__repr__ = _repr  # type: ignore[method-assign,assignment]
+        if frozen:
+            cls.__hash__ = _hash  # type: ignore[method-assign,assignment]
+            cls.__setattr__ = _frozen_setattr  # type: ignore[method-assign,assignment]
+            cls.__delattr__ = _frozen_delattr  # type: ignore[method-assign,assignment]
+        else:
+            cls.__hash__ = None  # type: ignore[assignment]
+        return cls
+
+    return make if cls is None else make(cls)
+
+
+def replace(obj: T, **changes: Any) -> T:
+    """A copy of record ``obj`` with ``changes`` (field name -> new value)."""
+    return type(obj)(**{**as_dict(obj), **changes})
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """The fields of record ``obj`` by name, in order (values as they are, not copied)."""
+    return {name: obj.__dict__[name] for name in type(obj).__record_fields__}
