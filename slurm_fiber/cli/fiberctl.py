@@ -117,7 +117,9 @@ def grant_fields(grant: str | None, token: Path | None, env: list[str]) -> dict[
         try:
             fields["token"] = token.read_text().strip()
         except (OSError, UnicodeDecodeError) as e:
-            raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {e}") from None
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {why}; "
+                       "--token wants a file holding one grant token") from None
     additions: dict[str, str] = {}
     for item in env:
         key, sep, value = item.partition("=")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -115,3 +116,36 @@ def test_the_executors_fiber_killed_names_the_reason(site: Site) -> None:
             future.result(timeout=60)
     assert caught.value.reason is not None and caught.value.reason["code"] == "deadline"
     assert str(caught.value).endswith(f"was killed by SIGTERM: {DEADLINE}, ended on SIGTERM")
+
+
+SLURM_FIBER = str(Path(sys.executable).parent / "slurm-fiber")
+
+
+def test_command_errors_name_the_path_and_what_to_do(tmp_path: Path) -> None:
+    file = tmp_path / "plain"
+    file.write_text("not a dir\n")
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))  # bound, closed: nothing listens
+    cases = [
+        ((FIBERCTL, "--socket", str(tmp_path / "none.sock"), "status"), 69,
+         f"fiberctl: cannot connect to fiberd at {tmp_path / 'none.sock'}: no such socket; "
+         "is fiberd running?"),
+        ((FIBERCTL, "ls", "--socket", str(file)), 69,
+         f"fiberctl: cannot connect to fiberd at {file}: not a socket; give --socket"),
+        ((FIBERCTL, "ls", "--socket", str(stale)), 69, "nothing listens there (a stale socket)"),
+        ((FIBERCTL, "run", "-S", str(stale), "--token", str(tmp_path), "--", "true"), 2,
+         f"fiberctl: cannot read token file {tmp_path}: Is a directory; --token wants a file"),
+        ((SLURM_FIBER, "keys", "gen", "--issuer", "site", "--out", str(file)), 1,
+         f"slurm-fiber: keys gen: --out {file} is not a directory"),
+        ((SLURM_FIBER, "audit", "--state-dir", str(file)), 1,
+         f"{file} is not fiberd's state dir (give --state-dir a directory)"),
+        ((SLURM_FIBER, "audit", "--path", str(tmp_path / "none.jsonl")), 1,
+         "no audit log there: give --path the log or --state-dir"),
+    ]
+    for argv, status, words in cases:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == status, (argv, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert words in done.stderr, (argv, done.stderr)
+    assert file.read_text() == "not a dir\n"
