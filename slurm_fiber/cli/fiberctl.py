@@ -426,17 +426,18 @@ def hoist(argv: Sequence[str]) -> list[str]:
     missing after one is left for argparse to name."""
     words = list(argv)
     front: list[str] = []
-    while words and words[0].startswith("-") and words[0] not in ("-h", "--help"):
-        word = words.pop(0)
+    while words and words[0].startswith("-"):
+        word = words[0]
         name = word.split("=", 1)[0]
         if name in GLOBAL_FLAGS or (name in GLOBAL_VALUED and "=" in word):
-            front.append(word)
+            front.append(words.pop(0))
         elif word in GLOBAL_VALUED:
-            front.append(word)
-            if words:
-                front.append(words.pop(0))
+            front.extend(words[:2])
+            del words[:2]
+        elif word in ("-h", "--help"):
+            return [word]
         else:
-            return [word, *words]  # not global: argparse says so
+            return words  # not a global option: argparse names it
     if not words:
         return front
     return [words[0], *front, *words[1:]]
