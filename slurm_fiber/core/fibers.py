@@ -336,7 +336,10 @@ class Fiber:
                 return StopReason(cause.code, f"{cause.message}, killed after "
                                   f"{self._killed_after:g} s grace")
             if self._stopped:
-                return StopReason(cause.code, f"{cause.message}, ended on SIGTERM")
+                on_term = (status is not None and os.WIFSIGNALED(status)
+                           and os.WTERMSIG(status) == signal.SIGTERM)
+                how = "ended on SIGTERM" if on_term else "exited within the grace after SIGTERM"
+                return StopReason(cause.code, f"{cause.message}, {how}")
             return cause
         if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
             return None

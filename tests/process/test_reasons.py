@@ -61,6 +61,18 @@ async def test_a_deadline_stop_says_why_and_how_it_went_on_the_injected_clock(tm
     assert done.reason is not None and done.reason.code == "stopped"
     assert done.reason.message == "stopped on request, ended on SIGTERM"
 
+    out_r, out_w = os.pipe()
+    tidy = await t.fork(FiberRequest(  # handles SIGTERM by exiting 0
+        id="t", mode="exec", stdio=(None, out_w, None),
+        argv=("sh", "-c", "trap 'exit 0' TERM; echo up; sleep 60 & wait")))
+    os.close(out_w)
+    assert await read_line(out_r) == b"up\n"
+    os.close(out_r)
+    tidy.note_reason("fiberd_shutdown", "fiberd is shutting down")
+    done = await tidy.stop(grace=30)
+    assert done.exit_code == 0 and done.reason is not None
+    assert done.reason.message == "fiberd is shutting down, exited within the grace after SIGTERM"
+
     free = await t.fork(FiberRequest(id="f", argv=("sh", "-c", "exit 3"), mode="exec"))
     assert (await free.wait()).reason is None  # it ended by itself: nothing to say
     stopping = asyncio.ensure_future(t.stop(1))
