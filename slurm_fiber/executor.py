@@ -23,7 +23,8 @@ can already run any ``module:function`` of the grant: pickle adds no power.
 What a future gives back: the value; the exception the function raised (its
 remote traceback chained as ``__cause__``, a ``RemoteTraceback``) or a
 ``RemoteError`` when it does not unpickle here; ``FiberKilled`` naming the
-signal when the fiber died by one; ``TaskTimeout`` when the per-task
+signal when the fiber died by one (and why, when fiberd or the OOM killer
+ended it: its deadline, a stop, ...); ``TaskTimeout`` when the per-task
 ``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
 ``FiberMissed`` when fiberd started nothing (a retryable miss is first
 retried with a bounded backoff); ``FiberdError`` when fiberd refused or
@@ -79,17 +80,22 @@ class RemoteError(Exception):
 
 
 class FiberKilled(Exception):
-    """The fiber died by a signal before it answered; ``signal`` is its number."""
+    """The fiber died by a signal before it answered; ``signal`` is its number, ``reason``
+    the exit event's ({"code", "message"}: why fiberd or the OOM killer ended it), or
+    None when that was not fiberd's doing."""
 
-    def __init__(self, fiber_id: str | None, signum: int) -> None:
+    def __init__(self, fiber_id: str | None, signum: int,
+                 reason: Mapping[str, object] | None = None) -> None:
         import signal as _signal
 
         try:
             name = _signal.Signals(signum).name
         except ValueError:
             name = f"signal {signum}"
-        super().__init__(f"fiber {fiber_id} was killed by {name}")
+        why = f": {reason.get('message')}" if reason else ""
+        super().__init__(f"fiber {fiber_id} was killed by {name}{why}")
         self.fiber_id, self.signal, self.signal_name = fiber_id, signum, name
+        self.reason = dict(reason) if reason else None
 
 
 class TaskTimeout(cf.TimeoutError):
@@ -167,7 +173,9 @@ def decode_outcome(outcome: Outcome) -> object:
     if isinstance(error, dict):
         signum = end.get("signal")
         if isinstance(signum, int) and error.get("type") in ("FiberDied", "FiberLost"):
-            raise FiberKilled(outcome.fiber_id, signum)
+            reason = end.get("reason")
+            raise FiberKilled(outcome.fiber_id, signum,
+                              reason if isinstance(reason, dict) else None)
         raise _remote_exception(error)
     result = end.get("result")
     if isinstance(result, dict) and isinstance(result.get("pickled"), str):

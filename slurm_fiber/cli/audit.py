@@ -270,7 +270,8 @@ def audit_command(
     try:
         reader = LogReader(log)
     except OSError as err:
-        typer.echo(f"audit: cannot read {log}: {err.strerror or err}", err=True)
+        typer.echo(f"audit: cannot read {log}: {err.strerror or err}{_hint(log, err)}",
+                   err=True)
         raise typer.Exit(1) from None
     if not as_json:
         typer.echo(header())
@@ -285,3 +286,15 @@ def audit_command(
         raise typer.Exit(1) from None
     finally:
         reader.close()
+
+
+def _hint(log: Path, err: OSError) -> str:
+    """What to do about a log that cannot be opened (after "; "), or nothing."""
+    if isinstance(err, NotADirectoryError):
+        return f"; {log.parent} is not fiberd's state dir (give --state-dir a directory)"
+    if isinstance(err, FileNotFoundError):
+        return ("; no audit log there: give --path the log or --state-dir fiberd's state dir "
+                "(fiberctl status shows audit_path)")
+    if isinstance(err, PermissionError):
+        return "; the log is fiberd's user's (mode 0600): read it as that user or root"
+    return ""

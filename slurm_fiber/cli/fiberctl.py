@@ -24,6 +24,18 @@ warm_failed, closed, unenforceable); 130 gave up waiting after a third Ctrl-C. `
 exits with the fiber's status (its exit code, or 128+N when signal N
 killed it), so a command's own exit code can coincide with those above:
 the miss or refusal line on stderr tells them apart.
+
+Why a fiber ended, when fiberd ended it (a deadline, the lease's end, a
+fence, the grant's removal, an epoch bump, ``fiberctl stop``, fiberd's
+shutdown, a lost template) or the kernel's OOM killer did, ``run``, ``call``
+and ``map`` say in one line on stderr (``fiberctl: fiber ID stopped: ...``);
+an exec that failed is said as srun says it (``fiberctl: execve(): PATH:
+No such file or directory``; status 127, or 126 when found but not
+runnable, as a shell's). ``--quiet`` leaves those lines out; the status is
+the same.
+
+Global options (``--socket``, ``--json``, ``--grant``, ``--quiet``) may come
+before the command as well as after it: ``fiberctl --socket PATH status``.
 """
 
 from __future__ import annotations
@@ -105,7 +117,9 @@ def grant_fields(grant: str | None, token: Path | None, env: list[str]) -> dict[
         try:
             fields["token"] = token.read_text().strip()
         except (OSError, UnicodeDecodeError) as e:
-            raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {e}") from None
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {why}; "
+                       "--token wants a file holding one grant token") from None
     additions: dict[str, str] = {}
     for item in env:
         key, sep, value = item.partition("=")
@@ -188,6 +202,28 @@ def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
         return client.wait_exit()
 
 
+def end_line(end: dict[str, object]) -> str | None:
+    """The one line saying why a fiber ended, from its exit event; None when it ended by
+    itself (an exit, or a signal fiberd did not send and no OOM kill)."""
+    failed = end.get("exec_failed")
+    if isinstance(failed, dict):
+        interp = failed.get("interpreter")
+        bad = f"{interp}: bad interpreter: " if interp else ""
+        return f"fiberctl: execve(): {failed.get('path')}: {bad}{failed.get('message')}"
+    reason = end.get("reason")
+    if isinstance(reason, dict):
+        verb = "ended" if reason.get("code") in ("oom", "signal") else "stopped"
+        return f"fiberctl: fiber {end.get('fiber_id')} {verb}: {reason.get('message')}"
+    return None
+
+
+def say_end(end: dict[str, object], quiet: bool) -> None:
+    """Print ``end_line`` on stderr, unless ``quiet`` or there is nothing to say."""
+    line = None if quiet else end_line(end)
+    if line is not None:
+        print(line, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> None:
     """Run CMD as a fiber (exec mode), here: stdio passed, signals forwarded, its exit status
     returned (128+N if signal N killed it). Runs in this directory."""
@@ -198,6 +234,11 @@ def run(args: argparse.Namespace) -> None:
     path = discover_socket(args.socket)
     with answers():
         end = clone_and_wait(path, fields)
+    say_end(end, args.quiet)
+    error = end.get("error")
+    if isinstance(error, dict) and not args.quiet:  # its set-up failed before the exec
+        print(f"fiberctl: fiber {end.get('fiber_id')} did not start: {error.get('type')}: "
+              f"{error.get('message')}", file=sys.stderr)
     raise Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
 
 
@@ -218,6 +259,7 @@ def call(args: argparse.Namespace) -> None:
     fields["call"] = call_spec
     with answers():
         end = clone_and_wait(discover_socket(args.socket), fields)
+    say_end(end, args.quiet)
     error = end.get("error")
     if isinstance(error, dict):
         raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
@@ -354,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("run", "call"):
             _grant_options(sub)
+            sub.add_argument("-q", "--quiet", action="store_true",
+                             help="do not say why the fiber ended (the status is the same)")
         if name in ("ls", "stop", "status"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
         if name == "run":
@@ -372,9 +416,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse(argv: Sequence[str]) -> argparse.Namespace:
-    """Parse ``argv``; for ``run``, everything after the first ``--`` is the command as is."""
+GLOBAL_VALUED = ("-S", "--socket", "-g", "--grant")
+GLOBAL_FLAGS = ("--json", "-q", "--quiet")
+
+
+def hoist(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the global options given before the command moved after it, so
+    ``fiberctl --socket PATH status`` means ``fiberctl status --socket PATH``. A value
+    missing after one is left for argparse to name."""
     words = list(argv)
+    front: list[str] = []
+    while words and words[0].startswith("-"):
+        word = words[0]
+        name = word.split("=", 1)[0]
+        if name in GLOBAL_FLAGS or (name in GLOBAL_VALUED and "=" in word):
+            front.append(words.pop(0))
+        elif word in GLOBAL_VALUED:
+            front.extend(words[:2])
+            del words[:2]
+        elif word in ("-h", "--help"):
+            return [word]
+        else:
+            return words  # not a global option: argparse names it
+    if not words:
+        return front
+    return [words[0], *front, *words[1:]]
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` (global options before the command hoisted after it); for ``run``,
+    everything after the first ``--`` is the command as is."""
+    words = hoist(argv)
     tail: list[str] | None = None
     if words[:1] == ["run"] and "--" in words:
         cut = words.index("--")
@@ -387,7 +459,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: exits with the documented code."""
-    words = list(sys.argv[1:] if argv is None else argv)
+    words = hoist(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["map"]:
         from slurm_fiber.cli.fibermap import main as map_main
 

@@ -2,7 +2,8 @@
 
     fiberctl map [-j N] [--joblog FILE] [--results DIR] [--retries K] [--halt WHEN,WHY]
                  [--tag] [--timeout S] [--arg-file FILE | --range A-B] [--call MODULE:FUNC]
-                 [--json] [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] -- CMD {} ...
+                 [--json] [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] [-q]
+                 -- CMD {} ...
 
 Arguments come from ``--arg-file`` (one per line), ``--range A-B`` (the
 integers A..B) or stdin lines. For each, ``CMD`` runs as a fiber (exec
@@ -29,7 +30,9 @@ and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 the exit status is the number of failed tasks, 101 for more than 100 (with
 ``--halt ...,fail=1``, the failing task's status; with ``fail=Y%``, the
 percentage of tasks that failed). A progress line goes to
-stderr only when stderr is a terminal. ``--json`` ends stdout with one JSON
+stderr only when stderr is a terminal. A task that fiberd ended (its
+deadline, ...) or whose exec failed gets fiberctl run's one line after its
+stderr (``--quiet``: not). ``--json`` ends stdout with one JSON
 summary line. fiberd refusing the work itself (a final miss such as
 unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
 exit codes (77, 65, 69), as no task could run.
@@ -61,6 +64,7 @@ from slurm_fiber.cli.fiberctl import (
     EXIT_USAGE,
     SOCKET_HELP,
     Exit,
+    end_line,
     fail,
     grant_fields,
 )
@@ -270,6 +274,9 @@ class Map:
             os.close(out)
             os.close(err)
         end = outcome.exit or {}
+        line = None if self.opts.quiet else end_line(end)
+        if line is not None:  # why fiberd ended it, or why its exec failed
+            stderr += f"{line}\n".encode()
         if self.opts.call is not None and outcome.exit is not None:
             error = end.get("error")
             if isinstance(error, dict):
@@ -430,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true",
                         help="end stdout with one JSON summary line")
     parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not say why a fiber ended (statuses are the same)")
     parser.add_argument("-g", "--grant", help="admitted grant UID (default: the only one)")
     parser.add_argument("-t", "--token", type=Path, metavar="FILE",
                         help="file holding a grant token (JWS)")

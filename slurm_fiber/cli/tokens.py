@@ -100,6 +100,12 @@ def keys_gen(
         _fail(f"--issuer {issuer!r} must be a plain name ([A-Za-z0-9._-], up to 64)", 2)
     try:
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        _fail(f"keys gen: --out {out} is not a directory (a file is in the way); give "
+              "--out a directory")
+    except OSError as err:
+        _fail(f"keys gen: cannot make --out {out}: {err.strerror or err}")
+    try:
         key = generate_key(alg)
         jwk = public_jwk(key)
         key_path = out / f"{issuer}-{jwk['kid'][:12]}.key"
@@ -107,8 +113,12 @@ def keys_gen(
         keys = json.loads(jwks_path.read_text())["keys"] if jwks_path.exists() else []
         save_private_key(key, key_path)
         _write_atomic(jwks_path, json.dumps({"keys": [*keys, jwk]}, indent=2).encode(), 0o644)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        _fail(f"keys gen failed: {err}")
+    except OSError as err:
+        where = f" {err.filename}" if err.filename else ""
+        _fail(f"keys gen failed:{where}: {err.strerror or err}")
+    except (ValueError, KeyError, TypeError) as err:
+        _fail(f"keys gen failed: {jwks_path} is not a JWKS ({err}); move it aside or give "
+              "another --out")
     result = {"issuer": issuer, "alg": alg, "kid": jwk["kid"], "key": str(key_path),
               "jwks": str(jwks_path)}
     typer.echo(json.dumps(result) if as_json else

@@ -34,6 +34,16 @@ and the fiber's process group), and returns once the fiber is gone.
 ``enforce_deadline`` runs a fiber until a deadline given as a callable (the
 core's decision, which may move when a fence extends) and then stops it.
 
+Reasons: whoever makes fiberd end a fiber says why first (``note_reason``:
+a code and one line; the first note wins). The exit carries it as a
+``StopReason``, its line completed with how the stop went ("killed after
+1 s grace"); one that died with its template is ``template_lost``. A fiber
+fiberd did not stop that died by SIGKILL is ``oom`` when its cgroup's
+``memory.events`` counts an ``oom_kill`` (its leaf is its own while the
+memory controller is on: never reused), else ``signal`` saying whether out of
+memory is ruled out or not known (no memory controller). Any other exit
+has no reason: the fiber ended by itself.
+
 All coroutines run on fiberd's event loop; none block it.
 """
 
@@ -63,6 +73,19 @@ class FiberState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class StopReason:
+    """Why a fiber ended when fiberd (or the kernel's OOM killer) ended it: ``code`` is one
+    of deadline, lease_end, fence, removed, epoch, stopped, fiberd_shutdown,
+    template_lost, oom, signal; ``message`` one line for a person."""
+
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
 class FiberExit:
     """How a fiber ended. ``status`` is the raw wait status (None when lost).
 
@@ -81,6 +104,7 @@ class FiberExit:
     memory_peak: int | None = None
     result: dict[str, object] | None = None
     stopped: bool = False  # fiberd stopped it (stop/deadline), vs. it ended by itself
+    reason: StopReason | None = None  # why, when fiberd (or the OOM killer) ended it
 
     @property
     def exit_code(self) -> int | None:
@@ -98,6 +122,7 @@ class FiberExit:
         return {"state": self.state.value, "exit_code": self.exit_code, "signal": self.signal,
                 "cpu_time": self.cpu_time, "maxrss": self.maxrss,
                 "memory_peak": self.memory_peak, "stopped": self.stopped,
+                "reason": self.reason.to_json() if self.reason else None,
                 "result": self.result}
 
 
@@ -135,6 +160,8 @@ class Fiber:
     _result: _ResultReader | None = field(default=None, repr=False)
     _finished: asyncio.Task[FiberExit] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
+    _cause: StopReason | None = field(default=None, repr=False)
+    _killed_after: float | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------ set-up (Template only)
 
@@ -154,8 +181,11 @@ class Fiber:
         if not self._reported.done():
             self._reported.set_result((FiberState.EXITED, msg))
 
-    def template_lost(self) -> None:
-        """The template died: this fiber dies with it; account it once its pid is gone."""
+    def template_lost(self, why: str | None = None) -> None:
+        """The template died (``why``: its last fault): this fiber dies with it; account it
+        once its pid is gone."""
+        self.note_reason("template_lost", "its template was lost"
+                         f"{f' ({why})' if why else ''}, and the fiber with it")
         if not self._reported.done():
             self._reported.set_result((FiberState.LOST, {}))
 
@@ -164,6 +194,12 @@ class Fiber:
     @property
     def running(self) -> bool:
         return self.exit is None
+
+    def note_reason(self, code: str, message: str) -> None:
+        """Say why fiberd is ending this fiber, before it does (``StopReason``'s codes). The
+        first note of a running fiber counts; later ones are ignored."""
+        if self._cause is None and self.exit is None:
+            self._cause = StopReason(code, message)
 
     async def wait(self) -> FiberExit:
         """Block until the fiber and its cgroup are gone; its exit. Never raises."""
@@ -207,6 +243,7 @@ class Fiber:
         self.signal(signal.SIGTERM)
         waiter = asyncio.ensure_future(self.wait())
         if not await first_done(waiter, self.clock.sleep(grace)):
+            self._killed_after = grace
             self.kill()
         return await waiter
 
@@ -277,16 +314,57 @@ class Fiber:
             os.close(self.pidfd)
             self.pidfd = None
         status = msg.get("status")
+        status = status if isinstance(status, int) else None
         cpu = msg.get("cpu")
         maxrss = msg.get("maxrss")
         self.exit = FiberExit(
-            state=state,
-            status=status if isinstance(status, int) else None,
+            state=state, status=status,
             cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
             maxrss=maxrss if isinstance(maxrss, int) else None,
-            memory_peak=peak, result=result, stopped=self._stopped)
+            memory_peak=peak, result=result, stopped=self._stopped,
+            reason=self._reason(state, status))
         self.state = state
         return self.exit
+
+    def _reason(self, state: FiberState, status: int | None) -> StopReason | None:
+        """Why it ended (see the module doc); read once it is gone, its cgroup still there."""
+        cause = self._cause
+        if cause is None and state is FiberState.LOST:
+            cause = StopReason("template_lost", "its template was lost, and the fiber with it")
+        if cause is not None:
+            if self._killed_after is not None:
+                return StopReason(cause.code, f"{cause.message}, killed after "
+                                  f"{self._killed_after:g} s grace")
+            if self._stopped:
+                on_term = (status is not None and os.WIFSIGNALED(status)
+                           and os.WTERMSIG(status) == signal.SIGTERM)
+                how = "ended on SIGTERM" if on_term else "exited within the grace after SIGTERM"
+                return StopReason(cause.code, f"{cause.message}, {how}")
+            return cause
+        if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
+            return None
+        kills = _oom_kills(self.cgroup) if self.cgroup is not None else None
+        if kills:
+            return StopReason("oom", "out of memory: the kernel's OOM killer killed it "
+                              "(its cgroup's memory.events counts an oom_kill)")
+        if kills is None:
+            return StopReason("signal", "killed by SIGKILL, not by fiberd (whether out of "
+                              "memory is not known: no memory controller in its cgroup)")
+        return StopReason("signal", "killed by SIGKILL, not by fiberd and not out of memory")
+
+
+def _oom_kills(cgroup: Path) -> int | None:
+    """``oom_kill`` of ``memory.events`` (processes of this cgroup and below the OOM killer
+    killed), None where the memory controller gives no such file."""
+    try:
+        text = (cgroup / "memory.events").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def _unless_empty(path: Path | None) -> Path | None:

@@ -13,6 +13,7 @@ from slurm_fiber.core.fibers import Fiber, FiberState
 from slurm_fiber.core.fibers import FiberExit as CoreExit
 
 LOST_ERROR = {"type": "FiberLost", "message": "the fiber died with its template"}
+EXEC_FAILED_FIELDS = ("errno", "name", "path", "message", "interpreter")
 SILENT_ERROR = {"type": "FiberDied", "message": "the fiber ended before reporting a result"}
 
 
@@ -27,6 +28,7 @@ def api_exit(fiber_id: str, mode: str, core: CoreExit) -> FiberExit:
         rusage["memory_peak"] = core.memory_peak
     result: object = None
     error: dict[str, object] | None = None
+    exec_failed: dict[str, object] | None = None
     if core.state is FiberState.LOST:
         error = dict(LOST_ERROR)
     elif mode == "call":
@@ -36,8 +38,16 @@ def api_exit(fiber_id: str, mode: str, core: CoreExit) -> FiberExit:
         else:
             found = record.get("error")
             error = dict(found) if isinstance(found, dict) else dict(SILENT_ERROR)
+    elif core.result is not None:  # exec mode: its exec, or the set-up before, failed
+        failed, found = core.result.get("exec_failed"), core.result.get("error")
+        if isinstance(failed, dict):
+            exec_failed = {k: v for k, v in failed.items() if k in EXEC_FAILED_FIELDS}
+        elif isinstance(found, dict):
+            error = dict(found)
     return FiberExit(fiber_id=fiber_id, exit_code=core.exit_code, signal=core.signal,
-                     rusage=rusage, result=result, error=error)
+                     rusage=rusage, result=result, error=error,
+                     reason=core.reason.to_json() if core.reason else None,
+                     exec_failed=exec_failed)
 
 
 class FiberView:

@@ -178,6 +178,7 @@ class Core:
         self._tasks: set[asyncio.Task[object]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
+        self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -242,6 +243,7 @@ class Core:
     async def bump_epoch(self, reason: str) -> int:
         """Start a new epoch and stop every fiber of an older one; returns once they are gone."""
         epoch = self.book.bump_epoch(reason)
+        self._epoch_reason = reason
         self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
         self._nudge.set()
         for grant in list(self._grants.values()):
@@ -671,19 +673,50 @@ class Core:
                         exit=end.to_json() if end else None)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
-        """Audit that fiberd is stopping a running fiber and why (once per fiber).
+        """Audit that fiberd is stopping a running fiber and why (once per fiber), and tell
+        the fiber its reason (``_stop_reason``), which its exit event carries.
 
         A stop goes ahead even when its record cannot be written (a full disk):
         stopping is never the decision an audit failure may hold back; it is logged.
         """
         if fiber.id in self._released or not fiber.running:
             return
+        fiber.note_reason(*self._stop_reason(fiber, cause, fields))
         self._released.add(fiber.id)
         try:
             self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
                         cause=cause, **fields)
         except AuditWriteFailed as err:
             log.error("stopping fiber %s (%s) unaudited: %s", fiber.id, cause, err)
+
+    def _stop_reason(self, fiber: Fiber, cause: str,
+                     fields: dict[str, object]) -> tuple[str, str]:
+        """The fiber's reason code and line for a release ``cause`` (audit's word)."""
+        spec = self.book_spec(fiber.uid)
+        seconds = spec.limits.seconds if spec is not None else None
+        fence = self.book.fence_ttl
+        match cause:
+            case "seconds":
+                return "deadline", (f"deadline {seconds:g} s (limits.seconds) reached"
+                                    if seconds is not None else "deadline reached")
+            case "lease" | "expired":
+                return "lease_end", (f"the lease of grant {fiber.uid!r} ended (no renewed "
+                                     "token was delivered)")
+            case "fence":
+                return "fence", ("fenced: the control plane was silent for over "
+                                 f"{fence:g} s" if fence else "fenced: the control plane "
+                                 "was silent")
+            case "removed":
+                return "removed", f"grant {fiber.uid!r} was removed"
+            case "revoked":
+                why = f" ({self._epoch_reason})" if self._epoch_reason else ""
+                return "epoch", f"epoch {fiber.epoch} was revoked{why}"
+            case "stop_request":
+                return "stopped", (f"stopped on request (uid {fields.get('caller_uid')}, "
+                                   f"pid {fields.get('caller_pid')})")
+            case "shutdown":
+                return "fiberd_shutdown", "fiberd is shutting down"
+        return cause, f"stopped by fiberd ({cause})"
 
     def _miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
         self._write(AuditEvent.MISS, uid=uid, code=miss.code.value, reason=miss.reason,

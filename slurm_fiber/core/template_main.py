@@ -47,7 +47,10 @@ sockets) is held here; fiberd holds all of that.
 
 Exit codes of a fiber that failed before user code: 70 (template gone),
 71 (could not join its cgroup), 72 (unreadable order, or could not set up
-stdio or cwd); of an exec that failed: 127; of a call that raised: 1 (error
+stdio or cwd); of an exec that failed, as a shell's: 127 (not found), 126
+(found but not runnable: permission, bad interpreter, format), with an
+``exec_failed`` record (errno, its name, the path, the system's message, and
+a missing ``#!`` interpreter's path) sent; of a call that raised: 1 (error
 record sent). A spare that could not join its cgroup waits for its order
 all the same and reports the error on its order channel.
 """
@@ -58,6 +61,7 @@ import _signal
 import argparse
 import base64
 import contextlib
+import errno
 import gc
 import importlib
 import json
@@ -81,7 +85,8 @@ _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # Python code whose reference counting copies pages of the shared heap (~5 µs each here).
 EXIT_CGROUP = 71
 EXIT_SETUP = 72
-EXIT_EXEC = 127
+EXIT_EXEC = 127  # not found, as a shell's "command not found"
+EXIT_NOT_RUNNABLE = 126  # found but not runnable, as a shell's
 
 
 def command(python: str, env: Mapping[str, str], fd: int,
@@ -393,9 +398,37 @@ def _exec(msg: dict[str, object], result: ResultChannel) -> int:
         signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(argv[0], argv, os.environ)
-    except (OSError, IndexError) as e:
+    except OSError as e:
+        failure = exec_failure(argv[0], e)
+        result.write(json.dumps({"ok": False, "exec_failed": failure}))
+        return EXIT_EXEC if failure["code"] == EXIT_EXEC else EXIT_NOT_RUNNABLE
+    except IndexError as e:
         _write_error(result, e)
     return EXIT_EXEC
+
+
+def exec_failure(name: str, err: OSError) -> dict[str, object]:
+    """What an exec of ``name`` that raised ``err`` tells: errno, its symbolic name, the
+    path (as given), the system's message, the shell's exit ``code`` (127 not found, else
+    126) and, when ``name`` exists but its ``#!`` interpreter does not, ``interpreter``."""
+    number = err.errno or 0
+    out: dict[str, object] = {"errno": number, "name": errno.errorcode.get(number, "?"),
+                              "path": name, "message": os.strerror(number) if number else
+                              str(err), "code": EXIT_NOT_RUNNABLE}
+    if number not in (errno.ENOENT, errno.ENOTDIR):
+        return out
+    found = name if "/" in name else next(
+        (p for d in os.get_exec_path() if os.path.isfile(p := os.path.join(d, name))), None)
+    if found is None or not os.path.isfile(found):
+        out["code"] = EXIT_EXEC
+        return out
+    with contextlib.suppress(OSError), open(found, "rb") as f:
+        line = f.readline(256)
+        if line.startswith(b"#!"):
+            words = line[2:].split()
+            if words:
+                out["interpreter"] = words[0].decode(errors="replace")
+    return out
 
 
 def _call(msg: dict[str, object], result: ResultChannel) -> int:

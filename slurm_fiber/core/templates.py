@@ -640,6 +640,8 @@ class Template:
         self._set_state(TemplateState.REWARMING)
         self._dismiss_spares()
         for fiber in list(self.fibers.values()):
+            fiber.note_reason("template_lost", f"its template stopped answering ({reason}) "
+                              "and was killed, and the fiber with it")
             fiber.kill()  # they would die by their death signal; this takes their groups too
         self._kill_process()
 
@@ -674,7 +676,7 @@ class Template:
             self._set_state(TemplateState.REWARMING)
         self._dismiss_spares()  # they die with it (their death signal); reap their leaves
         for fiber in list(self.fibers.values()):
-            fiber.template_lost()
+            fiber.template_lost(None if self._stopping else self.last_fault)
 
     def _dispatch(self, msg: dict[str, object]) -> None:
         kind = msg["t"]

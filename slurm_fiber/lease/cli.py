@@ -98,6 +98,9 @@ def _options(
     ttl: TtlOpt = DEFAULT_TTL,
 ) -> None:
     """Options shared by every lease command (give them before the command)."""
+    if not ttl > 0:  # also NaN
+        raise typer.BadParameter(f"must be a positive number of seconds, got {ttl:g}",
+                                 param_hint="--ttl")
     ctx.obj = Leases(lease_dir, state or lease_dir / "state.json", SystemClock(), ttl=ttl)
 
 

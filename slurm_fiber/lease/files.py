@@ -28,14 +28,16 @@ Owners = tuple[int, ...] | None
 AREA_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def open_area(path: Path, owners: Owners, *, create: bool = False) -> int:
+def open_area(path: Path, owners: Owners, *, create: bool = False,
+              what: str = "the lease dir (--dir, SLURM_FIBER_LEASE_DIR)") -> int:
     """An fd of directory ``path`` (the caller closes it).
 
     Cooperative (``owners`` None): opened as named, created with its parents
     when ``create``. Owned: walked with safefs.open_dir, every component
     belonging to root or ``owners`` and writable by no one else; never
     created here (the owner prepares it). Raises FileNotFoundError when it
-    is missing, LeaseError for anything else.
+    is missing, LeaseError for anything else: a file in the way says which
+    path is not a directory, naming ``what`` (the option that gave ``path``).
     """
     try:
         if owners is not None:
@@ -47,8 +49,22 @@ def open_area(path: Path, owners: Owners, *, create: bool = False) -> int:
         raise
     except safefs.UnsafePath as err:
         raise LeaseError(f"{err}; the lease area is not trusted") from None
+    except (NotADirectoryError, FileExistsError):
+        raise not_a_directory(path, what) from None
     except OSError as err:
         raise io_failure(f"open {path}", err) from None
+
+
+def not_a_directory(path: Path, what: str) -> LeaseError:
+    """The error for ``path`` (given as ``what``) that is, or lies under, something other
+    than a directory: names that thing and what must be a directory."""
+    culprit = path
+    for part in reversed((path, *path.parents)):
+        if part.exists() and not part.is_dir():
+            culprit = part
+            break
+    under = "" if culprit == path else f" ({path} lies under it)"
+    return LeaseError(f"{culprit} is not a directory{under}: {what} must be one")
 
 
 def write_atomic(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:

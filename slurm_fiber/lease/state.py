@@ -32,6 +32,8 @@ from slurm_fiber.record import field, record
 
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
+STATE_DIR = "the state document's dir (--state, by default --dir)"
+
 
 @record(frozen=True)
 class Party:
@@ -272,7 +274,7 @@ def load(path: Path, owners: Owners = None) -> State:
     LeaseError with one line when the document is unreadable or untrusted.
     """
     try:
-        dir_fd = open_area(path.parent, owners)
+        dir_fd = open_area(path.parent, owners, what=STATE_DIR)
     except FileNotFoundError:
         return State()
     try:
@@ -293,7 +295,7 @@ def update(path: Path, owners: Owners = None) -> Iterator[State]:
     written (for an owned area, also when it is missing: its owner prepares it).
     """
     try:
-        dir_fd = open_area(path.parent, owners, create=owners is None)
+        dir_fd = open_area(path.parent, owners, create=owners is None, what=STATE_DIR)
     except FileNotFoundError as err:
         raise io_failure(f"open the state's directory {path.parent}", err) from None
     try:

@@ -84,6 +84,8 @@ async def test_api_server_down_turns_misses_stale_then_fences_and_recovers(
         assert isinstance(stale, Miss) and stale.code is MissCode.SOURCE_STALE
         end = await running.wait()  # the fence ends fence_ttl after the last sync
         assert end.signal is not None
+        assert end.reason == {"code": "fence", "message": "fenced: the control plane was "
+                              "silent for over 2 s, ended on SIGTERM"}
         fenced = await live.clone(argv=("true",))
         assert isinstance(fenced, Miss) and fenced.code is MissCode.FENCED
         fake.start()

@@ -99,3 +99,25 @@ def test_usage_error_exits_2_and_help_teaches(run) -> None:
     assert run("claim", "gpu0").returncode == 2
     helptext = run("claim", "--help").stdout
     assert "--steal-stale" in helptext and "--purpose" in helptext
+
+
+def test_a_file_given_as_the_lease_dir_is_named_not_a_directory(run, tmp_path: Path) -> None:
+    file = tmp_path / "passwd"
+    file.write_text("root:x:0:0::/root:/bin/sh\n")
+    for args, what in ((("--dir", str(file), "ls"), "the lease dir (--dir"),
+                       (("--dir", str(file / "sub"), "ls"), "the lease dir (--dir"),
+                       (("--dir", str(file), "claim", "gpu0", "--purpose", "x"),
+                        "the state document's dir (--state, by default --dir)"),
+                       (("--state", str(file / "state.json"), "ls"), "(--state")):
+        got = run(*args)
+        assert got.returncode == 1, args
+        line = got.stderr.strip()
+        assert len(line.splitlines()) == 1, got.stderr
+        assert line.startswith(f"error: {file} is not a directory"), line
+        assert what in line and line.endswith("must be one"), line
+    assert file.read_text() == "root:x:0:0::/root:/bin/sh\n"
+
+
+def test_a_ttl_that_is_not_positive_is_a_usage_error_naming_it(run) -> None:
+    got = run("--ttl", "-5", "ls")
+    assert got.returncode == 2 and "--ttl" in got.stderr and "positive" in got.stderr

@@ -84,7 +84,7 @@ async def test_exceptions_come_back_as_error_records(tmp_path: Path, mark: str):
     ex = await (await t.fork(FiberRequest(id="e2", target=f"{T}:unserialisable"))).wait()
     assert ex.result["error"]["type"] == "TypeError"
     ex = await (await t.fork(FiberRequest(id="e3", mode="exec", argv=("no-such-cmd-x",)))).wait()
-    assert ex.exit_code == 127 and ex.result["error"]["type"] == "FileNotFoundError"
+    assert ex.exit_code == 127 and ex.result["exec_failed"]["name"] == "ENOENT"
     await t.stop(1.0)
 
 

@@ -12,8 +12,10 @@ thread-safe: one client per thread.
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import socket
+import stat
 from collections.abc import Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
@@ -59,7 +61,8 @@ class FiberdClient:
             self.sock.connect(os.fspath(path))
         except OSError as e:
             self.sock.close()
-            raise Unreachable(f"cannot connect to fiberd at {path}: {e.strerror or e}") from e
+            raise Unreachable(f"cannot connect to fiberd at {path}: {_connect_failure(path, e)}") \
+                from e
 
     def __enter__(self) -> FiberdClient:
         return self
@@ -159,3 +162,19 @@ class FiberdClient:
         to keep waiting (e.g. after stopping it)."""
         result = self.reply(wait_forever=True, within=within)["result"]
         return result if isinstance(result, dict) else {}
+
+
+def _connect_failure(path: str | os.PathLike[str], err: OSError) -> str:
+    """Why a connect to ``path`` failed and what to do, in a few words."""
+    hint = "is fiberd running? (start it, or give --socket PATH or $FIBERD_SOCKET)"
+    if isinstance(err, FileNotFoundError):
+        return f"no such socket; {hint}"
+    if isinstance(err, ConnectionRefusedError):
+        with contextlib.suppress(OSError):
+            if not stat.S_ISSOCK(os.stat(path).st_mode):
+                return "not a socket; give --socket fiberd's socket"
+        return f"nothing listens there (a stale socket); {hint}"
+    if isinstance(err, PermissionError):
+        return ("permission denied; the socket is fiberd's user's (allowed_uids/"
+                "allowed_gids let others in)")
+    return str(err.strerror or err)

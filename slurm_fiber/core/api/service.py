@@ -96,7 +96,10 @@ class FiberExit:
     ``maxrss_kib`` where known. In call mode exactly one of ``result`` (the
     function's JSON return value) and ``error`` ({"type", "message"}) is
     meaningful; ``error`` is also set when a call-mode fiber died without
-    reporting.
+    reporting. ``reason`` ({"code", "message"}) says why fiberd (or the OOM
+    killer) ended it, None when it ended by itself; ``exec_failed`` ({"errno",
+    "name", "path", "message", "interpreter"?}) is set when exec mode's exec
+    itself failed (the status is then 127 or 126, as a shell's).
     """
 
     fiber_id: str
@@ -105,6 +108,8 @@ class FiberExit:
     rusage: JsonMap = field(default_factory=dict)
     result: object = None
     error: JsonMap | None = None
+    reason: JsonMap | None = None
+    exec_failed: JsonMap | None = None
 
     @property
     def status(self) -> int:
@@ -120,7 +125,10 @@ class FiberExit:
             "signal": self.signal,
             "status": self.status,
             "rusage": dict(self.rusage),
+            "reason": dict(self.reason) if self.reason is not None else None,
         }
+        if self.exec_failed is not None:
+            out["exec_failed"] = dict(self.exec_failed)
         if self.error is not None:
             out["error"] = dict(self.error)
         else:
