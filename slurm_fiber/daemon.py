@@ -201,7 +201,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()
-    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home))
+    # cgroup_root none means no cgroup at all: no v1 groups either.
+    backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
+    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home), backend)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares, strict_limits=config.strict_limits,
@@ -255,6 +257,8 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await running.core.shutdown()
+    for failure in running.core.cgroups.close():  # the v1 carving roots, once empty
+        log.warning("%s", failure)
     await running.server.close()
     try:
         running.audit.write("stop", reason=why, pid=os.getpid())

@@ -79,6 +79,7 @@ class FiberExit:
     cpu_time: float | None = None
     maxrss: int | None = None
     memory_peak: int | None = None
+    oom_kills: int | None = None  # processes the kernel OOM-killed in its cgroup (None: unknown)
     result: dict[str, object] | None = None
     stopped: bool = False  # fiberd stopped it (stop/deadline), vs. it ended by itself
 
@@ -97,7 +98,8 @@ class FiberExit:
     def to_json(self) -> dict[str, object]:
         return {"state": self.state.value, "exit_code": self.exit_code, "signal": self.signal,
                 "cpu_time": self.cpu_time, "maxrss": self.maxrss,
-                "memory_peak": self.memory_peak, "stopped": self.stopped,
+                "memory_peak": self.memory_peak, "oom_kills": self.oom_kills,
+                "stopped": self.stopped,
                 "result": self.result}
 
 
@@ -268,6 +270,8 @@ class Fiber:
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)
+        ooms = cgroups.oom_kills(self.cgroup) if self.cgroup else None
+        if self.cgroup is not None:
             # Nothing in the cgroup is left to write to the output files: drop empty ones.
             self.stdout_path = _unless_empty(self.stdout_path)
             self.stderr_path = _unless_empty(self.stderr_path)
@@ -284,7 +288,7 @@ class Fiber:
             status=status if isinstance(status, int) else None,
             cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
             maxrss=maxrss if isinstance(maxrss, int) else None,
-            memory_peak=peak, result=result, stopped=self._stopped)
+            memory_peak=peak, oom_kills=ooms, result=result, stopped=self._stopped)
         self.state = state
         return self.exit
 
