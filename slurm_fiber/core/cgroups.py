@@ -585,6 +585,7 @@ class CgroupManager:
             raise ValueError(f"cgroup_backend {backend!r} is not one of "
                              f"{', '.join(BACKEND_CHOICES)}")
         self.root = root
+        self.home_root = root  # the home's root (a v2 tree), even when v1 carves instead
         self.status = _probe(root, why_none)
         self._root_enabled: set[str] | None = None
         self.v1_roots: dict[str, Path] = {}  # controller -> fiberd's v1 carving root

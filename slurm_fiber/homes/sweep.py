@@ -136,7 +136,9 @@ async def sweep_cgroups(manager: CgroupManager) -> CgroupSweep:
     if not manager.carved or root is None or root.name != f"{TREE_PREFIX}{os.getpid()}":
         return CgroupSweep(grants, ())
     # The processes' own tree first (its kill empties them all), then the v1 mirrors.
-    for own in (root, *manager.v1_roots.values()):
+    # (The v1 backend carves in freezer; the home's delegated v2 tree is swept after it.)
+    home = [h] if (h := manager.home_root) is not None and h != root else []
+    for own in (root, *manager.v1_roots.values(), *home):
         for path, owner in dead_trees(own.parent, own):
             swept = await sweep_tree(path, owner)
             trees.append(swept)
