@@ -1,4 +1,4 @@
-"""Cgroup v2 carving: one child per grant, one per fiber, under the root a home gives.
+"""Cgroup carving (v2, v1, hybrid): a child per grant, one per fiber, under the home's root.
 
 Layout under the root (``CgroupRoot`` of the home)::
 
@@ -19,8 +19,19 @@ enforces a written limit (core.enforcement). Stopping uses
 concurrent forks); emptiness is learnt from ``cgroup.events``
 (``populated 0``), watched with inotify; empty cgroups are removed.
 
-Without a usable root (none given, missing, not cgroup v2, not writable) the
-manager is *uncarved*: ``status.carved`` is False with a one-line reason,
+On a host with cgroup v1 hierarchies (``CgroupManager``'s ``backend``:
+``hybrid`` or ``v1``, docs/design.md §4), the same tree is mirrored in the v1
+memory, pids, cpu and devices hierarchies under fiberd's own v1 cgroups
+(``V1Layout``, ``mirrors``); the limits of those controllers are written and
+read back there (``write_limits_v1``), devices are denied but the grant's
+own and the pseudo-devices (``confine_devices``), and every process joins
+its v1 groups before its primary one (spares do it before any Clone). OOM
+kills are read from ``memory.events`` or the v1 ``memory.oom_control``
+(``oom_kills``). With ``v1``, the primary tree is the v1 freezer hierarchy:
+stop freezes, kills and thaws; emptiness is polled from ``cgroup.procs``.
+
+Without a usable root (none given, missing, not cgroup v2, not writable, and
+no v1 backend) the manager is *uncarved*: ``status.carved`` is False with a one-line reason,
 every carve returns None and callers track processes by pidfd alone.
 
 ``CgroupManager.sweep()`` removes every grant cgroup left under the root by
@@ -29,7 +40,9 @@ a fiberd that died; it assumes the root belongs to one fiberd at a time
 
 The module-level helpers (``join``, ``kill``, ``populated``, ``wait_empty``,
 ``remove_tree``, ``enable_controllers``, ``write_limits``) do plain file I/O
-and work on any directory tree, so the limit logic is testable on a fake one.
+and work on any directory tree, so the limit logic is testable on a fake one;
+``mkdir``, ``remove_tree``, ``memory_peak`` and ``oom_kills`` include a
+group's registered v1 mirrors.
 """
 
 from __future__ import annotations
@@ -165,15 +178,15 @@ def kill(cgroup: Path) -> None:
     kernels with neither, signals each listed pid. A cgroup that no longer exists
     is not an error.
     """
+    if (cgroup / "freezer.state").exists():  # v1 freezer (where cgroup.kill is EACCES)
+        _freeze_kill(cgroup)
+        return
     try:
         (cgroup / "cgroup.kill").write_text("1\n")
         return
     except FileNotFoundError:
         if not cgroup.exists():
             return
-    if (cgroup / "freezer.state").exists():
-        _freeze_kill(cgroup)
-        return
     for pid in pids(cgroup):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -318,8 +331,7 @@ PROC_CGROUP = "/proc/self/cgroup"
 # The pseudo-devices every process may open under a v1 device rule (null, zero, full,
 # random, urandom, tty, ptmx and the pts terminals), as runc's default allow list.
 PSEUDO_DEVICES: tuple[str, ...] = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm",
-                                   "c 1:9 rwm", "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm",
-                                   "c 136:* rwm")
+                                   "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm")
 NVIDIA_MAJOR = 195  # /dev/nvidia<N>; a granted one also needs nvidiactl (255), modeset (254)
 _NVIDIA_UVM = ("nvidia-uvm",)  # /proc/devices names whose every minor a granted NVIDIA GPU needs
 
@@ -455,11 +467,16 @@ def write_limits_v1(groups: dict[str, Path], limits: Limits) -> list[LimitOutcom
         by = f"cgroup v1 {controller}"
         try:
             if controller == "memory":
-                file, value = "memory.limit_in_bytes", value
+                file = "memory.limit_in_bytes"
+                # Swap too, where swap accounting is on; memsw may never be below the
+                # limit, so it goes first when raising, after when lowering.
+                memsw = group / "memory.memsw.limit_in_bytes"
+                with contextlib.suppress(OSError):
+                    memsw.write_text(value + "\n")
                 back = int(_write_read(group / file, value))
+                with contextlib.suppress(OSError):
+                    memsw.write_text(value + "\n")
                 ok = abs(back - int(value)) < (os.sysconf("SC_PAGE_SIZE") or 4096)
-                with contextlib.suppress(OSError):  # swap too, where swap accounting is on
-                    (group / "memory.memsw.limit_in_bytes").write_text(value + "\n")
             elif controller == "pids":
                 back_s = _write_read(group / file, value)
                 ok, back = back_s == value, back_s
@@ -885,8 +902,34 @@ def _drain(fd: int) -> None:
 
 
 __all__ = [
-    "BACKEND", "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
-    "controllers", "empty", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
-    "memory_peak", "pids", "populated", "remove_tree", "safe_name", "wait_empty",
+    "BACKEND",
+    "BACKEND_CHOICES",
+    "CONTROLLERS",
+    "PSEUDO_DEVICES",
+    "CgroupManager",
+    "CgroupStatus",
+    "DeviceRule",
+    "GrantCgroup",
+    "LimitOutcome",
+    "V1Layout",
+    "confine_devices",
+    "controllers",
+    "device_rules",
+    "empty",
+    "enable_controllers",
+    "join",
+    "kill",
+    "kill_and_remove",
+    "limit_plan",
+    "memory_peak",
+    "mirrors",
+    "mkdir",
+    "oom_kills",
+    "pids",
+    "populated",
+    "remove_tree",
+    "safe_name",
+    "wait_empty",
     "write_limits",
+    "write_limits_v1",
 ]
