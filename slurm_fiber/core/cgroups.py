@@ -595,9 +595,11 @@ class CgroupManager:
     """
 
     def __init__(self, root: Path | None, why_none: str = "no cgroup root given",
-                 backend: str = "auto", v1: V1Layout | None = None) -> None:
+                 backend: str = "v2", v1: V1Layout | None = None) -> None:
         """``why_none``: the home's reason when it gives no root (shown in status and
-        audit); ``v1``: the host's v1 layout (default: read from /proc)."""
+        audit); ``backend``: fiberd passes its ``cgroup_backend`` (default ``auto``), the
+        default here is v2 only, so a manager built on a test tree never makes v1 groups;
+        ``v1``: the host's v1 layout (default: read from /proc)."""
         if backend not in BACKEND_CHOICES:
             raise ValueError(f"cgroup_backend {backend!r} is not one of "
                              f"{', '.join(BACKEND_CHOICES)}")

@@ -161,3 +161,37 @@ def test_a_grant_without_the_gpu_cannot_open_its_node_and_one_with_it_can(
                                                                       errno.ENODEV)
         for pseudo in ("/dev/null", "/dev/zero", "/dev/urandom"):
             assert run(sock, "without", OPEN, pseudo)["exit_code"] == 0, pseudo
+
+
+def test_a_stopped_fiber_takes_what_it_forked_with_it(site: Site, backend: str) -> None:
+    """Stop (SIGTERM, then the group's SIGKILL after ``grace``) reaches a child that ignores
+    SIGTERM: ``cgroup.kill`` in hybrid, freeze-kill-thaw in the v1 freezer."""
+    site.drop()
+    mark = f"sf-stop-{uuid.uuid4().hex[:8]}"
+    # The sleeps ignore TERM too; one leaves the process group: only the cgroup reaches it.
+    script = "trap '' TERM; setsid sleep 300 & sleep 300; wait"
+    with serving(site, backend) as sock, FiberdClient(sock) as client:
+        fiber = client.clone(grant="g1", wait=True, exec={"argv": ["sh", "-c", script]},
+                             env={"SF_MARK": mark})
+        end = time.monotonic() + 10
+        while len(marked(mark)) < 3 and time.monotonic() < end:  # sh and its two sleeps
+            time.sleep(0.05)
+        assert len(marked(mark)) == 3
+        with FiberdClient(sock) as other:
+            other.request("stop_fiber", fiber=fiber["id"], grace=0.2)
+        assert client.wait_exit(within=30)["signal"] is not None
+        assert marked(mark) == []
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment holds ``SF_MARK=mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if f"SF_MARK={mark}".encode() in environ and state != "Z":
+            found.append(int(pid))
+    return found
