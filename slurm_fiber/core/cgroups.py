@@ -326,6 +326,7 @@ def memory_peak(cgroup: Path) -> int | None:
 # ---------------------------------------------------------------- cgroup v1 (and hybrid)
 
 V1_LIMITED: tuple[str, ...] = ("memory", "pids", "cpu", "devices")  # v1 hierarchies carved
+V1_TREE_PREFIX = "slurm-fiber."  # + pid: fiberd's carving root in each v1 hierarchy
 PROC_MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
 # The pseudo-devices every process may open under a v1 device rule (null, zero, full,
@@ -591,7 +592,8 @@ class CgroupManager:
       in hybrid.
 
     The v1 groups mirror the carving root's tree: ``<mount>/<fiberd's own v1
-    cgroup>/<root's name>/grant-<uid>/...``; a process joins each (``mirrors``).
+    cgroup>/slurm-fiber.<pid>/grant-<uid>/...`` (the v2 tree's own name when fiberd
+    delegated from the hierarchy's root); a process joins each (``mirrors``).
     """
 
     def __init__(self, root: Path | None, why_none: str = "no cgroup root given",
@@ -616,7 +618,9 @@ class CgroupManager:
         self._choose_v1(backend, layout, why_none)
 
     def _choose_v1(self, backend: str, layout: V1Layout, why_none: str) -> None:
-        name = self.root.name if self.root is not None else f"slurm-fiber.{os.getpid()}"
+        # Always this fiberd's own name (the v2 tree's when it delegated from the hierarchy's
+        # root): unique per fiberd in hierarchies other fiberds share, and sweepable by pid.
+        name = f"{V1_TREE_PREFIX}{os.getpid()}"
         wanted = [c for c in V1_LIMITED if c in layout.mounts]
         v2_lacks = not self.carved or any(c not in self.root_controllers() for c in CONTROLLERS)
         if backend == "auto":
@@ -638,6 +642,7 @@ class CgroupManager:
             self.mode = "none"
             return
         made: dict[str, Path] = {}
+        refused: list[str] = []
         for controller in hierarchies:
             path = layout.root(controller, name)
             if path is None:
@@ -650,8 +655,14 @@ class CgroupManager:
                                                       f"{e.strerror}" + _UNCARVED, path)
                     self.mode = "none"
                     return
+                refused.append(f"cannot create {path}: {e.strerror}")
                 continue
             made[controller] = path
+        if backend == "hybrid" and not made:  # e.g. a job user: v1 hierarchies are root's
+            self.status = CgroupStatus(True, f"{self.status.reason}; no cgroup v1 groups "
+                                             f"({refused[0] if refused else 'none mounted'}), "
+                                             f"v2 only", self.root)
+            return
         if backend == "v1":
             self.root = made.pop("freezer")
             self.status = CgroupStatus(True, f"carving under {self.root} (cgroup v1)", self.root)

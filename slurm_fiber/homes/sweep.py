@@ -133,12 +133,14 @@ async def sweep_cgroups(manager: CgroupManager) -> CgroupSweep:
     grants = tuple(await manager.sweep())
     root = manager.root
     trees: list[SweptTree] = []
-    if not manager.carved or root is None or root.name != f"{TREE_PREFIX}{os.getpid()}":
+    if not manager.carved or root is None:
         return CgroupSweep(grants, ())
-    # The processes' own tree first (its kill empties them all), then the v1 mirrors.
-    # (The v1 backend carves in freezer; the home's delegated v2 tree is swept after it.)
+    # The processes' own tree first (its kill empties them all), then the v1 groups, always
+    # named slurm-fiber.<pid>; the v1 backend carves in freezer, the home's v2 tree after it.
+    ours = f"{TREE_PREFIX}{os.getpid()}"
     home = [h] if (h := manager.home_root) is not None and h != root else []
-    for own in (root, *manager.v1_roots.values(), *home):
+    owns = [r for r in (root, *manager.v1_roots.values(), *home) if r.name == ours]
+    for own in owns:
         for path, owner in dead_trees(own.parent, own):
             swept = await sweep_tree(path, owner)
             trees.append(swept)

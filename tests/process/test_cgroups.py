@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -227,7 +228,10 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
         cgroup_root: Path):
     mgr = CgroupManager(cgroup_root, backend="hybrid")
     assert mgr.mode == "hybrid" and mgr.confines_devices
-    v1 = {c: V1.root(c, cgroup_root.name) for c in ("memory", "pids", "cpu", "devices")}
+    # Named slurm-fiber.<pid> in every v1 hierarchy, whatever the v2 root's name.
+    v1 = {c: V1.root(c, f"slurm-fiber.{os.getpid()}") for c in ("memory", "pids", "cpu",
+                                                                 "devices")}
+    assert mgr.v1_roots == v1
     try:
         grant = mgr.carve_grant("u:1", Limits(memory=64 << 20, pids=10, cpu=0.5))
         assert grant is not None
