@@ -218,7 +218,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     try:
         audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
-                    socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
+                    socket=config.socket, epoch=book.epoch,
+                    cgroups={**cgroups.status.to_json(), "backend": cgroups.mode,
+                             "enforced": cgroups.describe()},
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
                     readiness=readiness)
     except AuditWriteFailed as err:
