@@ -254,3 +254,18 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
     finally:
         assert mgr.close() == []
     assert not any(path.exists() for path in v1.values())
+
+
+def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
+    """A job user's fiberd: the v1 hierarchies are root's, so no v1 group can be made."""
+    root = fake_root(tmp_path, "memory")
+    nowhere = tmp_path / "missing-mount"
+    layout = cgroups.V1Layout({"pids": nowhere, "devices": nowhere}, {})
+    mgr = CgroupManager(root, backend="hybrid", v1=layout)
+    assert mgr.carved and mgr.mode == "v2" and mgr.v1_roots == {}
+    assert f"no cgroup v1 groups (cannot create {nowhere}/slurm-fiber." in mgr.status.reason
+    assert not mgr.confines_devices
+    assert [(o.limit, o.enforced, o.backend) for o in mgr.predict(Limits(memory=1, pids=1))
+            or ()] == [("memory", True, ""), ("pids", False, "")]
+    auto = CgroupManager(root, backend="auto", v1=layout)
+    assert auto.mode == "v2" and mgr.describe().startswith("v2: stop by cgroup v2 cgroup.kill")
