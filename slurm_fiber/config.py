@@ -26,6 +26,7 @@ the working directory (environment and flags).
 | grantdir | STATE_DIR/grants | the directory polled for ``*.jwt`` grant files |
 | poll_interval | 1 | seconds between grantdir polls |
 | cgroup_root | delegate | delegate (a subtree of fiberd's own cgroup), a cgroup v2 path, or none |
+| cgroup_backend | auto | auto, v2, v1 or hybrid: where limits, devices, stop live (design §4) |
 | devices | (none) | static devices ``kind:index[:path[:uuid]]``, e.g. ``gpu:0:/dev/nvidia0`` |
 | ready_file | STATE_DIR/ready.json | readiness JSON, replaced atomically; none: no file |
 | ready_condition | slurm-fiber.io/template-warm | kubernetes: the readiness gate's condition type |
@@ -104,6 +105,7 @@ class FiberdConfig:
     grantdir: str = ""
     poll_interval: float = 1.0
     cgroup_root: str | None = "delegate"
+    cgroup_backend: str = "auto"
     devices: tuple[Device, ...] = ()
     ready_file: str | None = ""
     ready_condition: str = "slurm-fiber.io/template-warm"
@@ -332,6 +334,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("grantdir", _path, "directory polled for *.jwt grant files", paths=True),
     Option("poll_interval", _seconds(0), "seconds between grantdir polls"),
     Option("cgroup_root", _cgroup_root, "delegate, a cgroup v2 directory, or none", paths=True),
+    Option("cgroup_backend", _choice("auto", "v2", "v1", "hybrid"),
+           "auto, v2, v1 or hybrid: where limits, devices and stop live"),
     Option("devices", _devices, "static devices kind:index[:path[:uuid]], comma-separated"),
     Option("ready_file", _optional(_path), "readiness JSON, replaced atomically (none: no file)",
            paths=True),

@@ -201,7 +201,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()
-    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home))
+    # cgroup_root none means no cgroup at all: no v1 groups either.
+    backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
+    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home), backend)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares, strict_limits=config.strict_limits,
@@ -216,7 +218,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     try:
         audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
-                    socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
+                    socket=config.socket, epoch=book.epoch,
+                    cgroups={**cgroups.status.to_json(), "backend": cgroups.mode,
+                             "enforced": cgroups.describe()},
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
                     readiness=readiness)
     except AuditWriteFailed as err:
@@ -255,6 +259,8 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await running.core.shutdown()
+    for failure in running.core.cgroups.close():  # the v1 carving roots, once empty
+        log.warning("%s", failure)
     await running.server.close()
     try:
         running.audit.write("stop", reason=why, pid=os.getpid())

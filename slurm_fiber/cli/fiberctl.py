@@ -317,6 +317,9 @@ def status(args: argparse.Namespace) -> None:
                 for line in enforcement_lines(value):
                     print(f"status.enforcement.{line}")
                 continue
+            if section == "status" and key == "cgroups" and isinstance(value, dict):
+                # which backend, and where stop, emptiness, limits and devices live
+                print(f"status.cgroups.enforced: {value.get('enforced')}")
             print(f"{section}.{key}: {json.dumps(value)}")
 
 

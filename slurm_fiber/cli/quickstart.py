@@ -107,13 +107,20 @@ def table(figures: dict[str, Any]) -> str:
         f"preloads ({len(figures['preloads'])}): {', '.join(figures['preloads'])}",
         f"template warmed in {figures['warm_seconds']:.2f} s; "
         f"{figures['clones_per_mode']} clones per mode through fiberd's socket",
-        f"cgroups: {figures['mode']} ({figures['cgroups']['reason']}); "
+        f"cgroups: {figures['mode']}{backend_brief(figures['cgroups'])} "
+        f"({figures['cgroups']['reason']}); "
         f"{enforcement_brief(figures.get('enforcement'))}",
         f"audit log: {figures['audit_path']}",
         f"  read it: slurm-fiber audit --path {figures['audit_path']}",
         "fiberd stopped cleanly; nothing of this run is left running",
     ]
     return "\n".join(lines)
+
+
+def backend_brief(cgroups: dict[str, object]) -> str:
+    """Carved: " by <backend>: where stop, emptiness, limits and devices live"."""
+    enforced = cgroups.get("enforced")
+    return f" by {enforced}" if cgroups.get("carved") and enforced else ""
 
 
 def enforcement_brief(host: object) -> str:

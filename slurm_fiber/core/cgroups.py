@@ -1,4 +1,4 @@
-"""Cgroup v2 carving: one child per grant, one per fiber, under the root a home gives.
+"""Cgroup carving (v2, v1, hybrid): a child per grant, one per fiber, under the home's root.
 
 Layout under the root (``CgroupRoot`` of the home)::
 
@@ -19,8 +19,19 @@ enforces a written limit (core.enforcement). Stopping uses
 concurrent forks); emptiness is learnt from ``cgroup.events``
 (``populated 0``), watched with inotify; empty cgroups are removed.
 
-Without a usable root (none given, missing, not cgroup v2, not writable) the
-manager is *uncarved*: ``status.carved`` is False with a one-line reason,
+On a host with cgroup v1 hierarchies (``CgroupManager``'s ``backend``:
+``hybrid`` or ``v1``, docs/design.md §4), the same tree is mirrored in the v1
+memory, pids, cpu and devices hierarchies under fiberd's own v1 cgroups
+(``V1Layout``, ``mirrors``); the limits of those controllers are written and
+read back there (``write_limits_v1``), devices are denied but the grant's
+own and the pseudo-devices (``confine_devices``), and every process joins
+its v1 groups before its primary one (spares do it before any Clone). OOM
+kills are read from ``memory.events`` or the v1 ``memory.oom_control``
+(``oom_kills``). With ``v1``, the primary tree is the v1 freezer hierarchy:
+stop freezes, kills and thaws; emptiness is polled from ``cgroup.procs``.
+
+Without a usable root (none given, missing, not cgroup v2, not writable, and
+no v1 backend) the manager is *uncarved*: ``status.carved`` is False with a one-line reason,
 every carve returns None and callers track processes by pidfd alone.
 
 ``CgroupManager.sweep()`` removes every grant cgroup left under the root by
@@ -29,7 +40,9 @@ a fiberd that died; it assumes the root belongs to one fiberd at a time
 
 The module-level helpers (``join``, ``kill``, ``populated``, ``wait_empty``,
 ``remove_tree``, ``enable_controllers``, ``write_limits``) do plain file I/O
-and work on any directory tree, so the limit logic is testable on a fake one.
+and work on any directory tree, so the limit logic is testable on a fake one;
+``mkdir``, ``remove_tree``, ``memory_peak`` and ``oom_kills`` include a
+group's registered v1 mirrors.
 """
 
 from __future__ import annotations
@@ -41,11 +54,14 @@ import hashlib
 import os
 import re
 import signal
-from collections.abc import Iterator
+import stat
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import Limits
 
 if TYPE_CHECKING:
@@ -84,6 +100,7 @@ class LimitOutcome:
     value: str
     enforced: bool
     reason: str = ""  # "not enforced: <why>" when not enforced
+    backend: str = ""  # what enforces it when not the manager's backend ("cgroup v1 memory")
 
     @property
     def limit(self) -> str:
@@ -102,6 +119,7 @@ class GrantCgroup:
     uid: str
     path: Path
     limits: tuple[LimitOutcome, ...]
+    devices: DeviceRule | None = None  # the grant's device confinement (v1 devices only)
 
     @property
     def template(self) -> Path:
@@ -139,8 +157,8 @@ def populated(cgroup: Path) -> bool:
     """Whether any process lives in the subtree (False once the cgroup is gone)."""
     try:
         text = (cgroup / "cgroup.events").read_text()
-    except FileNotFoundError:
-        return False
+    except FileNotFoundError:  # gone, or a v1 group (no events file): look at its pids
+        return cgroup.is_dir() and bool(pids(cgroup))
     return re.search(r"^populated 1$", text, re.M) is not None
 
 
@@ -156,9 +174,13 @@ def pids(cgroup: Path) -> list[int]:
 def kill(cgroup: Path) -> None:
     """SIGKILL every process in the subtree; returns at once (see ``wait_empty``).
 
-    Uses ``cgroup.kill``; on kernels without it, signals each listed pid.
-    A cgroup that no longer exists is not an error.
+    Uses ``cgroup.kill``; a v1 freezer group is frozen, signalled and thawed; on
+    kernels with neither, signals each listed pid. A cgroup that no longer exists
+    is not an error.
     """
+    if (cgroup / "freezer.state").exists():  # v1 freezer (where cgroup.kill is EACCES)
+        _freeze_kill(cgroup)
+        return
     try:
         (cgroup / "cgroup.kill").write_text("1\n")
         return
@@ -202,8 +224,13 @@ def remove_tree(cgroup: Path) -> None:
     Raises OSError (EBUSY) when a cgroup in it is still populated. Blocks
     while another cgroup operation holds the kernel's cgroup lock (a
     migration can hold it for an RCU grace period): run it off the event
-    loop where that matters.
+    loop where that matters. The cgroup's v1 mirrors (``mirrors``) go with it.
     """
+    for path in (cgroup, *mirrors(cgroup)):
+        _rmtree(path)
+
+
+def _rmtree(cgroup: Path) -> None:
     try:
         os.rmdir(cgroup)  # the common case: an empty leaf
         return
@@ -288,14 +315,259 @@ def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
 
 
 def memory_peak(cgroup: Path) -> int | None:
-    """``memory.peak`` in bytes where the memory controller provides it, else None."""
+    """``memory.peak`` in bytes where the v2 memory controller provides it, else the v1
+    mirror's ``memory.max_usage_in_bytes``, else None."""
+    peak = _read_int(cgroup / "memory.peak")
+    if peak is None and (v1 := _mirror(cgroup, "memory")) is not None:
+        peak = _read_int(v1 / "memory.max_usage_in_bytes")
+    return peak
+
+
+# ---------------------------------------------------------------- cgroup v1 (and hybrid)
+
+V1_LIMITED: tuple[str, ...] = ("memory", "pids", "cpu", "devices")  # v1 hierarchies carved
+V1_TREE_PREFIX = "slurm-fiber."  # + pid: fiberd's carving root in each v1 hierarchy
+PROC_MOUNTINFO = "/proc/self/mountinfo"
+PROC_CGROUP = "/proc/self/cgroup"
+# The pseudo-devices every process may open under a v1 device rule (null, zero, full,
+# random, urandom, tty, ptmx and the pts terminals), as runc's default allow list.
+PSEUDO_DEVICES: tuple[str, ...] = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm",
+                                   "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm")
+NVIDIA_MAJOR = 195  # /dev/nvidia<N>; a granted one also needs nvidiactl (255), modeset (254)
+_NVIDIA_UVM = ("nvidia-uvm",)  # /proc/devices names whose every minor a granted NVIDIA GPU needs
+
+
+@dataclass(frozen=True)
+class V1Layout:
+    """The cgroup v1 hierarchies of this host: controller -> mount point, and this
+    process's own cgroup in each (``/proc/self/cgroup``)."""
+
+    mounts: dict[str, Path]
+    own: dict[str, str]
+
+    @classmethod
+    def of_self(cls, mountinfo: str = PROC_MOUNTINFO, proc_cgroup: str = PROC_CGROUP
+                ) -> V1Layout:
+        """Read from /proc; an unreadable file reads as no v1 hierarchy. Never raises."""
+        try:
+            info = Path(mountinfo).read_text()
+            own = Path(proc_cgroup).read_text()
+        except OSError:
+            return cls({}, {})
+        return cls.parse(info, own)
+
+    @classmethod
+    def parse(cls, mountinfo: str, proc_cgroup: str) -> V1Layout:
+        mounts: dict[str, Path] = {}
+        for line in mountinfo.splitlines():
+            head, sep, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if not sep or rest[:1] != ["cgroup"] or len(fields) < 5 or len(rest) < 3:
+                continue
+            for option in rest[2].split(","):
+                mounts.setdefault(option, Path(fields[4]))
+        own: dict[str, str] = {}
+        for line in proc_cgroup.splitlines():
+            _, _, rest = line.partition(":")
+            names, _, path = rest.partition(":")
+            for name in names.split(","):
+                if name:
+                    own[name] = path
+        return cls(mounts, own)
+
+    def root(self, controller: str, name: str) -> Path | None:
+        """Where fiberd carves in ``controller``'s hierarchy: ``name`` under this process's
+        own cgroup there; None when the controller has no v1 hierarchy."""
+        mount = self.mounts.get(controller)
+        if mount is None:
+            return None
+        return mount / self.own.get(controller, "/").strip("/") / name
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    """How a grant's device cgroup fared: ``confined`` when ``devices.deny a`` and the
+    allow list hold (read back from ``devices.list``), else ``reason`` says why not."""
+
+    confined: bool
+    allowed: tuple[str, ...]
+    reason: str
+
+
+# Mirrors: a carving root (where stop and emptiness are read) -> the v1 roots under which
+# the same relative groups carry limits and devices. Registered by the manager so the
+# module's path helpers (mkdir, memory_peak, oom_kills, remove_tree, mirrors) see them.
+_MIRRORS: dict[Path, tuple[Path, ...]] = {}
+
+
+def mirrors(cgroup: Path) -> list[Path]:
+    """The v1 groups ``cgroup`` is mirrored in (a process joins them all); [] for none."""
+    for root, roots in _MIRRORS.items():
+        if cgroup == root or root in cgroup.parents:
+            rel = cgroup.relative_to(root)
+            return [m / rel for m in roots]
+    return []
+
+
+def _mirror(cgroup: Path, controller: str) -> Path | None:
+    for path in mirrors(cgroup):
+        if (path / f"{controller}.{_PROBE_FILE[controller]}").exists():
+            return path
+    return None
+
+
+_PROBE_FILE = {"memory": "limit_in_bytes", "pids": "max", "cpu": "cfs_quota_us",
+               "devices": "list", "freezer": "state"}
+
+
+def mkdir(cgroup: Path) -> None:
+    """Create ``cgroup`` and its mirrors (existing ones are fine). Raises OSError."""
+    for path in (cgroup, *mirrors(cgroup)):
+        path.mkdir(exist_ok=True)
+
+
+def _read_int(path: Path) -> int | None:
     try:
-        return int((cgroup / "memory.peak").read_text())
-    except (OSError, ValueError):
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
 
 
+def oom_kills(cgroup: Path) -> int | None:
+    """Processes the kernel OOM-killed in this group: ``memory.events`` ``oom_kill`` (v2),
+    else the v1 mirror's ``memory.oom_control`` ``oom_kill`` (polled, read at a fiber's
+    end; the v1 count is the victim's own group's). None where neither exists."""
+    for path, file in ((cgroup, "memory.events"),
+                       (_mirror(cgroup, "memory"), "memory.oom_control")):
+        if path is None:
+            continue
+        try:
+            text = (path / file).read_text()
+        except OSError:
+            continue
+        found = re.search(r"^oom_kill (\d+)$", text, re.M)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def _write_read(path: Path, value: str) -> str:
+    """Write ``value`` to a control file and read it back (stripped). Raises OSError."""
+    path.write_text(value + "\n")
+    return path.read_text().strip()
+
+
+def write_limits_v1(groups: dict[str, Path], limits: Limits) -> list[LimitOutcome]:
+    """Write the grant's limits in its v1 groups (controller -> group) and read each back;
+    limits whose controller has no group here are left out (the caller's v2 covers them)."""
+    out: list[LimitOutcome] = []
+    for controller, file, value in limit_plan(limits):
+        group = groups.get(controller)
+        if group is None:
+            continue
+        by = f"cgroup v1 {controller}"
+        try:
+            if controller == "memory":
+                file = "memory.limit_in_bytes"
+                # Swap too, where swap accounting is on; memsw may never be below the
+                # limit, so it goes first when raising, after when lowering.
+                memsw = group / "memory.memsw.limit_in_bytes"
+                with contextlib.suppress(OSError):
+                    memsw.write_text(value + "\n")
+                back = int(_write_read(group / file, value))
+                with contextlib.suppress(OSError):
+                    memsw.write_text(value + "\n")
+                ok = abs(back - int(value)) < (os.sysconf("SC_PAGE_SIZE") or 4096)
+            elif controller == "pids":
+                back_s = _write_read(group / file, value)
+                ok, back = back_s == value, back_s
+            else:
+                quota, period = value.split()
+                _write_read(group / "cpu.cfs_period_us", period)
+                file, value = "cpu.cfs_quota_us", quota
+                back_s = _write_read(group / file, quota)
+                ok, back = back_s == quota, back_s
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) else str(e)
+            out.append(LimitOutcome(file, value, False,
+                                    f"not enforced: writing {group / file} failed: {why}", by))
+            continue
+        out.append(LimitOutcome(file, value, True, "", by) if ok else LimitOutcome(
+            file, value, False, f"not enforced: {group / file} reads back {back}", by))
+    return out
+
+
+def device_rules(devices: Iterable[Device]) -> tuple[tuple[str, ...], str | None]:
+    """The v1 allow rules for a grant's devices (besides ``PSEUDO_DEVICES``), or a reason
+    they cannot be listed (a device without a node path, a path that is no device)."""
+    rules: list[str] = []
+    for device in devices:
+        if not device.path:
+            return (), f"{device.kind} {device.index} has no device node path to allow"
+        try:
+            st = os.stat(device.path)
+        except OSError as e:
+            return (), f"cannot stat {device.path}: {e.strerror}"
+        kind = "c" if stat.S_ISCHR(st.st_mode) else "b" if stat.S_ISBLK(st.st_mode) else None
+        if kind is None:
+            return (), f"{device.path} is not a device node"
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        rules.append(f"{kind} {major}:{minor} rwm")
+        if kind == "c" and major == NVIDIA_MAJOR and "/dev/" in device.path:
+            rules += [f"c {NVIDIA_MAJOR}:255 rwm", f"c {NVIDIA_MAJOR}:254 rwm"]
+            rules += [f"c {m}:* rwm" for m in _char_majors(_NVIDIA_UVM)]
+    return tuple(dict.fromkeys(rules)), None
+
+
+def _char_majors(names: tuple[str, ...]) -> list[int]:
+    try:
+        text = Path("/proc/devices").read_text().partition("Block devices:")[0]
+    except OSError:
+        return []
+    return [int(m) for m, n in re.findall(r"^\s*(\d+) (\S+)$", text, re.M) if n in names]
+
+
+def confine_devices(group: Path, devices: Iterable[Device]) -> DeviceRule:
+    """``devices.deny a``, then allow the pseudo-devices and the grant's own, on a group
+    with no children yet (v1 refuses ``deny a`` below one); read back ``devices.list``."""
+    extra, why = device_rules(devices)
+    if why is not None:
+        return DeviceRule(False, (), f"not confined: {why}")
+    allowed = PSEUDO_DEVICES + extra
+    try:
+        (group / "devices.deny").write_text("a\n")
+        for rule in allowed:
+            (group / "devices.allow").write_text(rule + "\n")
+        listed = set((group / "devices.list").read_text().split("\n"))
+    except OSError as e:
+        return DeviceRule(False, (), f"not confined: writing {group}/devices.* failed: "
+                                     f"{e.strerror}")
+    if "a *:* rwm" in listed or not set(allowed) <= listed:
+        return DeviceRule(False, (), f"not confined: {group}/devices.list reads "
+                                     f"{' | '.join(sorted(listed - {''}))}")
+    return DeviceRule(True, allowed, f"devices.deny a; allowed: {', '.join(allowed)}")
+
+
+def _freeze_kill(group: Path) -> None:
+    """SIGKILL every process of a v1 freezer group race-free: freeze, signal, thaw."""
+    state = group / "freezer.state"
+    with contextlib.suppress(OSError):
+        state.write_text("FROZEN\n")
+    for _ in range(1000):  # FREEZING -> FROZEN takes a scheduler round per task
+        with contextlib.suppress(OSError):
+            if state.read_text().strip() != "FREEZING":
+                break
+    for pid in pids(group):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        state.write_text("THAWED\n")
+
+
 # ---------------------------------------------------------------- the manager
+
+
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "v2", "v1", "hybrid")
 
 
 class CgroupManager:
@@ -304,22 +576,121 @@ class CgroupManager:
     Construct once per fiberd (it probes the root: a mkdir/rmdir, no
     blocking waits). All methods are safe to call in uncarved mode: carving
     returns None and removal does nothing. Not thread-safe; used on the loop.
+
+    ``backend`` (fiberd's ``cgroup_backend``) picks where limits, devices, stop
+    and emptiness live; ``auto`` takes ``hybrid`` when the v2 root is usable and
+    a limit controller the v2 tree lacks has a v1 hierarchy, ``v2`` when the v2
+    root is usable, ``v1`` when only v1 hierarchies are, else uncarved:
+
+    * ``v2``: everything in the v2 tree (limits where its controllers are).
+    * ``hybrid``: the v2 tree keeps processes, stop (``cgroup.kill``), emptiness
+      (``cgroup.events``) and moves; each limit whose controller has a v1
+      hierarchy is written there (memory, pids, cpu), and devices are confined
+      by the v1 devices hierarchy. Same group names in every hierarchy.
+    * ``v1``: the v1 freezer hierarchy keeps processes and stop (freeze, kill,
+      thaw), emptiness is polled from ``cgroup.procs``; limits and devices as
+      in hybrid.
+
+    The v1 groups mirror the carving root's tree: ``<mount>/<fiberd's own v1
+    cgroup>/slurm-fiber.<pid>/grant-<uid>/...`` (the v2 tree's own name when fiberd
+    delegated from the hierarchy's root); a process joins each (``mirrors``).
     """
 
-    backend = BACKEND
-
-    def __init__(self, root: Path | None, why_none: str = "no cgroup root given") -> None:
-        """``why_none``: the home's reason when it gives no root (shown in status and audit)."""
+    def __init__(self, root: Path | None, why_none: str = "no cgroup root given",
+                 backend: str = "v2", v1: V1Layout | None = None) -> None:
+        """``why_none``: the home's reason when it gives no root (shown in status and
+        audit); ``backend``: fiberd passes its ``cgroup_backend`` (default ``auto``), the
+        default here is v2 only, so a manager built on a test tree never makes v1 groups;
+        ``v1``: the host's v1 layout (default: read from /proc)."""
+        if backend not in BACKEND_CHOICES:
+            raise ValueError(f"cgroup_backend {backend!r} is not one of "
+                             f"{', '.join(BACKEND_CHOICES)}")
         self.root = root
+        self.home_root = root  # the home's root (a v2 tree), even when v1 carves instead
         self.status = _probe(root, why_none)
         self._root_enabled: set[str] | None = None
+        self.v1_roots: dict[str, Path] = {}  # controller -> fiberd's v1 carving root
+        self.mode = "v2" if self.carved else "none"
+        self.backend = BACKEND
+        layout = V1Layout.of_self() if v1 is None and backend != "v2" else v1
+        if backend == "v2" or layout is None:
+            return
+        self._choose_v1(backend, layout, why_none)
+
+    def _choose_v1(self, backend: str, layout: V1Layout, why_none: str) -> None:
+        # Always this fiberd's own name (the v2 tree's when it delegated from the hierarchy's
+        # root): unique per fiberd in hierarchies other fiberds share, and sweepable by pid.
+        name = f"{V1_TREE_PREFIX}{os.getpid()}"
+        wanted = [c for c in V1_LIMITED if c in layout.mounts]
+        v2_lacks = not self.carved or any(c not in self.root_controllers() for c in CONTROLLERS)
+        if backend == "auto":
+            if self.carved and wanted and v2_lacks:
+                backend = "hybrid"
+            elif self.carved or "freezer" not in layout.mounts:
+                return
+            else:
+                backend = "v1"
+        if backend == "hybrid" and not self.carved:
+            self.status = CgroupStatus(False, f"cgroup_backend hybrid needs the v2 tree: "
+                                              f"{self.status.cause}" + _UNCARVED, self.root)
+            self.mode = "none"
+            return
+        hierarchies = wanted + (["freezer"] if backend == "v1" else [])
+        if backend == "v1" and "freezer" not in layout.mounts:
+            self.status = CgroupStatus(False, "cgroup_backend v1 needs a v1 freezer hierarchy"
+                                       + _UNCARVED, None)
+            self.mode = "none"
+            return
+        made: dict[str, Path] = {}
+        refused: list[str] = []
+        for controller in hierarchies:
+            path = layout.root(controller, name)
+            if path is None:
+                continue
+            try:
+                path.mkdir(exist_ok=True)
+            except OSError as e:
+                if backend == "v1" and controller == "freezer":
+                    self.status = CgroupStatus(False, f"cannot create cgroups under {path}: "
+                                                      f"{e.strerror}" + _UNCARVED, path)
+                    self.mode = "none"
+                    return
+                refused.append(f"cannot create {path}: {e.strerror}")
+                continue
+            made[controller] = path
+        if backend == "hybrid" and not made:  # e.g. a job user: v1 hierarchies are root's
+            self.status = CgroupStatus(True, f"{self.status.reason}; no cgroup v1 groups "
+                                             f"({refused[0] if refused else 'none mounted'}), "
+                                             f"v2 only", self.root)
+            return
+        if backend == "v1":
+            self.root = made.pop("freezer")
+            self.status = CgroupStatus(True, f"carving under {self.root} (cgroup v1)", self.root)
+        self.v1_roots = made
+        self.mode = backend
+        if self.root is not None:
+            _MIRRORS[self.root] = tuple(made.values())
+        where = ", ".join(f"{c} {p}" for c, p in made.items()) or "none"
+        self.status = CgroupStatus(True, f"{self.status.reason}; {backend}: v1 groups in "
+                                         f"{where}", self.root)
+
+    def describe(self) -> str:
+        """One line for people: the backend and where stop, emptiness, limits and devices
+        live (``fiberctl status``, the quickstart)."""
+        if not self.carved:
+            return "uncarved"
+        stop = ("cgroup v1 freezer" if self.mode == "v1" else "cgroup v2 cgroup.kill")
+        events = ("polling cgroup.procs" if self.mode == "v1" else "cgroup v2 cgroup.events")
+        limits = [f"{c} v1" if c in self.v1_roots else f"{c} v2" if c in self.root_controllers()
+                  else f"{c} none" for c in CONTROLLERS]
+        devices = "v1" if "devices" in self.v1_roots else "env only"
+        return (f"{self.mode}: stop by {stop}, emptiness by {events}, limits: "
+                f"{', '.join(limits)}, devices: {devices}")
 
     def root_controllers(self) -> set[str]:
-        """The controllers enabled for grant cgroups (enabling the offered ones on first use).
-
-        Empty when uncarved. Blocks briefly on cgroupfs.
-        """
-        if not self.carved or self.root is None:
+        """The v2 controllers enabled for grant cgroups (enabling the offered ones on first
+        use). Empty when uncarved or when the root is v1. Blocks briefly on cgroupfs."""
+        if not self.carved or self.root is None or self.mode == "v1":
             return set()
         if self._root_enabled is None:
             self._root_enabled = enable_controllers(self.root)
@@ -328,22 +699,35 @@ class CgroupManager:
     def predict(self, limits: Limits) -> tuple[LimitOutcome, ...] | None:
         """How ``carve_grant`` would fare with ``limits``, without carving: None when
         uncarved, else one outcome per limit set, enforced where its controller is
-        enabled for grant cgroups. (A write the kernel refuses is only seen by carving.)"""
+        enabled for grant cgroups (v2) or has a v1 group. (A write the kernel refuses
+        is only seen by carving.)"""
         if not self.carved or self.root is None:
             return None
         enabled = self.root_controllers()
-        offered = controllers(self.root)
+        offered = controllers(self.root) if self.mode != "v1" else set()
         out = []
         for controller, file, value in limit_plan(limits):
+            if controller in self.v1_roots:
+                out.append(LimitOutcome(file, value, True, "", f"cgroup v1 {controller}"))
+                continue
             if controller in enabled:
                 out.append(LimitOutcome(file, value, True))
                 continue
-            why = (f"not enabled for cgroups under {self.root}" if controller in offered else
-                   f"not available to {self.root} (its cgroup v2 offers: "
-                   f"{' '.join(sorted(offered)) or 'none'})")
+            if self.mode == "v1":
+                why = "not mounted as a cgroup v1 hierarchy here"
+            else:
+                why = (f"not enabled for cgroups under {self.root}" if controller in offered
+                       else f"not available to {self.root} (its cgroup v2 offers: "
+                            f"{' '.join(sorted(offered)) or 'none'}"
+                            + (")" if self.mode == "v2" else "; no cgroup v1 hierarchy either)"))
             out.append(LimitOutcome(file, value, False,
                                     f"not enforced: the {controller} controller is {why}"))
         return tuple(out)
+
+    @property
+    def confines_devices(self) -> bool:
+        """Whether grants' devices are confined by a v1 device cgroup here."""
+        return self.carved and "devices" in self.v1_roots
 
     @property
     def carved(self) -> bool:
@@ -355,8 +739,10 @@ class CgroupManager:
             return None
         return self.root / f"grant-{safe_name(uid)}"
 
-    def carve_grant(self, uid: str, limits: Limits) -> GrantCgroup | None:
-        """Create (or reuse) the grant's cgroup and template leaf and write its limits.
+    def carve_grant(self, uid: str, limits: Limits,
+                    devices: Iterable[Device] = ()) -> GrantCgroup | None:
+        """Create (or reuse) the grant's cgroup and template leaf, write its limits and,
+        with a v1 devices hierarchy, confine it to ``devices`` and the pseudo-devices.
 
         Called at admission, not on the Clone path. Returns None when
         uncarved; raises OSError when the root refuses a mkdir.
@@ -365,10 +751,42 @@ class CgroupManager:
         if path is None or self.root is None:
             return None
         self.root_controllers()
-        path.mkdir(exist_ok=True)
-        enable_controllers(path)
-        (path / "template").mkdir(exist_ok=True)
-        return GrantCgroup(uid, path, write_limits(path, limits))
+        fresh = not path.exists()
+        mkdir(path)
+        rule = None
+        if "devices" in self.v1_roots:
+            group = self.v1_roots["devices"] / path.name
+            rule = (confine_devices(group, devices) if fresh or not _has_children(group)
+                    else self._kept_rule(group, devices))
+        outcomes: list[LimitOutcome] = []
+        if self.mode != "v1":
+            enable_controllers(path)
+        v1 = write_limits_v1({c: r / path.name for c, r in self.v1_roots.items()}, limits)
+        v1_limits = {o.limit for o in v1}
+        if self.mode != "v1":
+            outcomes = [o for o in write_limits(path, limits) if o.limit not in v1_limits]
+        else:
+            outcomes = [LimitOutcome(f, v, False, "not enforced: the {c} controller is not "
+                                                  "mounted as a cgroup v1 hierarchy here")
+                        for c, f, v in limit_plan(limits) if c not in v1_limits]
+        order = [c for c, _, _ in limit_plan(limits)]
+        merged = sorted([*outcomes, *v1], key=lambda o: order.index(o.limit))
+        mkdir(path / "template")
+        return GrantCgroup(uid, path, tuple(merged), rule)
+
+    @staticmethod
+    def _kept_rule(group: Path, devices: Iterable[Device]) -> DeviceRule:
+        """A re-carved grant (a renewal) keeps the rule written at admission: v1 refuses
+        ``deny a`` on a group with children. Said as it reads back."""
+        extra, why = device_rules(devices)
+        try:
+            listed = set((group / "devices.list").read_text().split("\n")) - {""}
+        except OSError as e:
+            return DeviceRule(False, (), f"not confined: {group}/devices.list: {e.strerror}")
+        if why is not None or "a *:* rwm" in listed:
+            return DeviceRule(False, (), f"not confined: {why or 'everything is allowed'}")
+        return DeviceRule(True, PSEUDO_DEVICES + extra,
+                          f"devices.deny a; allowed: {', '.join(sorted(listed))}")
 
     async def remove_grant(self, uid: str) -> None:
         """Kill everything left in the grant's cgroup, wait until empty, remove it."""
@@ -377,9 +795,8 @@ class CgroupManager:
             await kill_and_remove(path)
 
     async def sweep(self) -> list[Path]:
-        """Remove every grant cgroup under the root (a dead fiberd's leftovers).
-
-        Called at fiberd start before any grant is carved. Returns the
+        """Remove every grant cgroup under the root and its v1 mirrors (a dead fiberd's
+        leftovers). Called at fiberd start before any grant is carved. Returns the
         removed paths; an uncarved manager removes nothing.
         """
         if not self.carved or self.root is None:
@@ -389,7 +806,41 @@ class CgroupManager:
             if child.is_dir() and child.name.startswith("grant-"):
                 await kill_and_remove(child)
                 removed.append(child)
+        for v1root in self.v1_roots.values():  # mirrors left without a primary group
+            for child in sorted(v1root.iterdir()):
+                if child.is_dir() and child.name.startswith("grant-"):
+                    await kill_and_remove(child)
+                    removed.append(child)
         return removed
+
+    def close(self) -> list[str]:
+        """Remove the v1 carving roots (call at shutdown, after the grants are removed).
+        Never raises; blocks at most ~0.5 s per root still busy with an exiting task;
+        one line per root that could not be removed."""
+        failures = []
+        if self.root is not None:
+            _MIRRORS.pop(self.root, None)
+        roots = [*self.v1_roots.values(), *([self.root] if self.mode == "v1" and self.root
+                                            else [])]
+        for path in roots:
+            for attempt in range(50):  # a group's last exiting task may hold it a moment
+                try:
+                    _rmtree(path)
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY or attempt == 49:
+                        failures.append(f"cannot remove {path}: {e.strerror}")
+                        break
+                    time.sleep(0.01)
+        return failures
+
+
+def _has_children(group: Path) -> bool:
+    try:
+        with os.scandir(group) as entries:
+            return any(e.is_dir(follow_symlinks=False) for e in entries)
+    except OSError:
+        return False
 
 
 async def empty(cgroup: Path) -> None:
@@ -464,8 +915,34 @@ def _drain(fd: int) -> None:
 
 
 __all__ = [
-    "BACKEND", "CONTROLLERS", "CgroupManager", "CgroupStatus", "GrantCgroup", "LimitOutcome",
-    "controllers", "empty", "enable_controllers", "join", "kill", "kill_and_remove", "limit_plan",
-    "memory_peak", "pids", "populated", "remove_tree", "safe_name", "wait_empty",
+    "BACKEND",
+    "BACKEND_CHOICES",
+    "CONTROLLERS",
+    "PSEUDO_DEVICES",
+    "CgroupManager",
+    "CgroupStatus",
+    "DeviceRule",
+    "GrantCgroup",
+    "LimitOutcome",
+    "V1Layout",
+    "confine_devices",
+    "controllers",
+    "device_rules",
+    "empty",
+    "enable_controllers",
+    "join",
+    "kill",
+    "kill_and_remove",
+    "limit_plan",
+    "memory_peak",
+    "mirrors",
+    "mkdir",
+    "oom_kills",
+    "pids",
+    "populated",
+    "remove_tree",
+    "safe_name",
+    "wait_empty",
     "write_limits",
+    "write_limits_v1",
 ]

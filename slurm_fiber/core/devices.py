@@ -14,10 +14,14 @@ none; the NVIDIA container toolkit reads ``void``. Level Zero reads an empty
 not documented to read empty as none, so those get ``-1``: an index no device
 has, which every one of these runtimes filters out, leaving none visible.
 
-This is the only confinement of devices between grants: visibility, not
-access. No device cgroup stops a fiber from opening another device node its
-uid may open, so every grant's enforcement record says devices are
-confined "env only" (``core.enforcement``), never more.
+Visibility is not access. Where the host has a cgroup v1 devices hierarchy,
+the grant's device cgroup (``core.cgroups.confine_devices``) denies every
+device node but the channel's own (by each device's ``path``) and the
+pseudo-devices, and the enforcement record says "cgroup v1 devices";
+elsewhere (cgroup v2 has no device files; its eBPF device programs are not
+used), or for a device without a node path, nothing stops a fiber from
+opening another device node its uid may open, and the record says devices
+are confined "env only" (``core.enforcement``), never more.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """Which of a grant's limits are enforced, by what, and how its devices are confined.
 
 A grant's limits are kept by different parts of the system: ``memory``,
-``pids`` and ``cpu`` by the kernel through the grant's cgroup (the cgroup
-backend, named by ``CgroupManager.backend``: "cgroup v2"), and only where
-that controller is enabled for the carving root; ``fibers`` (concurrent
-fibers) and ``seconds`` (each fiber's wall time) by fiberd itself (the
-book's ``capacity`` miss and the fiber's deadline). Devices are confined
-by visibility variables only ("env only": ``devices.DeviceChannel.env``):
-no device cgroup keeps a fiber from opening another device node it has
-permission for.
+``pids`` and ``cpu`` by the kernel through the grant's cgroup, and only
+where that controller is enabled for the carving root (v2: "cgroup v2") or
+has a cgroup v1 hierarchy ("cgroup v1 memory", "cgroup v1 pids", "cgroup v1
+cpu": the outcome's own ``backend``); ``fibers`` (concurrent fibers) and
+``seconds`` (each fiber's wall time) by fiberd itself (the book's
+``capacity`` miss and the fiber's deadline). Devices are confined by a v1
+device cgroup where the host has one ("cgroup v1 devices": deny all, allow
+the grant's own nodes and the pseudo-devices), else by visibility variables
+only ("env only": ``devices.DeviceChannel.env``), where nothing keeps a
+fiber from opening another device node it has permission for.
 
 ``Enforcement`` is the per-grant record of that: for each of the five
 limits the value asked for, what enforces it or, when it is asked for and
@@ -18,7 +20,7 @@ refuses a grant whose record has an unenforced limit. It never claims
 more than is done: a limit is "enforced" only once its cgroup file was
 written (or, before carving, when its controller is enabled). A backend
 that enforces more (a cgroup v1 backend, a device cgroup) fills the same
-record with its own names ("cgroup v1", devices "cgroup").
+record with its own names.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from slurm_fiber.core.cgroups import CONTROLLERS, LimitOutcome
+from slurm_fiber.core.cgroups import CONTROLLERS, DeviceRule, LimitOutcome
 from slurm_fiber.core.grant import Limits
 
 LIMITS: tuple[str, ...] = ("memory", "pids", "cpu", "seconds", "fibers")
 BY_FIBERD = "fiberd"
 DEVICES_ENV_ONLY = "env only"
-DEVICES_CGROUP = "cgroup"
+DEVICES_CGROUP = "cgroup v1 devices"
+HOST_DEVICES_REASON = ("each grant's device cgroup denies all devices ('devices.deny a') but "
+                       "its own nodes and the pseudo-devices (null, zero, full, random, "
+                       "urandom, tty, ptmx, pts)")
 ENV_ONLY_REASON = ("devices are named to the fiber by visibility variables only; no device "
                    "cgroup keeps it from opening other device nodes it has permission for")
 _NOT_ENFORCED = "not enforced: "
@@ -72,6 +77,21 @@ class DeviceConfinement:
 
 
 ENV_ONLY = DeviceConfinement(DEVICES_ENV_ONLY, ENV_ONLY_REASON)
+
+
+def device_confinement(rule: DeviceRule | None) -> DeviceConfinement:
+    """A carved grant's confinement: its v1 device rule's when it holds, else env only
+    (with why the rule does not hold)."""
+    if rule is None:
+        return ENV_ONLY
+    if rule.confined:
+        return DeviceConfinement(DEVICES_CGROUP, rule.reason)
+    return DeviceConfinement(DEVICES_ENV_ONLY, f"{ENV_ONLY_REASON} ({rule.reason})")
+
+
+def host_devices(confines: bool) -> DeviceConfinement:
+    """What a grant's devices get here: a v1 device cgroup (``confines``) or env only."""
+    return DeviceConfinement(DEVICES_CGROUP, HOST_DEVICES_REASON) if confines else ENV_ONLY
 
 
 @dataclass(frozen=True)
@@ -143,7 +163,7 @@ def grant_enforcement(limits: Limits, outcomes: Sequence[LimitOutcome] | None, *
         else:
             outcome = by_limit.get(name)
             if outcome is not None and outcome.enforced:
-                entries.append(LimitEnforcement(name, value, backend))
+                entries.append(LimitEnforcement(name, value, outcome.backend or backend))
             else:
                 why = outcome.reason if outcome is not None else "no cgroup file keeps it"
                 entries.append(LimitEnforcement(name, value, None, _strip(why)))
@@ -151,12 +171,14 @@ def grant_enforcement(limits: Limits, outcomes: Sequence[LimitOutcome] | None, *
 
 
 def host_enforcement(outcomes: Iterable[LimitOutcome] | None, *, backend: str,
-                     uncarved_reason: str) -> Enforcement:
+                     uncarved_reason: str, devices: DeviceConfinement = ENV_ONLY
+                     ) -> Enforcement:
     """What a grant asking for every limit would get here (``outcomes``: the cgroup
     manager's prediction for such a grant, None when uncarved); ``asked`` is 1 for each."""
     every = Limits(fibers=1, memory=1, pids=1, cpu=1.0, seconds=1.0)
     return grant_enforcement(every, None if outcomes is None else tuple(outcomes),
-                             backend=backend, uncarved_reason=uncarved_reason)
+                             backend=backend, uncarved_reason=uncarved_reason,
+                             devices=devices)
 
 
 def _strip(reason: str) -> str:
@@ -165,5 +187,6 @@ def _strip(reason: str) -> str:
 
 __all__ = [
     "BY_FIBERD", "DEVICES_CGROUP", "DEVICES_ENV_ONLY", "ENV_ONLY", "LIMITS", "DeviceConfinement",
-    "Enforcement", "LimitEnforcement", "asked", "grant_enforcement", "host_enforcement",
+    "Enforcement", "LimitEnforcement", "asked", "device_confinement", "grant_enforcement",
+    "host_devices", "host_enforcement",
 ]

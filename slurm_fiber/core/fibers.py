@@ -102,6 +102,7 @@ class FiberExit:
     cpu_time: float | None = None
     maxrss: int | None = None
     memory_peak: int | None = None
+    oom_kills: int | None = None  # processes the kernel OOM-killed in its cgroup (None: unknown)
     result: dict[str, object] | None = None
     stopped: bool = False  # fiberd stopped it (stop/deadline), vs. it ended by itself
     reason: StopReason | None = None  # why, when fiberd (or the OOM killer) ended it
@@ -121,7 +122,8 @@ class FiberExit:
     def to_json(self) -> dict[str, object]:
         return {"state": self.state.value, "exit_code": self.exit_code, "signal": self.signal,
                 "cpu_time": self.cpu_time, "maxrss": self.maxrss,
-                "memory_peak": self.memory_peak, "stopped": self.stopped,
+                "memory_peak": self.memory_peak, "oom_kills": self.oom_kills,
+                "stopped": self.stopped,
                 "reason": self.reason.to_json() if self.reason else None,
                 "result": self.result}
 
@@ -305,6 +307,8 @@ class Fiber:
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)
+        ooms = cgroups.oom_kills(self.cgroup) if self.cgroup else None
+        if self.cgroup is not None:
             # Nothing in the cgroup is left to write to the output files: drop empty ones.
             self.stdout_path = _unless_empty(self.stdout_path)
             self.stderr_path = _unless_empty(self.stderr_path)
@@ -321,13 +325,15 @@ class Fiber:
             state=state, status=status,
             cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
             maxrss=maxrss if isinstance(maxrss, int) else None,
-            memory_peak=peak, result=result, stopped=self._stopped,
-            reason=self._reason(state, status))
+            memory_peak=peak, oom_kills=ooms, result=result, stopped=self._stopped,
+            reason=self._reason(state, status, ooms))
         self.state = state
         return self.exit
 
-    def _reason(self, state: FiberState, status: int | None) -> StopReason | None:
-        """Why it ended (see the module doc); read once it is gone, its cgroup still there."""
+    def _reason(self, state: FiberState, status: int | None,
+                kills: int | None) -> StopReason | None:
+        """Why it ended (see the module doc), from its cgroup's OOM count ``kills`` (None:
+        unknown) once it is gone."""
         cause = self._cause
         if cause is None and state is FiberState.LOST:
             cause = StopReason("template_lost", "its template was lost, and the fiber with it")
@@ -343,28 +349,13 @@ class Fiber:
             return cause
         if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
             return None
-        kills = _oom_kills(self.cgroup) if self.cgroup is not None else None
         if kills:
             return StopReason("oom", "out of memory: the kernel's OOM killer killed it "
-                              "(its cgroup's memory.events counts an oom_kill)")
+                              "(its cgroup counts an oom_kill)")
         if kills is None:
             return StopReason("signal", "killed by SIGKILL, not by fiberd (whether out of "
                               "memory is not known: no memory controller in its cgroup)")
         return StopReason("signal", "killed by SIGKILL, not by fiberd and not out of memory")
-
-
-def _oom_kills(cgroup: Path) -> int | None:
-    """``oom_kill`` of ``memory.events`` (processes of this cgroup and below the OOM killer
-    killed), None where the memory controller gives no such file."""
-    try:
-        text = (cgroup / "memory.events").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def _unless_empty(path: Path | None) -> Path | None:

@@ -26,6 +26,8 @@ def api_exit(fiber_id: str, mode: str, core: CoreExit) -> FiberExit:
         rusage["maxrss_kib"] = core.maxrss // 1024
     if core.memory_peak is not None:
         rusage["memory_peak"] = core.memory_peak
+    if core.oom_kills is not None:
+        rusage["oom_kills"] = core.oom_kills  # > 0: the kernel OOM-killed in its cgroup
     result: object = None
     error: dict[str, object] | None = None
     exec_failed: dict[str, object] | None = None

@@ -53,7 +53,13 @@ from slurm_fiber.core.decisions import (
     invalid_token_miss,
 )
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.enforcement import Enforcement, grant_enforcement, host_enforcement
+from slurm_fiber.core.enforcement import (
+    Enforcement,
+    device_confinement,
+    grant_enforcement,
+    host_devices,
+    host_enforcement,
+)
 from slurm_fiber.core.fibers import Fiber, enforce_deadline
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
@@ -366,6 +372,8 @@ class Core:
 
     def status(self) -> JsonMap:
         cgroups = self.cgroups.status.to_json()
+        cgroups["backend"] = self.cgroups.mode
+        cgroups["enforced"] = self.cgroups.describe()
         return {"home": self.home.name(), "pid": os.getpid(), "epoch": self.book.epoch,
                 "closing": self.closing, "grants": len(self.book.grants()),
                 "templates": {uid: g.template.state.value for uid, g in self._grants.items()},
@@ -381,7 +389,8 @@ class Core:
         limit would get (no ``asked`` values); ``grants``, each provisioned grant's record."""
         host = host_enforcement(self.cgroups.predict(Limits(memory=1, pids=1, cpu=1.0)),
                                 backend=self.cgroups.backend,
-                                uncarved_reason=self._uncarved_reason()).to_json()
+                                uncarved_reason=self._uncarved_reason(),
+                                devices=host_devices(self.cgroups.confines_devices)).to_json()
         limits = host["limits"]
         assert isinstance(limits, dict)
         host["limits"] = {name: {k: v for k, v in entry.items() if k != "asked"}
@@ -427,13 +436,15 @@ class Core:
         """The enforcement record a grant with ``limits`` would get here (before carving)."""
         return grant_enforcement(limits, self.cgroups.predict(limits),
                                  backend=self.cgroups.backend,
-                                 uncarved_reason=self._uncarved_reason())
+                                 uncarved_reason=self._uncarved_reason(),
+                                 devices=host_devices(self.cgroups.confines_devices))
 
     def _carved(self, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The enforcement record of a carved (or, None, uncarved) grant cgroup."""
         return grant_enforcement(limits, None if cgroup is None else cgroup.limits,
                                  backend=self.cgroups.backend,
-                                 uncarved_reason=self._uncarved_reason())
+                                 uncarved_reason=self._uncarved_reason(),
+                                 devices=device_confinement(cgroup and cgroup.devices))
 
     def _refuse_unenforceable(self, vt: VerifiedToken, record: Enforcement) -> None:
         """Under strict limits: raise the audited ``unenforceable`` refusal when ``record``
@@ -455,7 +466,7 @@ class Core:
                                         f"devices for {vt.uid!r} refused: {err}",
                                         detail="devices_refused")) from None
         try:
-            cgroup = self.cgroups.carve_grant(vt.uid, spec.limits)
+            cgroup = self.cgroups.carve_grant(vt.uid, spec.limits, channel.devices)
             enforcement = self._enforced(vt.uid, cgroup, spec.limits)
             if self.strict_limits:
                 self._refuse_unenforceable(vt, enforcement)
@@ -493,7 +504,8 @@ class Core:
         """A renewal changed the grant: write its limits again, warm a new template; the
         old one stops once its fibers have ended."""
         if grant.cgroup is not None and spec.limits != grant.spec.limits:
-            grant.cgroup = self.cgroups.carve_grant(grant.uid, spec.limits)
+            grant.cgroup = self.cgroups.carve_grant(grant.uid, spec.limits,
+                                                    grant.channel.devices)
         grant.enforcement = self._carved(grant.cgroup, spec.limits)
         old = grant.template
         grant.template = await self._start_template(grant.uid, spec, grant.channel,

@@ -155,11 +155,24 @@ def _write_control(cgroup: str, name: str, value: bytes) -> None:
         os.close(fd)
 
 
+def _join(msg: dict[str, object]) -> None:
+    """Join the message's ``also`` groups (cgroup v1 mirrors: limits, devices), then its
+    ``cgroup``. Raises OSError naming the group that refused."""
+    also = msg.get("also")
+    cgroup = msg.get("cgroup")
+    for path in [*(also if isinstance(also, list) else []), cgroup]:
+        if isinstance(path, str):
+            try:
+                _write_control(path, "cgroup.procs", b"0")
+            except OSError as e:
+                raise OSError(e.errno, f"{path}: {e.strerror}") from None
+
+
 def _warm(order: dict[str, object]) -> None:
     cgroup = order.get("cgroup")
     if isinstance(cgroup, str):
         try:
-            _write_control(cgroup, "cgroup.procs", b"0")
+            _join(order)
         except OSError as e:
             raise RuntimeError(f"cannot join cgroup {cgroup}: {e.strerror}") from None
     for name in order.get("preload") or []:
@@ -298,7 +311,7 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     cgroup = msg.get("cgroup")
     if isinstance(cgroup, str):
         try:
-            _write_control(cgroup, "cgroup.procs", b"0")
+            _join(msg)  # its v1 groups too: a spare pays these moves, not a Clone
         except OSError as e:
             joined = e
     os.setpgid(0, 0)

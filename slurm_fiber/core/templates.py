@@ -390,7 +390,9 @@ class Template:
         self._forking[spare_id] = spare
         try:
             await _send(self._sock, {"t": "spare", "id": spare_id,
-                                     "cgroup": str(leaf) if leaf else None},
+                                     "cgroup": str(leaf) if leaf else None,
+                                     "also": [str(m) for m in cgroups.mirrors(leaf)]
+                                     if leaf else []},
                         [theirs.fileno()], "the template", self.clock, self.timeout)
         except BaseException as err:
             self._forking.pop(spare_id, None)
@@ -411,7 +413,7 @@ class Template:
             return self._free_leaves.pop()
         leaf = self.cgroup.slot(spare_id)
         try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
-            await asyncio.to_thread(leaf.mkdir)
+            await asyncio.to_thread(cgroups.mkdir, leaf)  # and its v1 mirrors
         except OSError as e:
             raise ForkFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
         return leaf
@@ -539,7 +541,9 @@ class Template:
         self._spawned_at = self.clock.mono()
         self._respawn_at = None
         order = {"t": "warm", "preload": list(self.spec.preload), "warm": self.spec.warm,
-                 "cgroup": str(self.cgroup.template) if self.cgroup else None}
+                 "cgroup": str(self.cgroup.template) if self.cgroup else None,
+                 "also": [str(m) for m in cgroups.mirrors(self.cgroup.template)]
+                 if self.cgroup else []}
         ours.send(wire.encode(order))
         self._set_state(TemplateState.WARMING)
         self._task = asyncio.ensure_future(self._watch(ours, proc, self._pidfd))

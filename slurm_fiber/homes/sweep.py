@@ -7,6 +7,8 @@ A fiberd killed with SIGKILL cleans nothing up, and two things of it outlive it:
   with another pid, carves a new tree and its own sweep
   (``CgroupManager.sweep``: ``grant-*`` under its root) never sees the old
   one, nor any process that outlived its template's death signal in it.
+  With cgroup v1 groups (the hybrid and v1 backends) its ``slurm-fiber.<pid>``
+  trees in each v1 hierarchy are swept the same way, after the process tree.
   ``sweep_cgroups`` runs that own sweep and then removes every sibling
   ``slurm-fiber.<pid>`` whose owner is dead: ``cgroup.kill`` (every process
   left in it), a bounded wait until it is empty, then ``rmdir`` bottom-up.
@@ -131,15 +133,23 @@ async def sweep_cgroups(manager: CgroupManager) -> CgroupSweep:
     grants = tuple(await manager.sweep())
     root = manager.root
     trees: list[SweptTree] = []
-    if manager.carved and root is not None and root.name == f"{TREE_PREFIX}{os.getpid()}":
-        for path, owner in dead_trees(root.parent, root):
+    if not manager.carved or root is None:
+        return CgroupSweep(grants, ())
+    # The processes' own tree first (its kill empties them all), then the v1 groups, always
+    # named slurm-fiber.<pid>; the v1 backend carves in freezer, the home's v2 tree after it.
+    ours = f"{TREE_PREFIX}{os.getpid()}"
+    home = [h] if (h := manager.home_root) is not None and h != root else []
+    owns = [r for r in (root, *manager.v1_roots.values(), *home) if r.name == ours]
+    for own in owns:
+        for path, owner in dead_trees(own.parent, own):
             swept = await sweep_tree(path, owner)
             trees.append(swept)
             if swept.removed:
                 log.warning("swept the cgroup tree of dead fiberd %d: %s (killed %d)",
                             owner, path, len(swept.killed))
             else:
-                log.error("cgroup tree of dead fiberd %d at %s: %s", owner, path, swept.problem)
+                log.error("cgroup tree of dead fiberd %d at %s: %s", owner, path,
+                          swept.problem)
     return CgroupSweep(grants, tuple(trees))
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.cgroups import V1Layout
+
 SLURM_FIBER = str(Path(sys.executable).parent / "slurm-fiber")
 CLONES = 15
 WARMUP = 3  # untimed clones per mode (slurm_fiber.cli.latency)
@@ -55,7 +57,12 @@ def test_quickstart_json_runs_end_to_end_and_leaves_only_the_audit_log() -> None
     assert cold >= 100  # the default preloads import slowly (≥ 200 ms on a quiet machine)
     assert figures["mode"] in {"carved", "uncarved"} and figures["cgroups"]["reason"]
     host = figures["enforcement"]
-    assert host["devices"]["confined_by"] == "env only"
+    backend = figures["cgroups"]["backend"]
+    assert backend in {"none", "v2", "v1", "hybrid"}
+    # This host's v1 devices hierarchy confines devices whenever fiberd carves v1 groups.
+    v1_devices = backend in {"v1", "hybrid"} and "devices" in V1Layout.of_self().mounts
+    assert host["devices"]["confined_by"] == ("cgroup v1 devices" if v1_devices else "env only")
+    assert figures["cgroups"]["enforced"].startswith(backend if backend != "none" else "uncarved")
     assert set(host["unenforced"]) <= {"memory", "pids", "cpu"}
     assert host["limits"]["seconds"]["enforced_by"] == "fiberd"
     assert "warming" in out.stderr and "template 'quickstart' is warm" in out.stderr
@@ -72,6 +79,10 @@ def test_quickstart_json_runs_end_to_end_and_leaves_only_the_audit_log() -> None
     assert processes_mentioning(str(kept)) == []
     root = figures["cgroups"]["root"]
     assert root is None or not Path(root).exists()
+    if root is not None:  # nor its v1 groups
+        layout = V1Layout.of_self()
+        assert [c for c in layout.mounts if (r := layout.root(c, Path(root).name)) and r.exists()
+                ] == []
     audit.unlink()
     kept.rmdir()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,90 @@ def test_a_grant_record_names_what_enforces_each_limit_and_why_not():
         ("memory", "no root"), ("pids", "no root")]
     assert grant_enforcement(Limits(fibers=2), None, backend="x",
                              uncarved_reason="-").refusal("g") is None
+
+
+# ---------------------------------------------------------------- cgroup v1 and hybrid
+
+MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+
+
+def test_v1_layout_reads_mounts_and_own_cgroups():
+    layout = cgroups.V1Layout.parse(MOUNTINFO, "4:memory:/job_7/step_0\n2:cpu,cpuacct:/\n0::/\n")
+    assert layout.mounts == {"rw": Path("/sys/fs/cgroup/cpu,cpuacct"),
+                             "cpu": Path("/sys/fs/cgroup/cpu,cpuacct"),
+                             "cpuacct": Path("/sys/fs/cgroup/cpu,cpuacct"),
+                             "memory": Path("/sys/fs/cgroup/memory")}
+    assert layout.root("memory", "slurm-fiber.9") == Path(
+        "/sys/fs/cgroup/memory/job_7/step_0/slurm-fiber.9")
+    assert layout.root("cpu", "x") == Path("/sys/fs/cgroup/cpu,cpuacct/x")
+    assert layout.root("pids", "x") is None
+
+
+def test_a_device_without_a_node_path_cannot_be_confined(tmp_path: Path):
+    from slurm_fiber.core.devices import Device
+
+    rules, why = cgroups.device_rules([Device("gpu", 0)])
+    assert rules == () and why == "gpu 0 has no device node path to allow"
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    not_a_node = cgroups.device_rules([Device("gpu", 1, str(plain))])[1]
+    assert not_a_node == f"{plain} is not a device node"
+    assert cgroups.device_rules([Device("gpu", 2, "/dev/null")]) == (("c 1:3 rwm",), None)
+
+
+V1 = cgroups.V1Layout.of_self()
+NEEDS_V1 = pytest.mark.skipif(not {"memory", "pids", "cpu", "devices"} <= set(V1.mounts),
+                              reason="cgroup v1 memory, pids, cpu and devices hierarchies")
+
+
+@NEEDS_V1
+def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mirror(
+        cgroup_root: Path):
+    mgr = CgroupManager(cgroup_root, backend="hybrid")
+    assert mgr.mode == "hybrid" and mgr.confines_devices
+    # Named slurm-fiber.<pid> in every v1 hierarchy, whatever the v2 root's name.
+    v1 = {c: V1.root(c, f"slurm-fiber.{os.getpid()}") for c in ("memory", "pids", "cpu",
+                                                                 "devices")}
+    assert mgr.v1_roots == v1
+    try:
+        grant = mgr.carve_grant("u:1", Limits(memory=64 << 20, pids=10, cpu=0.5))
+        assert grant is not None
+        assert [(o.limit, o.enforced, o.backend) for o in grant.limits] == [
+            ("memory", True, "cgroup v1 memory"), ("pids", True, "cgroup v1 pids"),
+            ("cpu", True, "cgroup v1 cpu")]
+        name = grant.path.name
+        assert int((v1["memory"] / name / "memory.limit_in_bytes").read_text()) == 64 << 20
+        assert (v1["pids"] / name / "pids.max").read_text() == "10\n"
+        assert (v1["cpu"] / name / "cpu.cfs_quota_us").read_text() == "50000\n"
+        listed = (v1["devices"] / name / "devices.list").read_text().split("\n")
+        assert "a *:* rwm" not in listed and "c 1:3 rwm" in listed
+        assert grant.devices is not None and grant.devices.confined
+        leaf = grant.slot("f1")
+        cgroups.mkdir(leaf)
+        assert cgroups.mirrors(leaf) == [v1[c] / name / "slot-f1" for c in v1]
+        assert all(m.is_dir() for m in cgroups.mirrors(leaf))
+        asyncio.run(mgr.remove_grant("u:1"))
+        assert not any((v1[c] / name).exists() for c in v1)
+    finally:
+        assert mgr.close() == []
+    assert not any(path.exists() for path in v1.values())
+
+
+def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
+    """A job user's fiberd: the v1 hierarchies are root's, so no v1 group can be made."""
+    root = fake_root(tmp_path, "memory")
+    nowhere = tmp_path / "missing-mount"
+    layout = cgroups.V1Layout({"pids": nowhere, "devices": nowhere}, {})
+    mgr = CgroupManager(root, backend="hybrid", v1=layout)
+    assert mgr.carved and mgr.mode == "v2" and mgr.v1_roots == {}
+    assert f"no cgroup v1 groups (cannot create {nowhere}/slurm-fiber." in mgr.status.reason
+    assert not mgr.confines_devices
+    assert [(o.limit, o.enforced, o.backend) for o in mgr.predict(Limits(memory=1, pids=1))
+            or ()] == [("memory", True, ""), ("pids", False, "")]
+    auto = CgroupManager(root, backend="auto", v1=layout)
+    assert auto.mode == "v2" and mgr.describe().startswith("v2: stop by cgroup v2 cgroup.kill")

@@ -133,7 +133,7 @@ async def test_an_oom_kill_is_named_where_the_memory_controller_counts_it(
     fiber = await t.fork(FiberRequest(id="o", argv=hog, mode="exec"))
     end = await fiber.wait()
     assert end.signal == signal.SIGKILL and end.reason is not None
-    assert end.reason.code == "oom" and "memory.events" in end.reason.message
+    assert end.reason.code == "oom" and "oom_kill" in end.reason.message
     await t.stop(0)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Missed
+from slurm_fiber.core.cgroups import V1Layout
 from tests.process.conftest import UNIFIED, cgroup2_usable
 from tests.runtime.kit import Site
 from tests.runtime.test_commands import BIN, fiberd, wait_ready, wait_socket
@@ -46,7 +47,21 @@ def offered_v2() -> set[str]:
     return set((UNIFIED / "cgroup.controllers").read_text().split())
 
 
-def check_record(record: dict[str, object], kernel: dict[str, str | None]) -> None:
+def kernel_facts(carved: bool, backend: str) -> tuple[dict[str, str | None], str]:
+    """What this host enforces each cgroup limit with, and devices, for a carving fiberd on
+    ``backend``: a v1 hierarchy where it has one (unless v2 is asked for), else cgroup v2
+    where its tree offers the controller, else nothing."""
+    if not carved:
+        return {n: None for n in CGROUP_LIMITS}, ENV_ONLY
+    v1 = set(V1Layout.of_self().mounts) if backend != "v2" else set()
+    offered = offered_v2()
+    kernel = {n: f"cgroup v1 {n}" if n in v1 else "cgroup v2" if n in offered else None
+              for n in CGROUP_LIMITS}
+    return kernel, "cgroup v1 devices" if "devices" in v1 else ENV_ONLY
+
+
+def check_record(record: dict[str, object], kernel: dict[str, str | None],
+                 devices: str = ENV_ONLY) -> None:
     """A grant's enforcement record: ``kernel`` names what enforces each cgroup limit."""
     limits = record["limits"]
     assert isinstance(limits, dict)
@@ -58,46 +73,52 @@ def check_record(record: dict[str, object], kernel: dict[str, str | None]) -> No
         if by is None:
             assert name in str(entry["not_enforced"]) or "no cgroup" in entry["not_enforced"]
     assert record["unenforced"] == [n for n in CGROUP_LIMITS if kernel[n] is None]
-    assert record["devices"]["confined_by"] == ENV_ONLY  # type: ignore[index]
+    assert record["devices"]["confined_by"] == devices  # type: ignore[index]
 
 
-@pytest.mark.parametrize("cgroup_root", ["none", "delegate"])
+@pytest.mark.parametrize(("cgroup_root", "backend"),
+                         [("none", "auto"), ("delegate", "auto"), ("delegate", "v2")])
 def test_status_list_grants_and_the_admit_record_say_which_limits_are_enforced(
-    site: Site, cgroup_root: str
+    site: Site, cgroup_root: str, backend: str
 ) -> None:
     if cgroup_root == "delegate" and not cgroup2_usable():
         pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
     site.drop(**ASKS)  # type: ignore[arg-type]
-    with fiberd(site, {"cgroup-root": cgroup_root}, stderr=subprocess.DEVNULL) as proc:
+    options = {"cgroup-root": cgroup_root, "cgroup-backend": backend}
+    with fiberd(site, options, stderr=subprocess.DEVNULL) as proc:
         sock = wait_socket(site, proc)
         wait_ready(sock)
         status = request(sock, "status")
         carved = status["mode"] == "carved"
         assert carved is (cgroup_root == "delegate")
-        offered = offered_v2() if carved else set()
-        kernel = {n: "cgroup v2" if n in offered else None for n in CGROUP_LIMITS}
+        kernel, devices = kernel_facts(carved, backend)
         enforcement = status["enforcement"]
         assert isinstance(enforcement, dict) and enforcement["strict_limits"] is False
-        check_record(enforcement["grants"]["g1"], kernel)
+        check_record(enforcement["grants"]["g1"], kernel, devices)
         host = enforcement["host"]
-        assert host["devices"]["confined_by"] == ENV_ONLY
+        assert host["devices"]["confined_by"] == devices
         assert host["unenforced"] == [n for n in CGROUP_LIMITS if kernel[n] is None]
         (grant,) = request(sock, "list_grants")["grants"]  # type: ignore[misc]
-        check_record(grant["enforcement"], kernel)
+        check_record(grant["enforcement"], kernel, devices)
         shown = subprocess.run([str(BIN / "fiberctl"), "status", "--socket", str(sock)],
                                capture_output=True, text=True, timeout=60, check=True).stdout
         (line,) = [x for x in shown.splitlines() if x.startswith("status.enforcement.grants.g1")]
         for name in CGROUP_LIMITS:
             assert (f"{name} NOT enforced (" in line) is (kernel[name] is None), line
-        assert "seconds by fiberd" in line and line.endswith("devices: env only")
+        assert "seconds by fiberd" in line and line.endswith(f"devices: {devices}")
+        (backend_line,) = [x for x in shown.splitlines() if x.startswith("status.cgroups.enforced")]
+        assert ("devices: v1" in backend_line) is (devices != ENV_ONLY), backend_line
     (admit,) = audit(site, "admit")
-    check_record(admit["enforcement"], kernel)  # type: ignore[arg-type]
+    check_record(admit["enforcement"], kernel, devices)  # type: ignore[arg-type]
 
 
 def test_strict_limits_refuses_a_grant_whose_limits_are_not_enforced(site: Site) -> None:
+    # The host facts: uncarved, nothing keeps memory or pids (carved on v1 or hybrid, this
+    # host would: test_kernel_limits).
     site.drop(memory=256 << 20)
     inline = site.token("g2", pids=16)
-    with fiberd(site, {"strict-limits": None}, stderr=subprocess.DEVNULL) as proc:
+    with fiberd(site, {"strict-limits": None, "cgroup-root": "none"},
+                stderr=subprocess.DEVNULL) as proc:
         sock = wait_socket(site, proc)
         assert request(sock, "status")["enforcement"]["strict_limits"] is True  # type: ignore[index]
         for fields in ({}, {"grant": "g1"}, {"token": inline}):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Unreachable
+from slurm_fiber.core.cgroups import V1Layout
 from tests.process.conftest import UNIFIED, cgroup2_usable
 from tests.process.helpers import marked_procs, unified_cgroup, wait_marked
 from tests.runtime.kit import Site
@@ -83,6 +84,10 @@ def test_the_next_fiberd_sweeps_a_sigkilled_ones_cgroup_tree_and_readiness(site:
     in_tree = {int(p) for procs in tree.rglob("cgroup.procs") for p in procs.read_text().split()}
     assert set(left) <= in_tree
     assert json.loads((site.state / "ready.json").read_text())["ready"] is True
+    # Its cgroup v1 groups (the hybrid backend's limits and devices), where the host has them.
+    v1_trees = [root for c in ("memory", "pids", "cpu", "devices")
+                if (root := V1Layout.of_self().root(c, tree.name)) is not None]
+    assert all(t.is_dir() for t in v1_trees), v1_trees
 
     # Trees the sweep must not touch: a live owner's, and one not named like fiberd's.
     keeper = subprocess.Popen(["sleep", "300"])
@@ -99,8 +104,11 @@ def test_the_next_fiberd_sweeps_a_sigkilled_ones_cgroup_tree_and_readiness(site:
             assert json.loads((site.state / "ready.json").read_text())["ready"] is False
             assert live_tree.is_dir() and other.is_dir()
             record = start_record(site, second.pid)
-            (swept,) = record["swept_trees"]  # type: ignore[misc]
+            swept, *mirrors = record["swept_trees"]  # type: ignore[misc]
             assert swept["path"] == str(tree) and swept["owner_pid"] == first.pid
+            assert sorted(m["path"] for m in mirrors) == sorted(map(str, v1_trees))
+            assert all(m["removed"] and not m["killed"] for m in mirrors), mirrors
+            assert not any(t.exists() for t in v1_trees)
             assert set(left) <= set(swept["killed"]) and swept["removed"] is True
             assert str(record["readiness"]).startswith("not ready")
     finally:
