@@ -39,11 +39,11 @@ from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import GrantBook
 from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
 from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, log_problem
-from slurm_fiber.homes.seam import Home, LosesScope
 from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
 from slurm_fiber.safefs import UnsafePath, open_dir
 

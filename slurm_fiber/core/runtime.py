@@ -58,6 +58,7 @@ from slurm_fiber.core.fibers import Fiber, enforce_deadline
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.seam import Home, ReleaseDevices
 from slurm_fiber.core.templates import (
     DEFAULT_TIMEOUT,
     FiberRequest,
@@ -68,7 +69,6 @@ from slurm_fiber.core.templates import (
     template_env,
 )
 from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
-from slurm_fiber.homes.seam import Home, ReleaseDevices
 
 log = logging.getLogger("slurm_fiber.core.runtime")
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.problem import ProblemSink
-from slurm_fiber.homes.seam import Home
 
 if TYPE_CHECKING:
     from slurm_fiber.homes.slurm.jobenv import SlurmJob

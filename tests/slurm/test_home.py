@@ -17,7 +17,7 @@ from replay import FIXTURES, Replay, alive, env_file, losses
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import HealthState
-from slurm_fiber.homes.seam import EventKind, Home
+from slurm_fiber.core.seam import EventKind, Home
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice
 from slurm_fiber.homes.slurm.control import (
     CliControl,

@@ -1,6 +1,6 @@
 """The Slurm home: fiberd inside a Slurm job, run as `srun --overlap fiberd-run`.
 
-It implements ``homes.seam.Home`` for one job on one node:
+It implements ``core.seam.Home`` for one job on one node:
 
 - grants: the prolog's grantdir for the job (``paths.job_paths``), polled;
   no grant of its own.
@@ -38,12 +38,12 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
 from slurm_fiber.homes.slurm.control import ControlPlane
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
