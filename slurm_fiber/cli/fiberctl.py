@@ -39,8 +39,8 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.discovery import discover_socket
 from slurm_fiber.core.api.framing import STDIO_NAMES
+from slurm_fiber.discovery import discover_socket
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
