@@ -1,15 +1,19 @@
 """fiberd: a home, the core, the local socket API and the audit log, wired and run until stopped.
 
-``run_fiberd`` is the daemon's whole life on one asyncio loop: open the audit
-log and the grant book (refusing to start on a corrupt state file), sweep the
-cgroups a dead predecessor left (homes.sweep), serve the socket, publish "not
-ready" over the predecessor's stale readiness, feed the home's
-deliveries into the core (``drive``), run the home and the core's upkeep, and
-register the core for the home's scope losses. It returns when ``stop`` is
-set (fiberd's CLI sets it on SIGTERM/SIGINT) or when the home's ``run``
-fails, after a clean shutdown: no new Clone is accepted (``closed``), every
-fiber and template is stopped and waited for, devices and cgroups are
-released, the socket is removed, and the audit log records start and stop.
+This is the wiring every way of running fiberd shares: the ``fiberd`` and
+``fiberd-run`` commands (slurm_fiber.cli), grant-conform (conform.live) and the
+tests. ``run_daemon`` is the daemon's whole life on one asyncio loop:
+``started`` builds the configured home (or a stage's, through ``build``) and
+``start_fiberd`` opens the audit log and the grant book (refusing to start on
+a corrupt state file), sweeps the cgroups a dead predecessor left
+(homes.sweep), serves the socket and publishes "not ready" over the
+predecessor's stale readiness; ``serve`` then feeds the home's deliveries into
+the core (``drive``), runs the home and the core's upkeep, and registers the
+core for the home's scope losses. It returns when ``stop`` is set (on
+SIGTERM/SIGINT, ``stop_on_signals``) or when the home's ``run`` fails, after a
+clean shutdown: no new Clone is accepted (``closed``), every fiber and
+template is stopped and waited for, devices and cgroups are released, the
+socket is removed, and the audit log records start and stop.
 
 Refusals to start raise ``FiberdRefused`` with one line a person can act on.
 Before anything is opened, fiberd checks the directories it writes in (state
@@ -26,7 +30,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +42,15 @@ from slurm_fiber.core.api.sockfile import SocketPathError
 from slurm_fiber.core.audit import AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
-from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.decisions import GrantBook
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
 from slurm_fiber.homes.delivery import drive
-from slurm_fiber.homes.problem import Problem, log_problem
+from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+from slurm_fiber.homes.select import BuiltHome, build_home, close_home
 from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
 from slurm_fiber.safefs import UnsafePath, open_dir
 
@@ -262,3 +269,69 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
         log.error("the stop is not audited: %s", err)
     running.audit.close()
     log.info("fiberd stopped: %s", why)
+
+
+# How ``started`` builds the home: ``build_home``'s signature (conform passes its own).
+HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
+                       Awaitable[BuiltHome]]
+
+
+@dataclass
+class Fiberd:
+    """A started fiberd: its home and its running parts."""
+
+    built: BuiltHome
+    running: Running
+    config: FiberdConfig
+
+
+@contextlib.asynccontextmanager
+async def started(config: FiberdConfig, environ: Mapping[str, str],
+                  clock: Clock | None = None, *,
+                  build: HomeBuilder = build_home) -> AsyncIterator[Fiberd]:
+    """Build the home, start fiberd; on exit undo the home (the caller serves or shuts down).
+
+    ``build`` makes the home (default: the configured one; grant-conform
+    passes a stage's builder). Raises HomeRefused or FiberdRefused when it
+    cannot start. A start that fails after the socket listens (the home's
+    announcement cannot be written) shuts that fiberd down again first
+    (socket closed and its lock freed, the stop audited), so the next start
+    on the same socket is not refused as "in use".
+    """
+    clock = clock or SystemClock()
+    relay = ProblemRelay()
+    built = await build(config, clock, environ, relay.report)
+    try:
+        running = await start_fiberd(config, built.home, clock, audience=built.audience,
+                                     relay=relay)
+        try:
+            built.announce(running.socket)
+        except BaseException as err:
+            why = f"cannot announce fiberd: {err}"
+            await shutdown(running, [], why)
+            if isinstance(err, OSError):  # e.g. safefs.UnsafePath: a state dir not ours
+                raise FiberdRefused(why) from None
+            raise
+        yield Fiberd(built, running, config)
+    finally:
+        for line in await close_home(built):
+            print(f"fiberd: {line}", file=sys.stderr, flush=True)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGTERM and SIGINT (on the running loop)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_daemon(config: FiberdConfig, environ: Mapping[str, str]) -> str:
+    """Run fiberd until a stop signal or a home failure; the reason it stopped.
+
+    The signals are caught before start-up, so a SIGTERM while fiberd starts (its
+    socket may already answer) stops it cleanly once started, never kills it midway.
+    """
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    async with started(config, environ) as fiberd:
+        return await serve(fiberd.running, fiberd.built.home, stop)

@@ -25,13 +25,7 @@ from typing import Any
 
 import typer
 
-from slurm_fiber.cli.fiberd import (
-    STARTUP_ERRORS,
-    Fiberd,
-    fail,
-    started,
-    stop_on_signals,
-)
+from slurm_fiber.cli.fiberd import STARTUP_ERRORS, fail
 from slurm_fiber.cli.fiberd_options import (
     KW,
     option_parameters,
@@ -40,7 +34,7 @@ from slurm_fiber.cli.fiberd_options import (
 )
 from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.misses import Miss
-from slurm_fiber.daemon import serve
+from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
 from slurm_fiber.logs import setup_logging
 
 HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber once warm.
