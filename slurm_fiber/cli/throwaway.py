@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
 from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
 from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.procs import marked
 
 ISSUER = "quickstart-issuer"
 AUDIENCE = "quickstart"
