@@ -48,9 +48,9 @@ from slurm_fiber.homes.slurm.leases import (
 )
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
-from slurm_fiber.prolog.cgroup import job_cgroup
-from slurm_fiber.prolog.cli import hook_main
-from slurm_fiber.prolog.hook import Hook
+from slurm_fiber.hooks.cgroup import job_cgroup
+from slurm_fiber.hooks.cli import hook_main
+from slurm_fiber.hooks.hook import Hook
 
 NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"

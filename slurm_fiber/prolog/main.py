@@ -36,10 +36,10 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
-from slurm_fiber.prolog.cgroup import delegate, job_cgroup
-from slurm_fiber.prolog.cli import hook_main
+from slurm_fiber.hooks.cgroup import delegate, job_cgroup
+from slurm_fiber.hooks.cli import hook_main
+from slurm_fiber.hooks.hook import Hook
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
-from slurm_fiber.prolog.hook import Hook
 from slurm_fiber.prolog.statedir import check_parent, make_job_dirs, write_file
 
 NAME = "slurm-fiber-prolog"

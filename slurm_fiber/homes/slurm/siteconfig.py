@@ -30,7 +30,7 @@ a missing file named by the variable is a refusal. Example::
 
 The prolog checks named in ``fatal`` are ``config``, ``job``, ``state_dir``,
 ``tokens``, ``spool``, ``leases`` and ``cgroup`` (``CHECKS``). The default
-``cgroup_parent`` is ``<cgroup2 mount>/slurm-fiber`` (prolog/cgroup). Relative paths
+``cgroup_parent`` is ``<cgroup2 mount>/slurm-fiber`` (hooks/cgroup). Relative paths
 are taken from the file's directory. Every refusal is one ``SiteConfigError``
 line naming the key; unknown keys are refused so a typo is never a silent
 default. Pure apart from reading the one file.
