@@ -17,6 +17,7 @@ import os
 import select
 import signal
 from collections.abc import Awaitable
+from typing import Any
 
 _CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
@@ -39,7 +40,7 @@ async def pidfd_wait(pidfd: int) -> None:
         loop.remove_reader(pidfd)
 
 
-async def first_done(main: asyncio.Future[object], *others: Awaitable[object]) -> bool:
+async def first_done(main: asyncio.Future[Any], *others: Awaitable[object]) -> bool:
     """Wait for ``main`` or any of ``others``; True when ``main`` is done. Cancels the others
     and returns only once they have finished unwinding, so what they hold is released: a
     ``pidfd_wait`` among them has removed its reader before the caller adds another on the
