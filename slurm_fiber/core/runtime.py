@@ -29,9 +29,10 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from slurm_fiber.core.api.service import (
     CloneRequest,
@@ -71,6 +72,8 @@ from slurm_fiber.core.templates import (
 from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
 
 log = logging.getLogger("slurm_fiber.core.runtime")
+
+T = TypeVar("T")
 
 DEFAULT_PRUNE_AFTER = 3600.0  # seconds an expired grant stays listed before it is forgotten
 
@@ -175,7 +178,7 @@ class Core:
         self._prefix = secrets.token_hex(3)
         self._nudge = asyncio.Event()
         self._released: set[str] = set()  # fiber ids whose release is audited
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
 
@@ -705,8 +708,8 @@ class Core:
     def _write(self, event: str, **fields: object) -> None:
         self.audit.write(event, **{k: v for k, v in fields.items() if v is not None})
 
-    def _spawn(self, coro: object) -> asyncio.Task[object]:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

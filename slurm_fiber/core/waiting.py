@@ -33,7 +33,7 @@ async def pidfd_wait(pidfd: int) -> None:
         return
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(pidfd, _resolve, done)
+    loop.add_reader(pidfd, set_done, done)
     try:
         await done
     finally:
@@ -56,7 +56,8 @@ async def first_done(main: asyncio.Future[Any], *others: Awaitable[object]) -> b
     return main.done()
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def set_done(fut: asyncio.Future[None]) -> None:
+    """Resolve ``fut`` with None unless it is done already (a loop reader or writer callback)."""
     if not fut.done():
         fut.set_result(None)
 

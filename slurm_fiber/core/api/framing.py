@@ -111,7 +111,7 @@ def _depth(body: bytes) -> int:
     if not brackets:
         return 0
     # opening brackets weigh 2, closing 0: the running sum minus the count is the depth
-    return max(map(operator.sub, accumulate(brackets.translate(_BRACKET_WEIGHT)), count(1)))
+    return int(max(map(operator.sub, accumulate(brackets.translate(_BRACKET_WEIGHT)), count(1))))
 
 
 class FrameDecoder:
