@@ -286,11 +286,11 @@ def _trust(value: object) -> dict[str, str]:
                 raise _Refused(f"{item!r} is not issuer=/path/to/jwks.json")
             pairs.append((issuer, path))
     trust: dict[str, str] = {}
-    for issuer, path in pairs:
-        name = _text(issuer)
+    for who, where in pairs:
+        name = _text(who)
         if not name:
             raise _Refused("an issuer name is empty")
-        trust[name] = _path(path)
+        trust[name] = _path(where)
     return trust
 
 
@@ -492,7 +492,7 @@ def _flag_value(raw: object) -> object:
 
 
 def _build(values: dict[str, tuple[object, str]]) -> FiberdConfig:
-    chosen = {name: value for name, (value, _) in values.items()}
+    chosen: dict[str, Any] = {name: value for name, (value, _) in values.items()}
     state_dir = str(chosen.get("state_dir", FiberdConfig.state_dir))
     for name, leaf in _DERIVED.items():
         if name not in chosen:

@@ -35,6 +35,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
@@ -255,7 +256,7 @@ async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
     return why
 
 
-async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: str) -> None:
+async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str) -> None:
     """Refuse new Clones, stop every fiber and template, close the socket and the audit log."""
     running.core.closing = True
     for task in tasks:

@@ -270,7 +270,7 @@ def status(args: argparse.Namespace) -> None:
         return
     print(f"ready: {report['ready']}")
     for section in ("status", "health"):
-        for key, value in report[section].items():  # type: ignore[union-attr]
+        for key, value in report[section].items():  # type: ignore[attr-defined]
             if section == "status" and key == "enforcement" and isinstance(value, dict):
                 for line in enforcement_lines(value):
                     print(f"status.enforcement.{line}")

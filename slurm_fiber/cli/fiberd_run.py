@@ -21,7 +21,7 @@ import inspect
 import os
 import signal
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import typer
 
@@ -74,7 +74,8 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
         if stop.is_set():
             return False
         if tick and tick % ticks_per_second == 0:
-            states = ", ".join(f"{u}: {s}" for u, s in core.status()["templates"].items())
+            templates = cast("dict[str, str]", core.status()["templates"])
+            states = ", ".join(f"{u}: {s}" for u, s in templates.items())
             typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) "
                        f"{tick // ticks_per_second} s", err=True)
         await asyncio.sleep(1 / ticks_per_second)

@@ -28,8 +28,10 @@ class Admitter(Protocol):
         """Lift a removal denial of ``uid``; True when there was one."""
         ...
 
-    async def admit(self, vt: VerifiedToken) -> None:
-        """Admit the verified grant (warm its template); raises when it cannot."""
+    async def admit(self, vt: VerifiedToken) -> object:
+        """Admit the verified grant (warm its template); raises when it cannot.
+
+        What it returns (the core's Admitted) is not used here."""
         ...
 
     async def remove(self, uid: str) -> None:

@@ -239,7 +239,7 @@ class GrantDir:
             except _Gone:
                 continue
             present.add(name)
-            if reading is _IN_FLUX:
+            if isinstance(reading, _InFlux):
                 continue
             if isinstance(reading, _Bad):
                 self._report(name, reading)

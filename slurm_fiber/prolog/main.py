@@ -120,7 +120,12 @@ def run_prolog(environ: Mapping[str, str], hook: Hook) -> int:
         return 1 if config.is_fatal("job") else 0
     hook.job = job.job_id
     paths = job_paths(config.state_root, job.node, job.job_id)
-    if hook.step("state_dir", lambda: make_job_dirs(paths, job.uid, job.gid) or True):
+
+    def state_dir() -> bool:
+        make_job_dirs(paths, job.uid, job.gid)
+        return True
+
+    if hook.step("state_dir", state_dir):
         if config.issuer_key is not None:
             hook.step("tokens", lambda: _mint(hook, config, paths, job))
         if config.spool_dir is not None:
