@@ -44,15 +44,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
+from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
+from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
-
-if TYPE_CHECKING:
-    from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 
 CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
@@ -204,9 +203,9 @@ def home_config(config: SiteConfig, node: str, **settings: Any) -> SlurmHomeConf
     other fields (poll intervals). Blocks on reading gres.conf; raises
     SiteConfigError when it cannot be read or parsed.
     """
+    # Lazy on purpose: gres.conf's parser (and scontrol's, which it uses) only for fiberd-run,
+    # not on the prolog's and epilog's start-up path, which import this module too.
     from slurm_fiber.homes.slurm.gres import gpu_files
-    from slurm_fiber.homes.slurm.home import SlurmHomeConfig  # asyncio and jwt: not for hooks
-    from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 
     files: dict[int, str] = {}
     if config.gres_conf is not None:
