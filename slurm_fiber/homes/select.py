@@ -6,6 +6,11 @@ configured home with the audience its tokens must name, and ``close_home``
 undoes what building it did (a standalone home's cgroup delegation). The
 core never learns which home it runs in: every home goes through the same
 ``Home`` seam.
+
+Each home's modules are imported inside the function that builds it, on
+purpose: fiberd loads only the home it runs (the Kubernetes home pulls in
+its API client, the Slurm home its site config), and this module stays
+importable by the option parser of every fiberd start.
 """
 
 from __future__ import annotations
