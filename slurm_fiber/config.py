@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from slurm_fiber import defaults
 from slurm_fiber.core.devices import Device
 
 ENV_PREFIX = "FIBERD_"
@@ -92,7 +93,7 @@ class FiberdConfig:
     """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
 
     home: str = "standalone"
-    state_dir: str = "/var/lib/slurm-fiber"
+    state_dir: str = str(defaults.STATE_DIR)
     socket: str = ""
     audit_path: str = ""
     audit_fsync: str = "always"
@@ -356,10 +357,10 @@ OPTIONS: tuple[Option, ...] = (
 )
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 _DERIVED = {  # unset path options default to a name inside state_dir
-    "socket": "fiberd.sock",
-    "audit_path": "audit.jsonl",
-    "grantdir": "grants",
-    "ready_file": "ready.json",
+    "socket": defaults.SOCKET_NAME,
+    "audit_path": defaults.AUDIT_NAME,
+    "grantdir": defaults.GRANTDIR_NAME,
+    "ready_file": defaults.READY_NAME,
 }
 
 

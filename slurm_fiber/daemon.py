@@ -49,6 +49,7 @@ from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.defaults import STATE_FILE_NAME
 from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.select import BuiltHome, build_home, close_home
@@ -56,9 +57,6 @@ from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 log = logging.getLogger("slurm_fiber.fiberd")
-
-STATE_FILE = "grantbook.json"
-
 
 class FiberdRefused(Exception):
     """fiberd cannot start as configured (one line naming what to fix)."""
@@ -202,10 +200,10 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     health = home.health()
     try:
         book = GrantBook(clock, health, fence_ttl=config.fence_ttl if health.control_plane
-                         else None, store=StateFile(state_dir / STATE_FILE))
+                         else None, store=StateFile(state_dir / STATE_FILE_NAME))
     except StateCorrupt as err:
         audit.close()
-        raise FiberdRefused(f"grant state {state_dir / STATE_FILE} is unreadable ({err}); "
+        raise FiberdRefused(f"grant state {state_dir / STATE_FILE_NAME} is unreadable ({err}); "
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()

@@ -20,8 +20,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-DEFAULT_STATE_DIR = Path("/var/lib/slurm-fiber")
-SOCKET_NAME = "fiberd.sock"
+from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
 
 
 def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
@@ -43,7 +42,7 @@ def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
 
 def default_socket_path(environ: Mapping[str, str]) -> Path:
     """The socket of a fiberd outside any job (standalone host)."""
-    return Path(environ.get("FIBERD_STATE_DIR") or DEFAULT_STATE_DIR) / SOCKET_NAME
+    return Path(environ.get("FIBERD_STATE_DIR") or STATE_DIR) / SOCKET_NAME
 
 
 def discover_socket(explicit: str | os.PathLike[str] | None = None,
