@@ -40,7 +40,7 @@ from typing import Any
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
-from slurm_fiber.core.audit import AuditLog, AuditWriteFailed
+from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
@@ -76,7 +76,7 @@ class ProblemRelay:
         log_problem(problem)
         if self.audit is not None:
             try:
-                self.audit.write("problem", code=problem.code, subject=problem.subject,
+                self.audit.write(AuditEvent.PROBLEM, code=problem.code, subject=problem.subject,
                                  reason=problem.reason)
             except OSError as err:
                 log.error("audit of %s failed: %s", problem, err)
@@ -170,7 +170,7 @@ def _server_config(config: FiberdConfig) -> ServerConfig:
 def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
     def write(refusal: Refusal) -> None:
         peer = refusal.peer
-        audit.write("api_refuse", code=refusal.code, reason=refusal.reason, op=refusal.op,
+        audit.write(AuditEvent.API_REFUSE, code=refusal.code, reason=refusal.reason, op=refusal.op,
                     caller_uid=peer.uid if peer else None, caller_pid=peer.pid if peer else None)
     return write
 
@@ -221,7 +221,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         raise FiberdRefused(str(err)) from None
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     try:
-        audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
+        audit.write(AuditEvent.START, home=home.name(), pid=os.getpid(), audience=audience,
                     socket=config.socket, epoch=book.epoch, cgroups=cgroups.status.to_json(),
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
                     readiness=readiness)
@@ -263,7 +263,7 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str)
     await running.core.shutdown()
     await running.server.close()
     try:
-        running.audit.write("stop", reason=why, pid=os.getpid())
+        running.audit.write(AuditEvent.STOP, reason=why, pid=os.getpid())
     except AuditWriteFailed as err:
         log.error("the stop is not audited: %s", err)
     running.audit.close()
