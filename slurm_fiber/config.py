@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from slurm_fiber import defaults
 from slurm_fiber.core.devices import Device
 
 ENV_PREFIX = "FIBERD_"
@@ -93,7 +94,7 @@ class FiberdConfig:
     """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
 
     home: str = "standalone"
-    state_dir: str = "/var/lib/slurm-fiber"
+    state_dir: str = str(defaults.STATE_DIR)
     socket: str = ""
     audit_path: str = ""
     audit_fsync: str = "always"
@@ -288,11 +289,11 @@ def _trust(value: object) -> dict[str, str]:
                 raise _Refused(f"{item!r} is not issuer=/path/to/jwks.json")
             pairs.append((issuer, path))
     trust: dict[str, str] = {}
-    for issuer, path in pairs:
-        name = _text(issuer)
+    for who, where in pairs:
+        name = _text(who)
         if not name:
             raise _Refused("an issuer name is empty")
-        trust[name] = _path(path)
+        trust[name] = _path(where)
     return trust
 
 
@@ -360,10 +361,10 @@ OPTIONS: tuple[Option, ...] = (
 )
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 _DERIVED = {  # unset path options default to a name inside state_dir
-    "socket": "fiberd.sock",
-    "audit_path": "audit.jsonl",
-    "grantdir": "grants",
-    "ready_file": "ready.json",
+    "socket": defaults.SOCKET_NAME,
+    "audit_path": defaults.AUDIT_NAME,
+    "grantdir": defaults.GRANTDIR_NAME,
+    "ready_file": defaults.READY_NAME,
 }
 
 
@@ -496,7 +497,7 @@ def _flag_value(raw: object) -> object:
 
 
 def _build(values: dict[str, tuple[object, str]]) -> FiberdConfig:
-    chosen = {name: value for name, (value, _) in values.items()}
+    chosen: dict[str, Any] = {name: value for name, (value, _) in values.items()}
     state_dir = str(chosen.get("state_dir", FiberdConfig.state_dir))
     for name, leaf in _DERIVED.items():
         if name not in chosen:

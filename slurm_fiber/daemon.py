@@ -1,15 +1,19 @@
 """fiberd: a home, the core, the local socket API and the audit log, wired and run until stopped.
 
-``run_fiberd`` is the daemon's whole life on one asyncio loop: open the audit
-log and the grant book (refusing to start on a corrupt state file), sweep the
-cgroups a dead predecessor left (homes.sweep), serve the socket, publish "not
-ready" over the predecessor's stale readiness, feed the home's
-deliveries into the core (``drive``), run the home and the core's upkeep, and
-register the core for the home's scope losses. It returns when ``stop`` is
-set (fiberd's CLI sets it on SIGTERM/SIGINT) or when the home's ``run``
-fails, after a clean shutdown: no new Clone is accepted (``closed``), every
-fiber and template is stopped and waited for, devices and cgroups are
-released, the socket is removed, and the audit log records start and stop.
+This is the wiring every way of running fiberd shares: the ``fiberd`` and
+``fiberd-run`` commands (slurm_fiber.cli), grant-conform (conform.live) and the
+tests. ``run_daemon`` is the daemon's whole life on one asyncio loop:
+``started`` builds the configured home (or a stage's, through ``build``) and
+``start_fiberd`` opens the audit log and the grant book (refusing to start on
+a corrupt state file), sweeps the cgroups a dead predecessor left
+(homes.sweep), serves the socket and publishes "not ready" over the
+predecessor's stale readiness; ``serve`` then feeds the home's deliveries into
+the core (``drive``), runs the home and the core's upkeep, and registers the
+core for the home's scope losses. It returns when ``stop`` is set (on
+SIGTERM/SIGINT, ``stop_on_signals``) or when the home's ``run`` fails, after a
+clean shutdown: no new Clone is accepted (``closed``), every fiber and
+template is stopped and waited for, devices and cgroups are released, the
+socket is removed, and the audit log records start and stop.
 
 Refusals to start raise ``FiberdRefused`` with one line a person can act on.
 Before anything is opened, fiberd checks the directories it writes in (state
@@ -26,31 +30,33 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
-from slurm_fiber.core.audit import AuditLog, AuditWriteFailed
+from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
-from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.decisions import GrantBook
 from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.defaults import STATE_FILE_NAME
 from slurm_fiber.homes.delivery import drive
-from slurm_fiber.homes.problem import Problem, log_problem
-from slurm_fiber.homes.seam import Home, LosesScope
+from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+from slurm_fiber.homes.select import BuiltHome, build_home, close_home
 from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 log = logging.getLogger("slurm_fiber.fiberd")
-
-STATE_FILE = "grantbook.json"
-
 
 class FiberdRefused(Exception):
     """fiberd cannot start as configured (one line naming what to fix)."""
@@ -70,7 +76,7 @@ class ProblemRelay:
         log_problem(problem)
         if self.audit is not None:
             try:
-                self.audit.write("problem", code=problem.code, subject=problem.subject,
+                self.audit.write(AuditEvent.PROBLEM, code=problem.code, subject=problem.subject,
                                  reason=problem.reason)
             except OSError as err:
                 log.error("audit of %s failed: %s", problem, err)
@@ -164,7 +170,7 @@ def _server_config(config: FiberdConfig) -> ServerConfig:
 def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
     def write(refusal: Refusal) -> None:
         peer = refusal.peer
-        audit.write("api_refuse", code=refusal.code, reason=refusal.reason, op=refusal.op,
+        audit.write(AuditEvent.API_REFUSE, code=refusal.code, reason=refusal.reason, op=refusal.op,
                     caller_uid=peer.uid if peer else None, caller_pid=peer.pid if peer else None)
     return write
 
@@ -194,10 +200,10 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     health = home.health()
     try:
         book = GrantBook(clock, health, fence_ttl=config.fence_ttl if health.control_plane
-                         else None, store=StateFile(state_dir / STATE_FILE))
+                         else None, store=StateFile(state_dir / STATE_FILE_NAME))
     except StateCorrupt as err:
         audit.close()
-        raise FiberdRefused(f"grant state {state_dir / STATE_FILE} is unreadable ({err}); "
+        raise FiberdRefused(f"grant state {state_dir / STATE_FILE_NAME} is unreadable ({err}); "
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
     root = home.cgroup_root()
@@ -217,7 +223,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         raise FiberdRefused(str(err)) from None
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     try:
-        audit.write("start", home=home.name(), pid=os.getpid(), audience=audience,
+        audit.write(AuditEvent.START, home=home.name(), pid=os.getpid(), audience=audience,
                     socket=config.socket, epoch=book.epoch,
                     cgroups={**cgroups.status.to_json(), "backend": cgroups.mode,
                              "enforced": cgroups.describe()},
@@ -252,7 +258,7 @@ async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
     return why
 
 
-async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: str) -> None:
+async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str) -> None:
     """Refuse new Clones, stop every fiber and template, close the socket and the audit log."""
     running.core.closing = True
     for task in tasks:
@@ -263,8 +269,74 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[object]], why: s
         log.warning("%s", failure)
     await running.server.close()
     try:
-        running.audit.write("stop", reason=why, pid=os.getpid())
+        running.audit.write(AuditEvent.STOP, reason=why, pid=os.getpid())
     except AuditWriteFailed as err:
         log.error("the stop is not audited: %s", err)
     running.audit.close()
     log.info("fiberd stopped: %s", why)
+
+
+# How ``started`` builds the home: ``build_home``'s signature (conform passes its own).
+HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
+                       Awaitable[BuiltHome]]
+
+
+@dataclass
+class Fiberd:
+    """A started fiberd: its home and its running parts."""
+
+    built: BuiltHome
+    running: Running
+    config: FiberdConfig
+
+
+@contextlib.asynccontextmanager
+async def started(config: FiberdConfig, environ: Mapping[str, str],
+                  clock: Clock | None = None, *,
+                  build: HomeBuilder = build_home) -> AsyncIterator[Fiberd]:
+    """Build the home, start fiberd; on exit undo the home (the caller serves or shuts down).
+
+    ``build`` makes the home (default: the configured one; grant-conform
+    passes a stage's builder). Raises HomeRefused or FiberdRefused when it
+    cannot start. A start that fails after the socket listens (the home's
+    announcement cannot be written) shuts that fiberd down again first
+    (socket closed and its lock freed, the stop audited), so the next start
+    on the same socket is not refused as "in use".
+    """
+    clock = clock or SystemClock()
+    relay = ProblemRelay()
+    built = await build(config, clock, environ, relay.report)
+    try:
+        running = await start_fiberd(config, built.home, clock, audience=built.audience,
+                                     relay=relay)
+        try:
+            built.announce(running.socket)
+        except BaseException as err:
+            why = f"cannot announce fiberd: {err}"
+            await shutdown(running, [], why)
+            if isinstance(err, OSError):  # e.g. safefs.UnsafePath: a state dir not ours
+                raise FiberdRefused(why) from None
+            raise
+        yield Fiberd(built, running, config)
+    finally:
+        for line in await close_home(built):
+            print(f"fiberd: {line}", file=sys.stderr, flush=True)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGTERM and SIGINT (on the running loop)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_daemon(config: FiberdConfig, environ: Mapping[str, str]) -> str:
+    """Run fiberd until a stop signal or a home failure; the reason it stopped.
+
+    The signals are caught before start-up, so a SIGTERM while fiberd starts (its
+    socket may already answer) stops it cleanly once started, never kills it midway.
+    """
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    async with started(config, environ) as fiberd:
+        return await serve(fiberd.running, fiberd.built.home, stop)

@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.discovery import discover_socket
 from slurm_fiber.tasks import Outcome, Task, TaskRunner, wait_ready
 
 T = TypeVar("T")

@@ -130,18 +130,14 @@ def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
             elif seen_default:
                 raise TypeError(f"{cls.__name__}: field {name!r} without a default follows "
                                 "one with a default")
-        cls.__record_fields__ = names  # type: ignore[attr-defined]
-        cls.__record_defaults__ = defaults  # type: ignore[attr-defined]
-        cls.__match_args__ = names  # type: ignore[attr-defined]
-        cls.__init__ = _init  # type: ignore[misc]
-        cls.__eq__ = _eq  # type: ignore[method-assign,assignment]
-        cls.__repr__ = _repr  # type: ignore[method-assign,assignment]
+        members: dict[str, object] = {
+            "__record_fields__": names, "__record_defaults__": defaults,
+            "__match_args__": names, "__init__": _init, "__eq__": _eq, "__repr__": _repr,
+            "__hash__": _hash if frozen else None}
         if frozen:
-            cls.__hash__ = _hash  # type: ignore[method-assign,assignment]
-            cls.__setattr__ = _frozen_setattr  # type: ignore[method-assign,assignment]
-            cls.__delattr__ = _frozen_delattr  # type: ignore[method-assign,assignment]
-        else:
-            cls.__hash__ = None  # type: ignore[assignment]
+            members |= {"__setattr__": _frozen_setattr, "__delattr__": _frozen_delattr}
+        for member, value in members.items():  # setattr: the class is built, not typed, here
+            setattr(cls, member, value)
         return cls
 
     return make if cls is None else make(cls)

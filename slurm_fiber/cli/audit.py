@@ -37,8 +37,8 @@ from pathlib import Path
 
 import typer
 
-DEFAULT_STATE_DIR = "/var/lib/slurm-fiber"
-AUDIT_FILE = "audit.jsonl"
+from slurm_fiber.defaults import AUDIT_NAME, STATE_DIR
+
 FOLLOW_POLL = 0.2
 MAX_REPORTED = 20
 CHUNK = 1 << 16
@@ -214,10 +214,10 @@ def audit_path(path: Path | None, state_dir: Path | None, environ: dict[str, str
     if path is not None:
         return path
     if state_dir is not None:
-        return state_dir / AUDIT_FILE
+        return state_dir / AUDIT_NAME
     if environ.get("FIBERD_AUDIT_PATH"):
         return Path(environ["FIBERD_AUDIT_PATH"])
-    return Path(environ.get("FIBERD_STATE_DIR") or DEFAULT_STATE_DIR) / AUDIT_FILE
+    return Path(environ.get("FIBERD_STATE_DIR") or STATE_DIR) / AUDIT_NAME
 
 
 def show(lines: Iterable[tuple[int, bytes]], select: Selection, problems: Problems,

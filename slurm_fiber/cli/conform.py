@@ -28,6 +28,7 @@ from slurm_fiber.conform.runner import (
     run_suite,
     select_clauses,
 )
+from slurm_fiber.conform.stage import StageCannot
 
 HELP = """Check that a home conforms to the core's contract (grant-conform).
 
@@ -89,8 +90,8 @@ def _as_job_user(as_json: bool, clause: str, strict: bool, settle: float,
                  clauses: int) -> int:
     """This command again for the Slurm stage, as its job user (conform.slurm's
     rerun_as_job_user); the exit code."""
+    # Lazy on purpose: the Slurm stage's module only when this command runs as root.
     from slurm_fiber.conform.slurm import rerun_as_job_user, rerun_bound
-    from slurm_fiber.conform.stage import StageCannot
 
     args = ["conform", "--home", "slurm", "--settle", str(settle),
             *(["--json"] if as_json else []), *(["--clause", clause] if clause else []),

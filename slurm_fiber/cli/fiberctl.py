@@ -51,8 +51,8 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.discovery import discover_socket
 from slurm_fiber.core.api.framing import STDIO_NAMES
+from slurm_fiber.discovery import discover_socket
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -312,7 +312,7 @@ def status(args: argparse.Namespace) -> None:
         return
     print(f"ready: {report['ready']}")
     for section in ("status", "health"):
-        for key, value in report[section].items():  # type: ignore[union-attr]
+        for key, value in report[section].items():  # type: ignore[attr-defined]
             if section == "status" and key == "enforcement" and isinstance(value, dict):
                 for line in enforcement_lines(value):
                     print(f"status.enforcement.{line}")

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from slurm_fiber.config import OPTIONS, FiberdConfig, default_text, load_config
+from slurm_fiber.homes.select import home_defaults
 
 KW = inspect.Parameter.KEYWORD_ONLY
 CONFIG_HELP = "TOML file of options (env FIBERD_CONFIG); flags and env override it"
@@ -61,8 +62,6 @@ def resolve_config(flags: Mapping[str, object], environ: Mapping[str, str]) -> F
 
     Raises ConfigError, or HomeRefused when the home's defaults cannot be had.
     """
-    from slurm_fiber.homes.select import home_defaults
-
     first = load_from_flags(flags)
     implied = home_defaults(first.home, environ)
     return load_from_flags(flags, implied) if implied else first

@@ -21,17 +21,11 @@ import inspect
 import os
 import signal
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import typer
 
-from slurm_fiber.cli.fiberd import (
-    STARTUP_ERRORS,
-    Fiberd,
-    fail,
-    started,
-    stop_on_signals,
-)
+from slurm_fiber.cli.fiberd import STARTUP_ERRORS, fail
 from slurm_fiber.cli.fiberd_options import (
     KW,
     option_parameters,
@@ -40,7 +34,7 @@ from slurm_fiber.cli.fiberd_options import (
 )
 from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.misses import Miss
-from slurm_fiber.daemon import serve
+from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
 from slurm_fiber.logs import setup_logging
 
 HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber once warm.
@@ -80,7 +74,8 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
         if stop.is_set():
             return False
         if tick and tick % ticks_per_second == 0:
-            states = ", ".join(f"{u}: {s}" for u, s in core.status()["templates"].items())
+            templates = cast("dict[str, str]", core.status()["templates"])
+            states = ", ".join(f"{u}: {s}" for u, s in templates.items())
             typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) "
                        f"{tick // ticks_per_second} s", err=True)
         await asyncio.sleep(1 / ticks_per_second)

@@ -68,7 +68,7 @@ from slurm_fiber.cli.fiberctl import (
     fail,
     grant_fields,
 )
-from slurm_fiber.core.api.discovery import discover_socket
+from slurm_fiber.discovery import discover_socket
 from slurm_fiber.tasks import Outcome, Task, TaskRunner
 
 PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 
@@ -49,7 +50,7 @@ def cold_start(preloads: Sequence[str], n: int, python: str = sys.executable) ->
     return out
 
 
-def clone_fields(mode: str) -> dict[str, object]:
+def clone_fields(mode: str) -> dict[str, Any]:
     """The clone request fields of one measured Clone in ``mode`` (call or exec)."""
     if mode == "call":
         return {"call": {"target": CALL_TARGET, "args": [[1, 2, 3]]}}

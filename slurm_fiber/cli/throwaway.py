@@ -27,11 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
 from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
 from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.defaults import AUDIT_NAME, SOCKET_NAME
+from slurm_fiber.procs import marked
 
 ISSUER = "quickstart-issuer"
 AUDIENCE = "quickstart"
@@ -75,11 +76,11 @@ class Site:
 
     @property
     def socket(self) -> Path:
-        return self.state / "fiberd.sock"
+        return self.state / SOCKET_NAME
 
     @property
     def audit_path(self) -> Path:
-        return self.root / "audit.jsonl"
+        return self.root / AUDIT_NAME
 
     @property
     def log_path(self) -> Path:

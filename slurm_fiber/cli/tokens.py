@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import typer
 
@@ -235,7 +235,7 @@ def token_inspect(token: str = TOKEN_ARG) -> None:
         if number_in_range(value, 0, MAX_UNIX_TIME, integer=False):  # never a huge int as float
             out[f"{name}_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
             if name == "exp":
-                out["expires_in"] = round(value - time.time(), 1)
+                out["expires_in"] = round(cast(float, value) - time.time(), 1)
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[f"{name}_utc"] = "out of range"
     typer.echo(json.dumps(out, indent=2, default=str))

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from slurm_fiber.conform import procs
+from slurm_fiber import procs
 from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.live import POLL, ClauseFailed, Live, launched, until
 from slurm_fiber.conform.stage import Stage

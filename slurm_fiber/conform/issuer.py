@@ -15,11 +15,11 @@ import os
 import time
 from pathlib import Path
 
-from slurm_fiber.conform.procs import MARK_ENV
 from slurm_fiber.conform.stage import Issuer
 from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
 from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.procs import MARK_ENV
 
 ISSUER_NAME = "grant-conform"
 TARGETS = "slurm_fiber.conform.targets"

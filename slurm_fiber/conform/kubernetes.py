@@ -104,7 +104,7 @@ def condition_sent(body: bytes, gate: str = DEFAULT_GATE) -> bool | None:
         return None
     for condition in conditions if isinstance(conditions, list) else []:
         if isinstance(condition, dict) and condition.get("type") == gate:
-            return {"True": True, "False": False}.get(condition.get("status"))
+            return {"True": True, "False": False}.get(str(condition.get("status")))
     return None
 
 

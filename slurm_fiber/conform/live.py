@@ -1,6 +1,6 @@
 """A fiberd started for one clause, exactly as the ``fiberd`` command starts it, in-process.
 
-``launched`` runs ``cli.fiberd.started`` (with the stage's configuration,
+``launched`` runs ``daemon.started`` (with the stage's configuration,
 environment and home builder) and ``daemon.serve`` on the caller's event
 loop, and stops it with the same clean shutdown a SIGTERM gives. ``Live``
 is what a clause holds while it runs: the real core, the audience the home
@@ -18,13 +18,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from slurm_fiber.cli.fiberd import Fiberd, started
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, Peer, Stdio
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss
 from slurm_fiber.core.runtime import Core
-from slurm_fiber.daemon import FiberdRefused, serve
+from slurm_fiber.daemon import Fiberd, FiberdRefused, serve, started
 from slurm_fiber.homes.select import HomeRefused
 
 POLL = 0.02  # seconds between looks while waiting for a condition

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# conform's own modules are imported inside the hooks below, on purpose: pytest loads
+# this plugin (entry point pytest11) in every test run, which must not pay for them.
 if TYPE_CHECKING:
     from slurm_fiber.conform.clauses import Clause
     from slurm_fiber.conform.report import Report

@@ -42,7 +42,7 @@ def _load(spec: str, name: str) -> StageFactory:
         raise UnknownStage(f"stage {name!r}: cannot load {spec}: {err}") from None
     if not callable(target):
         raise UnknownStage(f"stage {name!r}: {spec} is not a Stage class or factory")
-    return target  # type: ignore[return-value]
+    return target
 
 
 def stage_factory(name: str) -> StageFactory:

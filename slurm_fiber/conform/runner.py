@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from slurm_fiber.conform import procs
+from slurm_fiber import procs
 from slurm_fiber.conform.clauses import CLAUSES, Clause
 from slurm_fiber.conform.context import Context
 from slurm_fiber.conform.issuer import ConformIssuer

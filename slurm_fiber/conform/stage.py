@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
-from slurm_fiber.cli.fiberd import HomeBuilder
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.devices import Device
+from slurm_fiber.daemon import HomeBuilder
 from slurm_fiber.homes.select import build_home
 
 

@@ -51,7 +51,8 @@ class FsyncPolicy(enum.StrEnum):
 
 
 class AuditEvent(enum.StrEnum):
-    """The decisions DESIGN §4 audits (``write`` accepts any name; use these)."""
+    """Every event fiberd audits: the decisions DESIGN §4 names, then fiberd's own
+    (``write`` accepts any name; use these)."""
 
     ADMIT = "admit"
     REFUSE = "refuse"
@@ -64,6 +65,17 @@ class AuditEvent(enum.StrEnum):
     EPOCH_BUMP = "epoch_bump"
     SCOPE_LOSS = "scope_loss"
     AUDIT_REPAIRED = "audit_repaired"
+    # the core's templates and fibers
+    ENFORCEMENT = "enforcement"
+    WARM_FAILED = "warm_failed"
+    TEMPLATE_LOST = "template_lost"
+    CLONE_FAILED = "clone_failed"
+    FIBER_EXIT = "fiber_exit"
+    # the daemon around it
+    START = "start"
+    STOP = "stop"
+    PROBLEM = "problem"
+    API_REFUSE = "api_refuse"
 
 
 class AuditUnsafe(OSError):

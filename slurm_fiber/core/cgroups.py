@@ -368,8 +368,8 @@ class V1Layout:
                 mounts.setdefault(option, Path(fields[4]))
         own: dict[str, str] = {}
         for line in proc_cgroup.splitlines():
-            _, _, rest = line.partition(":")
-            names, _, path = rest.partition(":")
+            _, _, entry = line.partition(":")
+            names, _, path = entry.partition(":")
             for name in names.split(","):
                 if name:
                     own[name] = path
@@ -474,10 +474,11 @@ def write_limits_v1(groups: dict[str, Path], limits: Limits) -> list[LimitOutcom
                 memsw = group / "memory.memsw.limit_in_bytes"
                 with contextlib.suppress(OSError):
                     memsw.write_text(value + "\n")
-                back = int(_write_read(group / file, value))
+                back_n = int(_write_read(group / file, value))
                 with contextlib.suppress(OSError):
                     memsw.write_text(value + "\n")
-                ok = abs(back - int(value)) < (os.sysconf("SC_PAGE_SIZE") or 4096)
+                ok = abs(back_n - int(value)) < (os.sysconf("SC_PAGE_SIZE") or 4096)
+                back = str(back_n)
             elif controller == "pids":
                 back_s = _write_read(group / file, value)
                 ok, back = back_s == value, back_s

@@ -56,7 +56,7 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -397,7 +397,7 @@ async def enforce_deadline(fiber: Fiber, deadline: Callable[[], float | None], c
         if due is not None and now >= due:
             return await fiber.stop(grace)
         pause = recheck if due is None else min(recheck, due - now)
-        wakers = [clock.sleep(pause)]
+        wakers: list[Awaitable[object]] = [clock.sleep(pause)]
         if nudge is not None:
             wakers.append(nudge.wait())
         await first_done(waiter, *wakers)

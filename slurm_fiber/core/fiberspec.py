@@ -117,7 +117,7 @@ def _limits(obj: object) -> Limits:
         if not number_in_range(value, 0, high, integer=is_int, low_open=True):
             kind = "a positive integer" if is_int else "a positive number"
             raise BadFiberClaim(f"fiber.limits.{name} must be {kind} of at most {high}")
-        values[name] = value if is_int else float(value)  # type: ignore[arg-type]
+        values[name] = value if is_int else float(value)
     return Limits(**values)  # type: ignore[arg-type]
 
 

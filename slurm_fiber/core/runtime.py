@@ -29,9 +29,10 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from slurm_fiber.core.api.service import (
     CloneRequest,
@@ -64,6 +65,7 @@ from slurm_fiber.core.fibers import Fiber, enforce_deadline
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.seam import Home, ReleaseDevices
 from slurm_fiber.core.templates import (
     DEFAULT_TIMEOUT,
     FiberRequest,
@@ -74,9 +76,10 @@ from slurm_fiber.core.templates import (
     template_env,
 )
 from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
-from slurm_fiber.homes.seam import Home, ReleaseDevices
 
 log = logging.getLogger("slurm_fiber.core.runtime")
+
+T = TypeVar("T")
 
 DEFAULT_PRUNE_AFTER = 3600.0  # seconds an expired grant stays listed before it is forgotten
 
@@ -181,7 +184,7 @@ class Core:
         self._prefix = secrets.token_hex(3)
         self._nudge = asyncio.Event()
         self._released: set[str] = set()  # fiber ids whose release is audited
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
@@ -444,7 +447,7 @@ class Core:
         return grant_enforcement(limits, None if cgroup is None else cgroup.limits,
                                  backend=self.cgroups.backend,
                                  uncarved_reason=self._uncarved_reason(),
-                                 devices=device_confinement(cgroup and cgroup.devices))
+                                 devices=device_confinement(None if cgroup is None else cgroup.devices))
 
     def _refuse_unenforceable(self, vt: VerifiedToken, record: Enforcement) -> None:
         """Under strict limits: raise the audited ``unenforceable`` refusal when ``record``
@@ -750,8 +753,8 @@ class Core:
     def _write(self, event: str, **fields: object) -> None:
         self.audit.write(event, **{k: v for k, v in fields.items() if v is not None})
 
-    def _spawn(self, coro: object) -> asyncio.Task[object]:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

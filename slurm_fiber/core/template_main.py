@@ -155,7 +155,7 @@ def _write_control(cgroup: str, name: str, value: bytes) -> None:
         os.close(fd)
 
 
-def _join(msg: dict[str, object]) -> None:
+def _join(msg: wire.Message) -> None:
     """Join the message's ``also`` groups (cgroup v1 mirrors: limits, devices), then its
     ``cgroup``. Raises OSError naming the group that refused."""
     also = msg.get("also")
@@ -168,7 +168,7 @@ def _join(msg: dict[str, object]) -> None:
                 raise OSError(e.errno, f"{path}: {e.strerror}") from None
 
 
-def _warm(order: dict[str, object]) -> None:
+def _warm(order: wire.Message) -> None:
     cgroup = order.get("cgroup")
     if isinstance(cgroup, str):
         try:
@@ -364,7 +364,7 @@ class ResultChannel:
             self.sock.sendall(data[start:start + self.CHUNK])
 
 
-def run_fiber(order: dict[str, object], stdio: list[int], result: ResultChannel) -> int:
+def run_fiber(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
     """Take the order's stdio, env and cwd, then run it. Returns the exit code."""
     try:
         _setup_stdio(order, stdio)
@@ -381,7 +381,7 @@ def run_fiber(order: dict[str, object], stdio: list[int], result: ResultChannel)
     return _call(order, result)
 
 
-def _setup_stdio(msg: dict[str, object], passed: list[int]) -> None:
+def _setup_stdio(msg: wire.Message, passed: list[int]) -> None:
     """Make fds 0/1/2 the passed fds, else /dev/null and files under ``out_dir``."""
     flags = msg.get("stdio") or [False, False, False]
     out_dir = msg.get("out_dir")
@@ -405,7 +405,7 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
-def _exec(msg: dict[str, object], result: ResultChannel) -> int:
+def _exec(msg: wire.Message, result: ResultChannel) -> int:
     argv = [str(a) for a in msg.get("argv") or []]
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
@@ -444,7 +444,7 @@ def exec_failure(name: str, err: OSError) -> dict[str, object]:
     return out
 
 
-def _call(msg: dict[str, object], result: ResultChannel) -> int:
+def _call(msg: wire.Message, result: ResultChannel) -> int:
     pickled = msg.get("pickled")
     if isinstance(pickled, str):
         return _call_pickled(msg, pickled, result)

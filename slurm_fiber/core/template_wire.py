@@ -21,16 +21,23 @@ Both ends import this module; it holds no state and never blocks.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 MAX_MESSAGE = 128 * 1024
 MAX_FDS = 3  # a spare's order channel; a fiber's stdin, stdout, stderr
+
+
+# A decoded message: JSON from the peer, its fields unchecked (each reader converts what it
+# takes, as template_main does with str(), list() and dict()).
+Message = dict[str, Any]
 
 
 class WireError(ValueError):
     """A message that cannot be sent or was not understood (one-line reason)."""
 
 
-def encode(msg: dict[str, object]) -> bytes:
+def encode(msg: Mapping[str, object]) -> bytes:
     """The datagram for ``msg``; raises WireError when it exceeds MAX_MESSAGE."""
     data = json.dumps(msg, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
@@ -38,7 +45,7 @@ def encode(msg: dict[str, object]) -> bytes:
     return data
 
 
-def decode(data: bytes) -> dict[str, object]:
+def decode(data: bytes) -> Message:
     """The message in ``data``; raises WireError on anything but a JSON object with ``t``."""
     try:
         msg = json.loads(data)

@@ -84,7 +84,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
 from slurm_fiber.core.fibers import Fiber, FiberExit, stop_all
 from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.waiting import first_done, pidfd_wait, stopped
+from slurm_fiber.core.waiting import first_done, pidfd_wait, set_done, stopped
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_TIMEOUT = 10.0  # seconds a template or a spare may take to answer (template_timeout)
@@ -754,7 +754,7 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
             return
         except BlockingIOError:
             room: asyncio.Future[None] = loop.create_future()
-            loop.add_writer(sock.fileno(), lambda f=room: f.done() or f.set_result(None))
+            loop.add_writer(sock.fileno(), set_done, room)
             try:
                 if not await first_done(room, clock.sleep(timeout)):
                     raise ForkFailed(f"{peer} took no message for {timeout:g} s") from None

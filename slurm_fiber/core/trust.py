@@ -105,6 +105,7 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
     kty, crv = jwk.get("kty"), jwk.get("crv")
     if "d" in jwk:
         raise ValueError("carries private key material; publish public keys only")
+    loader: Callable[[Any], object]
     if kty == "OKP" and crv == "Ed25519":
         alg, loader = "EdDSA", OKPAlgorithm.from_jwk
     elif kty == "EC" and crv == "P-256":

@@ -17,6 +17,7 @@ import os
 import select
 import signal
 from collections.abc import Awaitable
+from typing import Any
 
 _CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
@@ -32,14 +33,14 @@ async def pidfd_wait(pidfd: int) -> None:
         return
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(pidfd, _resolve, done)
+    loop.add_reader(pidfd, set_done, done)
     try:
         await done
     finally:
         loop.remove_reader(pidfd)
 
 
-async def first_done(main: asyncio.Future[object], *others: Awaitable[object]) -> bool:
+async def first_done(main: asyncio.Future[Any], *others: Awaitable[object]) -> bool:
     """Wait for ``main`` or any of ``others``; True when ``main`` is done. Cancels the others
     and returns only once they have finished unwinding, so what they hold is released: a
     ``pidfd_wait`` among them has removed its reader before the caller adds another on the
@@ -55,7 +56,8 @@ async def first_done(main: asyncio.Future[object], *others: Awaitable[object]) -
     return main.done()
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def set_done(fut: asyncio.Future[None]) -> None:
+    """Resolve ``fut`` with None unless it is done already (a loop reader or writer callback)."""
     if not fut.done():
         fut.set_result(None)
 

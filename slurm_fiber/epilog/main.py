@@ -45,8 +45,8 @@ from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
-from slurm_fiber.prolog.cli import hook_main
-from slurm_fiber.prolog.hook import Hook
+from slurm_fiber.hooks.cli import hook_main
+from slurm_fiber.hooks.hook import Hook
 
 NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"
@@ -188,7 +188,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     paths = job_paths(config.state_root, job.node, job.job_id)
     delegated = None
     if config.delegate_cgroup:
-        from slurm_fiber.prolog.cgroup import job_cgroup
+        from slurm_fiber.hooks.cgroup import job_cgroup
 
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
     hook.step("grants", lambda: remove_path(paths.grantdir))

@@ -139,6 +139,8 @@ def environ_members(job: SlurmJob, slurm_conf: str | None,
 
 def cgroup_members(cgroup: Path) -> list[JobProcess]:
     """The processes in cgroup subtree ``cgroup`` (none when it is gone)."""
+    # Lazy on purpose (here and in _kill_cgroup): only a site that delegates cgroups needs
+    # them, and the epilog runs at every job's end.
     from slurm_fiber.core import cgroups
 
     found = (_ref(pid, f"in cgroup {cgroup}") for pid in cgroups.pids(cgroup))

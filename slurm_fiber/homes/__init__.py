@@ -13,13 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurm_fiber.homes.delivery import Admitter, deliver, drive
-    from slurm_fiber.homes.grantdir import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
-    from slurm_fiber.homes.healthpoll import ErrRoundTimeout, HealthPoll, RoundTimeout
-    from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
-    from slurm_fiber.homes.readygate import ReadyGate
-    from slurm_fiber.homes.scopeloss import ScopeLossQueue
-    from slurm_fiber.homes.seam import (
+    from slurm_fiber.core.seam import (
         EventKind,
         GrantEvent,
         Home,
@@ -27,6 +21,12 @@ if TYPE_CHECKING:
         ReleaseDevices,
         ScopeLostHandler,
     )
+    from slurm_fiber.homes.delivery import Admitter, deliver, drive
+    from slurm_fiber.homes.grantdir import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
+    from slurm_fiber.homes.healthpoll import ErrRoundTimeout, HealthPoll, RoundTimeout
+    from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+    from slurm_fiber.homes.readygate import ReadyGate
+    from slurm_fiber.homes.scopeloss import ScopeLossQueue
 
 # The names are loaded on first use (PEP 562), so importing one home module
 # (the Slurm prolog reads slurm_fiber.homes.slurm.jobenv) does not pay for

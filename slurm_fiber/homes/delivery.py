@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
+from slurm_fiber.core.seam import EventKind, GrantEvent, Home
 from slurm_fiber.homes.healthpoll import error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
-from slurm_fiber.homes.seam import EventKind, GrantEvent, Home
 
 
 class Admitter(Protocol):
@@ -28,8 +28,10 @@ class Admitter(Protocol):
         """Lift a removal denial of ``uid``; True when there was one."""
         ...
 
-    async def admit(self, vt: VerifiedToken) -> None:
-        """Admit the verified grant (warm its template); raises when it cannot."""
+    async def admit(self, vt: VerifiedToken) -> object:
+        """Admit the verified grant (warm its template); raises when it cannot.
+
+        What it returns (the core's Admitted) is not used here."""
         ...
 
     async def remove(self, uid: str) -> None:

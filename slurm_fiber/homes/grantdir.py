@@ -50,8 +50,8 @@ import jwt
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
-from slurm_fiber.homes.seam import GrantEvent
 
 MAX_TOKEN_BYTES = 64 * 1024
 GRANT_SUFFIX = ".jwt"
@@ -239,7 +239,7 @@ class GrantDir:
             except _Gone:
                 continue
             present.add(name)
-            if reading is _IN_FLUX:
+            if isinstance(reading, _InFlux):
                 continue
             if isinstance(reading, _Bad):
                 self._report(name, reading)

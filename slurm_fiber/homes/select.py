@@ -6,6 +6,11 @@ configured home with the audience its tokens must name, and ``close_home``
 undoes what building it did (a standalone home's cgroup delegation). The
 core never learns which home it runs in: every home goes through the same
 ``Home`` seam.
+
+Each home's modules are imported inside the function that builds it, on
+purpose: fiberd loads only the home it runs (the Kubernetes home pulls in
+its API client, the Slurm home its site config), and this module stays
+importable by the option parser of every fiberd start.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.problem import ProblemSink
-from slurm_fiber.homes.seam import Home
 
 if TYPE_CHECKING:
     from slurm_fiber.homes.slurm.jobenv import SlurmJob
@@ -120,7 +125,8 @@ async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
     from slurm_fiber.homes.slurm import fiberdrecord
     from slurm_fiber.homes.slurm.control import select_control
-    from slurm_fiber.homes.slurm.home import build_slurm_home, health_poll_every
+    from slurm_fiber.homes.slurm.home import build_slurm_home
+    from slurm_fiber.homes.slurm.hometypes import health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
 

@@ -32,6 +32,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import GrantEvent, ReleaseDevices
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import error_message
@@ -39,7 +40,6 @@ from slurm_fiber.homes.problem import ProblemSink, log_problem
 from slurm_fiber.homes.readyfile import write_ready_file
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.sdnotify import notify_socket_from_env, sd_notify
-from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices
 
 if TYPE_CHECKING:
     from slurm_fiber.config import FiberdConfig

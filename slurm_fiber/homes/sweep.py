@@ -36,8 +36,8 @@ from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
-from slurm_fiber.homes.seam import Home
 
 log = logging.getLogger("slurm_fiber.sweep")
 

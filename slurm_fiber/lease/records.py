@@ -7,6 +7,7 @@ whose text names the key, so a caller can report one precise line.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 Kind = type | tuple[type, ...]
@@ -14,7 +15,7 @@ NUMBER: Kind = (int, float)
 
 
 def fields(
-    obj: Any, where: str, required: dict[str, Kind], optional: dict[str, Kind]
+    obj: Any, where: str, required: Mapping[str, Kind], optional: Mapping[str, Kind]
 ) -> dict[str, Any]:
     """Return ``obj`` as a dict after checking its keys and value types.
 
@@ -23,7 +24,7 @@ def fields(
     """
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is not a JSON object")
-    known = required | optional
+    known = {**required, **optional}
     for key in obj:
         if key not in known:
             raise ValueError(f"{where} has unknown field {key!r}")

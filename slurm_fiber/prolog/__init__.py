@@ -1,6 +1,6 @@
-"""The Slurm prolog (``slurm-fiber-prolog``, main) and what both node hooks share.
+"""The Slurm prolog (``slurm-fiber-prolog``, main).
 
-``main`` runs the prolog's steps; ``statedir``, ``grants`` and ``cgroup`` are
-its pieces; ``hook`` (one-line reports, time-bounded steps) and ``cli`` (the
-bare fast path under slurmd, typer for people) serve the epilog as well.
+``main`` runs the prolog's steps; ``statedir`` and ``grants`` are its pieces.
+What it shares with the epilog (``Hook``, the command line, the job's cgroup)
+is in slurm_fiber.hooks.
 """

@@ -40,9 +40,9 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
-from slurm_fiber.prolog.cli import hook_main
+from slurm_fiber.hooks.cli import hook_main
+from slurm_fiber.hooks.hook import Hook
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
-from slurm_fiber.prolog.hook import Hook
 from slurm_fiber.prolog.statedir import check_parent, make_job_dirs, write_file
 
 NAME = "slurm-fiber-prolog"
@@ -71,7 +71,7 @@ def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bo
 
 
 def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    from slurm_fiber.prolog.cgroup import delegate, job_cgroup  # only where the site delegates
+    from slurm_fiber.hooks.cgroup import delegate, job_cgroup  # only where the site delegates
 
     path = job_cgroup(config, job.node, job.job_id)
     if path is None:
@@ -125,7 +125,12 @@ def run_prolog(environ: Mapping[str, str], hook: Hook) -> int:
         return 1 if config.is_fatal("job") else 0
     hook.job = job.job_id
     paths = job_paths(config.state_root, job.node, job.job_id)
-    if hook.step("state_dir", lambda: make_job_dirs(paths, job.uid, job.gid) or True):
+
+    def state_dir() -> bool:
+        make_job_dirs(paths, job.uid, job.gid)
+        return True
+
+    if hook.step("state_dir", state_dir):
         if config.issuer_key is not None:
             hook.step("tokens", lambda: _mint(hook, config, paths, job))
         if config.spool_dir is not None:

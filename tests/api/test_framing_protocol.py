@@ -116,6 +116,14 @@ def test_invalid_requests_are_refused_with_a_code(body, nfds, code, field) -> No
     assert "\n" not in e.value.reason
 
 
+def test_an_integer_past_the_digit_limit_is_refused_not_raised() -> None:
+    from slurm_fiber.core.api.framing import parse_body
+
+    value, error = parse_body(b'{"op":"status","n":' + b"1" * 5000 + b"}")
+    assert value is None and error is not None
+    assert error.startswith("frame body is not usable JSON (Exceeds the limit (4300 digits)")
+
+
 def test_nesting_is_bounded_exactly_and_brackets_in_strings_do_not_count() -> None:
     from slurm_fiber.core.api.framing import MAX_DEPTH, parse_body
 

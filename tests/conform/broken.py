@@ -20,8 +20,8 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import EventKind, GrantEvent, Home, ReleaseDevices
 from slurm_fiber.homes.problem import ProblemSink
-from slurm_fiber.homes.seam import EventKind, GrantEvent, Home, ReleaseDevices
 from slurm_fiber.homes.select import BuiltHome, build_home
 
 

@@ -23,9 +23,9 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import Home, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.healthpoll import HealthPoll
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import Home, ReleaseDevices, ScopeLostHandler
 from tests.conform.broken import Wrapped, WrappingStage
 
 STALE_TTL = 1.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.conform import procs
+from slurm_fiber import procs
 from slurm_fiber.conform.clauses import CLAUSES, Clause, _flips
 from slurm_fiber.conform.context import Context
 from slurm_fiber.conform.issuer import ConformIssuer

@@ -23,9 +23,9 @@ from slurm_fiber.config import FiberdConfig
 from slurm_fiber.conform.kubernetes import KubernetesStage, condition_sent
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
-from slurm_fiber.homes.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.select import BuiltHome, build_home
 from tests.conform.test_cli import conform, outcomes
 

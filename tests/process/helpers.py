@@ -15,12 +15,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.conform.procs import marked
 from slurm_fiber.core.cgroups import GrantCgroup
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.templates import Template, TemplateState, template_env
+from slurm_fiber.procs import marked
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@
 ``Site`` holds a real EdDSA key and JWKS file, mints grant tokens and drops
 them into (or removes them from) the grantdir of a standalone fiberd.
 ``running_fiberd`` starts fiberd exactly as the ``fiberd`` command does
-(``cli.fiberd.started`` + ``daemon.serve``) and stops it cleanly afterwards.
+(``daemon.started`` + ``daemon.serve``) and stops it cleanly afterwards.
 Every template and fiber carries ``SF_TEST_MARK`` so leak checks find only
 this test's processes.
 """
@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.cli.fiberd import Fiberd, started
 from slurm_fiber.config import FiberdConfig, load_config
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.trust import public_jwk
-from slurm_fiber.daemon import serve
+from slurm_fiber.daemon import Fiberd, serve, started
 
 REPO = Path(__file__).resolve().parents[2]
 AUDIENCE = "runtime-test"

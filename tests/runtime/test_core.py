@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.cli.fiberd import started
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.daemon import FiberdRefused
+from slurm_fiber.daemon import FiberdRefused, started
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
 from slurm_fiber.safefs import UnsafePath

@@ -153,7 +153,7 @@ class FiberdClient:
         if names:
             message["stdio"] = names
         fiber = self.exchange(message, [stdio[n] for n in names])["result"]
-        return fiber["fiber"] if isinstance(fiber, dict) else {}  # type: ignore[return-value]
+        return fiber["fiber"] if isinstance(fiber, dict) else {}
 
     def wait_exit(self, within: float | None = None) -> dict[str, object]:
         """After ``clone(wait=True)``: block until the exit event; returns it

@@ -89,8 +89,10 @@ def parse_body(body: bytes) -> tuple[object, str | None]:
         value = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         return None, "frame body is not UTF-8"
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return None, f"frame body is not JSON ({e.msg} at byte {e.pos})"
+    except ValueError as e:  # valid JSON Python will not build, e.g. an int past 4300 digits
+        return None, f"frame body is not usable JSON ({e})"
     except RecursionError:
         return None, _TOO_DEEP
     # Only a body with more brackets than MAX_DEPTH can nest that deep: skip the walk otherwise.
@@ -109,7 +111,7 @@ def _depth(body: bytes) -> int:
     if not brackets:
         return 0
     # opening brackets weigh 2, closing 0: the running sum minus the count is the depth
-    return max(map(operator.sub, accumulate(brackets.translate(_BRACKET_WEIGHT)), count(1)))
+    return int(max(map(operator.sub, accumulate(brackets.translate(_BRACKET_WEIGHT)), count(1))))
 
 
 class FrameDecoder:

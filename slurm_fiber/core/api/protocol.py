@@ -149,7 +149,8 @@ class _Fields:
             raise ApiError(ErrorCode.BAD_REQUEST, f"unknown field {unknown[0]!r}", unknown[0])
         self.body = body
 
-    def get(self, name: str, kind: type | tuple[type, ...], what: str, required: bool = False):
+    def get(self, name: str, kind: type | tuple[type, ...], what: str,
+            required: bool = False) -> Any:
         if name not in self.body:
             if required:
                 raise ApiError(ErrorCode.BAD_REQUEST, f"missing field {name!r} ({what})", name)
@@ -175,7 +176,7 @@ def _text(value: str, name: str, limit: int) -> str:
 
 
 def _fiber_id(f: _Fields) -> str:
-    value = f.get("fiber", str, "a fiber id string", required=True)
+    value: str = f.get("fiber", str, "a fiber id string", required=True)
     if not FIBER_ID_PATTERN.fullmatch(value):
         raise ApiError(ErrorCode.BAD_REQUEST, "field 'fiber' is not a valid fiber id", "fiber")
     return value

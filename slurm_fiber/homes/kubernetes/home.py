@@ -1,6 +1,6 @@
 """The Kubernetes home: fiberd as the one container of a grant Pod.
 
-It implements ``homes.seam.Home`` and ``LosesScope`` for one Pod:
+It implements ``core.seam.Home`` and ``LosesScope`` for one Pod:
 
 - grants: the mounted Secret directory (``FiberdConfig.grantdir``) through a
   GrantDir in Secret-volume mode, so the kubelet's atomic ``..data`` swap
@@ -51,6 +51,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
@@ -61,7 +62,6 @@ from slurm_fiber.homes.kubernetes.scope import ScopeLoss, ScopeTracker, identity
 from slurm_fiber.homes.problem import ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 
 NAME = "kubernetes"
 DEFAULT_CONDITION = FiberdConfig.ready_condition  # slurm-fiber.io/template-warm

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 from cryptography.hazmat.primitives import serialization
@@ -337,7 +337,8 @@ class RealApiServer:
         while time.monotonic() < deadline:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RealServerError(f"{proc.args[0]} exited {proc.returncode}: "
+                    program = cast("list[str]", proc.args)[0]
+                    raise RealServerError(f"{program} exited {proc.returncode}: "
                                           f"{self._tail()}")
             with contextlib.suppress(httpx2.HTTPError):
                 if self._client().get("/readyz").status_code == 200:

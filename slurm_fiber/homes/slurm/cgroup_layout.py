@@ -23,7 +23,7 @@ except a malformed /proc/<pid>/cgroup, which raises SlurmParseError.
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.record import record
@@ -64,7 +64,7 @@ class SlurmCgroup:
         return self.job_path / f"step_{self.step}" if self.step is not None else None
 
 
-def parse_cgroup_path(path: str | PurePosixPath) -> SlurmCgroup | None:
+def parse_cgroup_path(path: str | PurePath) -> SlurmCgroup | None:
     """Classify a cgroup path (as in /proc/<pid>/cgroup, or relative to the mount).
 
     Returns None when the path is not inside a Slurm job (not under a

@@ -92,7 +92,7 @@ async def run_bounded(argv: Sequence[str], env: Mapping[str, str] | None,
     except OSError as err:
         raise ControlPlaneError("exec_failed", f"{argv[0]}: {err.strerror}") from None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, errs = await asyncio.wait_for(proc.communicate(), timeout)
     except BaseException as exc:
         if proc.returncode is None:
             proc.kill()
@@ -102,7 +102,7 @@ async def run_bounded(argv: Sequence[str], env: Mapping[str, str] | None,
                 "timeout", f"{' '.join(argv[:2])} gave no answer within {timeout:g} s"
             ) from None
         raise
-    return Output(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+    return Output(proc.returncode or 0, out.decode(errors="replace"), errs.decode(errors="replace"))
 
 
 class CliControl:
@@ -179,7 +179,7 @@ async def select_control(env: Mapping[str, str] | None = None,
     """
     cli = CliControl(env, timeout)
     try:
-        import pyslurm  # type: ignore[import-not-found]  # optional
+        import pyslurm  # optional
     except Exception as err:
         return cli, f"scontrol/squeue CLI (pyslurm does not import: {type(err).__name__})"
     try:

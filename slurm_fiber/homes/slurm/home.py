@@ -1,6 +1,6 @@
 """The Slurm home: fiberd inside a Slurm job, run as `srun --overlap fiberd-run`.
 
-It implements ``homes.seam.Home`` for one job on one node:
+It implements ``core.seam.Home`` for one job on one node:
 
 - grants: the prolog's grantdir for the job (``paths.job_paths``), polled;
   no grant of its own.
@@ -30,7 +30,6 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -38,16 +37,17 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
-from slurm_fiber.homes.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
 from slurm_fiber.homes.slurm.control import ControlPlane
+from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
-from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, JobPaths, gpu_resource, job_paths
+from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
 from slurm_fiber.homes.slurm.readiness import ReadyPublisher
 from slurm_fiber.homes.slurm.scontrol import QueueJob
 
@@ -68,15 +68,6 @@ class SlurmDownError(Exception):
     """`scontrol ping` answered, and no controller is UP."""
 
 
-class DevicesRefused(Exception):
-    """The grant's devices cannot be had: ``code`` (device_held, lease_failed) and ``reason``."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
 class DeviceLeases(Protocol):
     """The node's device leases as the Slurm home uses them, for one job. Methods block."""
 
@@ -91,31 +82,6 @@ class DeviceLeases(Protocol):
     def release(self, resource: str) -> None:
         """Free the job's claim of ``resource``; a free resource is fine. Raises on I/O failure."""
         ...
-
-
-@dataclass(frozen=True)
-class SlurmHomeConfig:
-    """Settings of the Slurm home; every field has a working default.
-
-    ``poll_every`` is the HealthPoll interval (and each round's budget),
-    ``stale_after`` the health's stale TTL, ``grant_poll_every`` the grantdir
-    interval, ``publish_comment`` also writes readiness to the job's Comment,
-    ``gpu_files`` maps a node GPU index to its device file (gres.gpu_files).
-    """
-
-    state_root: Path = DEFAULT_STATE_ROOT
-    poll_every: float = 5.0
-    stale_after: float = 30.0
-    grant_poll_every: float = 1.0
-    publish_comment: bool = False
-    gpu_files: Mapping[int, str] = field(default_factory=dict)
-
-
-def health_poll_every(stale_after: float) -> float:
-    """The HealthPoll interval for a stale TTL of ``stale_after`` s: the default, or a third
-    of the TTL when that is shorter, so a control plane that answers every round never reads
-    stale between two rounds (one slow round is absorbed too). Pure."""
-    return min(SlurmHomeConfig.poll_every, stale_after / 3)
 
 
 def job_verdict(job_id: int, listed: QueueJob | None, seen: bool) -> tuple[bool, str | None]:

@@ -43,6 +43,7 @@ import stat
 
 from slurm_fiber import safefs
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.homes.slurm.hometypes import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
@@ -244,10 +245,6 @@ class NodeLeases:
         party holds it, DevicesRefused("lease_failed") when nobody does (the
         prolog did not claim it) or its record cannot be read.
         """
-        # Imported here: home.py pulls in asyncio and jwt, which the prolog (this module's
-        # other user, on every job start) does not need.
-        from slurm_fiber.homes.slurm.home import DevicesRefused
-
         try:
             holder: Holder | None = self.leases.dir.get(resource)
         except LeaseError as err:

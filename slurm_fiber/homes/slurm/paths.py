@@ -26,10 +26,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurm_fiber.defaults import GRANTDIR_NAME, READY_NAME, SOCKET_NAME, STATE_DIR
 from slurm_fiber.homes.slurm.jobenv import check_node
 from slurm_fiber.record import record
 
-DEFAULT_STATE_ROOT = Path("/var/lib/slurm-fiber")
+DEFAULT_STATE_ROOT = STATE_DIR
 STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
@@ -80,9 +81,9 @@ def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:
     state = here / "jobs" / str(job_id)
     return JobPaths(
         state_dir=state,
-        grantdir=state / "grants",
-        socket=state / "fiberd.sock",
-        ready_file=state / "ready.json",
+        grantdir=state / GRANTDIR_NAME,
+        socket=state / SOCKET_NAME,
+        ready_file=state / READY_NAME,
         cgroup_file=state / "cgroup",
         lease_dir=here / "leases",
         lease_state=here / "leases" / "state.json",

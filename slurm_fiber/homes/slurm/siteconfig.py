@@ -30,7 +30,7 @@ a missing file named by the variable is a refusal. Example::
 
 The prolog checks named in ``fatal`` are ``config``, ``job``, ``state_dir``,
 ``tokens``, ``spool``, ``leases`` and ``cgroup`` (``CHECKS``). The default
-``cgroup_parent`` is ``<cgroup2 mount>/slurm-fiber`` (prolog/cgroup). Relative paths
+``cgroup_parent`` is ``<cgroup2 mount>/slurm-fiber`` (hooks/cgroup). Relative paths
 are taken from the file's directory. Every refusal is one ``SiteConfigError``
 line naming the key; unknown keys are refused so a typo is never a silent
 default. Pure apart from reading the one file.
@@ -43,16 +43,15 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
+from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
+from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
 from slurm_fiber.record import field, record
-
-if TYPE_CHECKING:
-    from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 
 CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
@@ -204,9 +203,9 @@ def home_config(config: SiteConfig, node: str, **settings: Any) -> SlurmHomeConf
     other fields (poll intervals). Blocks on reading gres.conf; raises
     SiteConfigError when it cannot be read or parsed.
     """
+    # Lazy on purpose: gres.conf's parser (and scontrol's, which it uses) only for fiberd-run,
+    # not on the prolog's and epilog's start-up path, which import this module too.
     from slurm_fiber.homes.slurm.gres import gpu_files
-    from slurm_fiber.homes.slurm.home import SlurmHomeConfig  # asyncio and jwt: not for hooks
-    from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 
     files: dict[int, str] = {}
     if config.gres_conf is not None:

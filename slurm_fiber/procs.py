@@ -1,10 +1,12 @@
-"""The processes a conformance run started: found by the mark in their environment.
+"""Processes found by a mark in their environment (conformance runs, throwaway sites).
 
 Every template (and so every fiber forked from it) of a conformance grant
-carries ``SF_CONFORM_MARK=<run mark>``. ``marked`` lists the live ones (a
-clause waits on it to know fiberd really stopped a grant's processes, and
-the runner checks it after fiberd stops); ``kill`` ends leftovers. Reads
-/proc; never raises for a process that vanishes meanwhile.
+carries ``SF_CONFORM_MARK=<run mark>``; a throwaway site's carry its own
+variable (``cli.throwaway``). ``marked`` lists the live ones (a clause waits
+on it to know fiberd really stopped a grant's processes, and the runner
+checks it after fiberd stops); ``kill`` ends leftovers. Reads /proc; never
+raises for a process that vanishes meanwhile. Neutral ground: conform and the
+CLI both use it, neither owns it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Where a client finds fiberd's socket.
+"""Where a client finds fiberd's socket (fiberctl, fibermap, the Executor).
+
+A client-side policy that knows each home's layout, so it lives beside the
+clients, not in the core.
 
 Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then, inside
 a Slurm job (``$SLURM_JOB_ID`` set), the job's socket on this node as the
@@ -17,8 +20,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-DEFAULT_STATE_DIR = Path("/var/lib/slurm-fiber")
-SOCKET_NAME = "fiberd.sock"
+from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
 
 
 def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
@@ -28,6 +30,8 @@ def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
     unusable site config falls back to the default root; a relative
     ``$SLURM_FIBER_STATE_ROOT`` raises ValueError.
     """
+    # Lazy on purpose: a client outside any Slurm job (fiberctl's start-up path)
+    # never reads the site file, so it does not import its parser.
     from slurm_fiber.homes.slurm.paths import job_paths
     from slurm_fiber.homes.slurm.sitefile import site_state_root
 
@@ -38,7 +42,7 @@ def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
 
 def default_socket_path(environ: Mapping[str, str]) -> Path:
     """The socket of a fiberd outside any job (standalone host)."""
-    return Path(environ.get("FIBERD_STATE_DIR") or DEFAULT_STATE_DIR) / SOCKET_NAME
+    return Path(environ.get("FIBERD_STATE_DIR") or STATE_DIR) / SOCKET_NAME
 
 
 def discover_socket(explicit: str | os.PathLike[str] | None = None,

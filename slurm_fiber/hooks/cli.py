@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
-from slurm_fiber.prolog.hook import Hook
+from slurm_fiber.hooks.hook import Hook
 
 HookRun = Callable[[Mapping[str, str], Hook], int]
 
