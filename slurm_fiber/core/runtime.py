@@ -444,10 +444,13 @@ class Core:
 
     def _carved(self, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The enforcement record of a carved (or, None, uncarved) grant cgroup."""
-        return grant_enforcement(limits, None if cgroup is None else cgroup.limits,
-                                 backend=self.cgroups.backend,
+        if cgroup is None:
+            return grant_enforcement(limits, None, backend=self.cgroups.backend,
+                                     uncarved_reason=self._uncarved_reason(),
+                                     devices=device_confinement(None))
+        return grant_enforcement(limits, cgroup.limits, backend=self.cgroups.backend,
                                  uncarved_reason=self._uncarved_reason(),
-                                 devices=device_confinement(None if cgroup is None else cgroup.devices))
+                                 devices=device_confinement(cgroup.devices))
 
     def _refuse_unenforceable(self, vt: VerifiedToken, record: Enforcement) -> None:
         """Under strict limits: raise the audited ``unenforceable`` refusal when ``record``
