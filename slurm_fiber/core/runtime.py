@@ -444,13 +444,10 @@ class Core:
 
     def _carved(self, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The enforcement record of a carved (or, None, uncarved) grant cgroup."""
-        if cgroup is None:
-            return grant_enforcement(limits, None, backend=self.cgroups.backend,
-                                     uncarved_reason=self._uncarved_reason(),
-                                     devices=device_confinement(None))
-        return grant_enforcement(limits, cgroup.limits, backend=self.cgroups.backend,
+        written, rule = (None, None) if cgroup is None else (cgroup.limits, cgroup.devices)
+        return grant_enforcement(limits, written, backend=self.cgroups.backend,
                                  uncarved_reason=self._uncarved_reason(),
-                                 devices=device_confinement(cgroup.devices))
+                                 devices=device_confinement(rule))
 
     def _refuse_unenforceable(self, vt: VerifiedToken, record: Enforcement) -> None:
         """Under strict limits: raise the audited ``unenforceable`` refusal when ``record``
