@@ -224,18 +224,25 @@ def read_file(dir_fd: int, name: str, *, max_bytes: int,
     fd = open_file(dir_fd, name, os.O_RDONLY, owners=owners)
     try:
         check_file(fd, lambda: fd_path(dir_fd, name), max_bytes=max_bytes)
-        chunks: list[bytes] = []
-        size = 0
-        while size <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_upto(fd, max_bytes)
     finally:
         os.close(fd)
-    if size > max_bytes:
+    if len(data) > max_bytes:
         raise UnsafePath(f"{fd_path(dir_fd, name)} grew past {max_bytes} bytes while read")
+    return data
+
+
+def read_upto(fd: int, max_bytes: int) -> bytes:
+    """Read ``fd`` to its end, but at most ``max_bytes + 1`` bytes: a result longer than
+    ``max_bytes`` says the file is larger than allowed. Blocks only on the file system."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= max_bytes:
+        chunk = os.read(fd, max_bytes + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
     return b"".join(chunks)
 
 

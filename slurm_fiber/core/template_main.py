@@ -447,21 +447,30 @@ def exec_failure(name: str, err: OSError) -> dict[str, object]:
 def _call(msg: wire.Message, result: ResultChannel) -> int:
     pickled = msg.get("pickled")
     if isinstance(pickled, str):
-        return _call_pickled(msg, pickled, result)
+        return _answer(result, lambda: _call_pickled(msg, pickled), pickled=True)
     args = msg.get("args") or []
     kwargs = msg.get("kwargs") or {}
+    return _answer(result, lambda: {"result": resolve(str(msg.get("target")))(
+        *list(args), **dict(kwargs))})
+
+
+def _answer(result: ResultChannel, run: Callable[[], dict[str, object]], *,
+            pickled: bool = False) -> int:
+    """Run a call (``run`` returns the record's ``result`` member) and write its record:
+    ``ok`` with the result, the exit of a SystemExit, or the raised error (pickled beside
+    its text for a pickled call). The fiber's exit code: 0, SystemExit's, 130 on
+    KeyboardInterrupt, else 1."""
     code = 0
     try:
-        value = resolve(str(msg.get("target")))(*list(args), **dict(kwargs))
-        record = json.dumps({"ok": True, "result": value})
+        record = json.dumps({"ok": True, **run()})
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         record = json.dumps({"ok": code == 0, "result": None, "exit": code})
     except KeyboardInterrupt as e:
-        _write_error(result, e)
+        _write_error(result, e, pickled=pickled)
         return 130
     except BaseException as e:
-        _write_error(result, e)
+        _write_error(result, e, pickled=pickled)
         return 1
     finally:
         sys.stdout.flush()
@@ -470,35 +479,18 @@ def _call(msg: wire.Message, result: ResultChannel) -> int:
     return code
 
 
-def _call_pickled(msg: dict[str, object], pickled: str, result: ResultChannel) -> int:
+def _call_pickled(msg: wire.Message, pickled: str) -> dict[str, object]:
     """A pickled call (protocol v2): ``pickled`` holds ``(args, kwargs)`` for the order's
     ``target``, else ``(function, args, kwargs)``. The record's ``result`` is
     ``{"pickled": base64}`` of the value; a raised exception travels pickled beside its
-    text (when it pickles). Exit codes as for a JSON call."""
-    code = 0
-    try:
-        payload = pickle.loads(base64.b64decode(pickled))
-        target = msg.get("target")
-        if isinstance(target, str):
-            function, (args, kwargs) = resolve(target), payload
-        else:
-            function, args, kwargs = payload
-        value = function(*args, **kwargs)
-        record = json.dumps({"ok": True, "result": {"pickled": _pickle(value)}})
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        record = json.dumps({"ok": code == 0, "result": None, "exit": code})
-    except KeyboardInterrupt as e:
-        _write_error(result, e, pickled=True)
-        return 130
-    except BaseException as e:
-        _write_error(result, e, pickled=True)
-        return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    result.write(record)
-    return code
+    text (when it pickles), through ``_answer``."""
+    payload = pickle.loads(base64.b64decode(pickled))
+    target = msg.get("target")
+    if isinstance(target, str):
+        function, (args, kwargs) = resolve(target), payload
+    else:
+        function, args, kwargs = payload
+    return {"result": {"pickled": _pickle(function(*args, **kwargs))}}
 
 
 def _pickle(value: object) -> str:

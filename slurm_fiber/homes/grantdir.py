@@ -52,6 +52,7 @@ from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+from slurm_fiber.safefs import read_upto
 
 MAX_TOKEN_BYTES = 64 * 1024
 GRANT_SUFFIX = ".jwt"
@@ -380,15 +381,8 @@ class GrantDir:
         if st.st_uid not in (self.owner, 0):
             owner = f"is owned by uid {st.st_uid}, not {self.owner} or root"
             return _Bad("stranger", owner, version)
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_TOKEN_BYTES:
-            chunk = os.read(fd, MAX_TOKEN_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_TOKEN_BYTES:
+        data = read_upto(fd, MAX_TOKEN_BYTES)
+        if len(data) > MAX_TOKEN_BYTES:
             return _Bad("oversized", f"is over {MAX_TOKEN_BYTES} bytes, larger than any token",
                         version)
-        return b"".join(chunks)
+        return data
