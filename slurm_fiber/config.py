@@ -38,6 +38,8 @@ the working directory (environment and flags).
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
+| metrics_listen | (none) | serve HTTP ``/metrics`` on ``HOST:PORT`` (``PORT`` alone: 127.0.0.1) |
+| metrics_textfile | (none) | a directory for node_exporter's textfile collector |
 
 List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
 (trust: a table) and comma-separated in the environment and flags; a trust
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import difflib
 import grp
+import ipaddress
 import math
 import os
 import pwd
@@ -118,6 +121,8 @@ class FiberdConfig:
     template_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
+    metrics_listen: tuple[str, int] | None = None
+    metrics_textfile: str | None = None
 
 
 # ---- value parsers: each takes a TOML-native value or a string, returns the typed value.
@@ -200,6 +205,32 @@ def _condition_type(value: object) -> str:
     if not _CONDITION_TYPE.match(text):
         raise _Refused(f"must be a Kubernetes qualified name like example.com/ready, got {value!r}")
     return text
+
+
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[-A-Za-z0-9.]*[A-Za-z0-9])?$")
+
+
+def _listen(value: object) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPV6]:PORT`` or ``PORT`` alone (then 127.0.0.1): never every
+    interface unless the admin names one (``0.0.0.0``)."""
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _Refused(f"{text!r}: [{host}] is not an IPv6 address") from None
+    elif not host:
+        raise _Refused(f"{text!r} names no host; give HOST:PORT (e.g. 127.0.0.1:9464) or PORT")
+    elif ":" in host or not _HOST_NAME.match(host):
+        raise _Refused(f"{text!r}: {host!r} is not a host name or address "
+                       "(IPv6: [ADDR]:PORT)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _Refused(f"{text!r}: the port must be a number from 1 to 65535")
+    return host, int(port)
 
 
 def _items(value: object) -> list[object]:
@@ -358,6 +389,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),
+    Option("metrics_listen", _optional(_listen),
+           "serve Prometheus metrics over HTTP GET /metrics on HOST:PORT "
+           "(PORT alone: 127.0.0.1; none: off)"),
+    Option("metrics_textfile", _optional(_path),
+           "write the metrics for node_exporter's textfile collector into this directory "
+           "(none: off)", paths=True),
 )
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 _DERIVED = {  # unset path options default to a name inside state_dir

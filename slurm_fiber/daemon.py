@@ -7,13 +7,15 @@ tests. ``run_daemon`` is the daemon's whole life on one asyncio loop:
 ``start_fiberd`` opens the audit log and the grant book (refusing to start on
 a corrupt state file), sweeps the cgroups a dead predecessor left
 (homes.sweep), serves the socket and publishes "not ready" over the
-predecessor's stale readiness; ``serve`` then feeds the home's deliveries into
+predecessor's stale readiness, and exposes the metrics over HTTP and/or a
+textfile when configured (core.metrics_export); ``serve`` then feeds the home's deliveries into
 the core (``drive``), runs the home and the core's upkeep, and registers the
 core for the home's scope losses. It returns when ``stop`` is set (on
 SIGTERM/SIGINT, ``stop_on_signals``) or when the home's ``run`` fails, after a
 clean shutdown: no new Clone is accepted (``closed``), every fiber and
 template is stopped and waited for, devices and cgroups are released, the
-socket is removed, and the audit log records start and stop.
+socket and the metrics textfile are removed, and the audit log records start and
+stop.
 
 Refusals to start raise ``FiberdRefused`` with one line a person can act on.
 Before anything is opened, fiberd checks the directories it writes in (state
@@ -45,6 +47,12 @@ from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.decisions import GrantBook
+from slurm_fiber.core.metrics_export import (
+    ExportRefused,
+    MetricsExport,
+    scope_labels,
+    start_export,
+)
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
@@ -90,6 +98,7 @@ class Running:
     server: ApiServer
     audit: AuditLog
     socket: Path
+    export: MetricsExport
 
 
 def _trust(config: FiberdConfig) -> TrustStore:
@@ -221,6 +230,14 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     except SocketPathError as err:
         audit.close()
         raise FiberdRefused(str(err)) from None
+    try:
+        export = await start_export(
+            server.metrics, lambda: scope_labels(home.name(), home.scope()), clock,
+            listen=config.metrics_listen, textfile=config.metrics_textfile)
+    except ExportRefused as err:
+        await server.close()
+        audit.close()
+        raise FiberdRefused(str(err)) from None
     readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
     try:
         audit.write(AuditEvent.START, home=home.name(), pid=os.getpid(), audience=audience,
@@ -230,12 +247,13 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
                     readiness=readiness)
     except AuditWriteFailed as err:
+        await export.close()
         await server.close()
         audit.close()
         raise FiberdRefused(f"{err}; free space there and start again") from None
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
-    return Running(core, server, audit, Path(config.socket))
+    return Running(core, server, audit, Path(config.socket), export)
 
 
 async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
@@ -267,6 +285,7 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str)
     await running.core.shutdown()
     for failure in running.core.cgroups.close():  # the v1 carving roots, once empty
         log.warning("%s", failure)
+    await running.export.close()  # the textfile goes: a stale one would read as running
     await running.server.close()
     try:
         running.audit.write(AuditEvent.STOP, reason=why, pid=os.getpid())
