@@ -212,8 +212,8 @@ _HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[-A-Za-z0-9.]*[A-Za-z0-9])
 
 def _listen(value: object) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPV6]:PORT`` or ``PORT`` alone (then 127.0.0.1): never every
-    interface unless the admin names one (``0.0.0.0``)."""
-    text = _text(value)
+    interface unless the admin names one (``0.0.0.0``). A TOML integer is a port."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", text

@@ -89,6 +89,21 @@ def test_spares_come_from_any_source_as_a_count(tmp_path: Path) -> None:
     assert load_config(env={}, flags={"spares": "16"}).spares == 16
 
 
+def test_metrics_are_off_by_default_and_listen_on_loopback_unless_a_host_is_named(
+        tmp_path: Path) -> None:
+    config = load_config(env={})
+    assert config.metrics_listen is None and config.metrics_textfile is None
+    assert load_config(env={"FIBERD_METRICS_LISTEN": "9464"}).metrics_listen == \
+        ("127.0.0.1", 9464) == load_config(write(tmp_path, "metrics_listen = 9464\n"),
+                                           {}).metrics_listen
+    assert load_config(env={}, flags={"metrics_listen": "[::1]:80"}).metrics_listen == \
+        ("::1", 80)
+    filed = load_config(write(tmp_path, 'metrics_listen = "node7.example:9464"\n'
+                                        'metrics_textfile = "prom"\n'), {})
+    assert filed.metrics_listen == ("node7.example", 9464)
+    assert filed.metrics_textfile == str(tmp_path / "prom")
+
+
 def test_none_switches_off_optional_things() -> None:
     config = load_config(env={"FIBERD_READY_FILE": "none", "FIBERD_CGROUP_ROOT": "None"})
     assert config.ready_file is None and config.cgroup_root is None
@@ -121,6 +136,11 @@ def test_none_switches_off_optional_things() -> None:
         ("spares = -1\n", "spares", "whole number from 0 to 16"),
         ("spares = 1.5\n", "spares", "whole number from 0 to 16"),
         ("spares = true\n", "spares", "whole number from 0 to 16"),
+        ('metrics_listen = "127.0.0.1:0"\n', "metrics_listen", "from 1 to 65535"),
+        ('metrics_listen = ":9464"\n', "metrics_listen", "names no host"),
+        ('metrics_listen = "::1:9464"\n', "metrics_listen", "IPv6: [ADDR]:PORT"),
+        ('metrics_listen = "[x]:9464"\n', "metrics_listen", "is not an IPv6 address"),
+        ("metrics_listen = true\n", "metrics_listen", "must be a string"),
     ],
 )
 def test_a_bad_file_value_names_the_option_and_file_key(

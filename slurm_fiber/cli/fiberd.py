@@ -28,6 +28,10 @@ Every option can also come from a TOML file (--config) or an environment variabl
 Homes: standalone (a plain host, grants from a directory), slurm (inside a job
 step, run it as `srun --overlap fiberd-run`), kubernetes (the grant Pod).
 
+Metrics (off by default): --metrics-listen HOST:PORT serves Prometheus GET /metrics
+(PORT alone: 127.0.0.1), --metrics-textfile DIR writes a .prom file for node_exporter's
+textfile collector; both labelled with the home, and on Slurm the job id and node.
+
 Exit codes: 0 clean stop on SIGTERM/SIGINT; 1 refused to start or the home
 failed (one line on stderr says why); 2 usage error.
 """
