@@ -5,7 +5,8 @@ daemons (or many tests) in one process never collide and nothing leaks into
 prometheus-client's global registry. The socket server records clone
 outcomes and latencies and refusals; the number of running fibers is read
 from the runtime at each scrape. ``render()`` gives the text exposition
-format served by the ``metrics`` op.
+format served by the ``metrics`` op; ``core.metrics_export`` exposes the same
+registry, labelled with where fiberd runs, over HTTP and as a node_exporter textfile.
 """
 
 from __future__ import annotations

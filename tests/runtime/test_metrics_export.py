@@ -3,6 +3,7 @@ the textfile parsed by prometheus-client's parser, and the labels where fiberd r
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -13,12 +14,20 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import ScopeClaim
 from slurm_fiber.core.metrics import FiberMetrics
-from slurm_fiber.core.metrics_export import Labelled, scope_labels, textfile_name
+from slurm_fiber.core.metrics_export import (
+    REFRESH,
+    Labelled,
+    scope_labels,
+    start_export,
+    textfile_name,
+)
 from slurm_fiber.homes.slurm.home import job_scope
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
-from tests.runtime.kit import Site
+from tests.process.helpers import aio
+from tests.runtime.kit import Site, until
 from tests.runtime.test_commands import (
     BIN,
     env,
@@ -128,3 +137,47 @@ def test_on_slurm_the_labels_are_the_home_job_and_node() -> None:
     assert scope_labels("standalone", []) == {"home": "standalone"}
     assert scope_labels("kubernetes", [ScopeClaim("kubernetes.node", "w1")]) == \
         {"home": "kubernetes", "node": "w1"}
+
+
+async def http_get(port: int, head: bytes = b"GET /metrics HTTP/1.0\r\n\r\n") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    await writer.drain()
+    reply = await reader.read()
+    writer.close()
+    return reply
+
+
+@aio
+async def test_the_textfile_is_refreshed_on_the_clock_and_a_stalling_client_delays_no_scrape(
+        tmp_path: Path, clock: FakeClock) -> None:
+    running = [0]
+    port = free_port()
+    export = await start_export(FiberMetrics(lambda: running[0]), lambda: {"home": "h"}, clock,
+                                listen=("127.0.0.1", port), textfile=str(tmp_path))
+    try:
+        prom = tmp_path / "slurm_fiber.prom"
+        assert ("slurm_fiber_fibers_running", {"home": "h"}, 0.0) in \
+            families(prom.read_text())["slurm_fiber_fibers_running"]
+        running[0] = 2
+        await until(lambda: clock.sleepers == 1)  # the refresh waits on the clock
+        clock.advance(REFRESH - 0.001)
+        await clock.settle()
+        assert "fibers_running{home=\"h\"} 0.0" in prom.read_text()  # not yet due
+        clock.advance(0.001)
+        await until(lambda: "slurm_fiber_fibers_running{home=\"h\"} 2.0" in prom.read_text())
+        # a client that sends half a head and waits, and one that sends too much
+        _, stalled = await asyncio.open_connection("127.0.0.1", port)
+        stalled.write(b"GET /metr")
+        assert await http_get(port, b"GET /metrics HTTP/1.0\r\nX: " + b"x" * 10000) == b""
+        reply = await http_get(port)
+        assert reply.startswith(b"HTTP/1.0 200 OK\r\n")
+        assert b'slurm_fiber_fibers_running{home="h"} 2.0' in reply
+        assert (await http_get(port, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(
+            b"HTTP/1.0 405")
+        stalled.close()
+    finally:
+        await export.close()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError):
+        await http_get(port)
