@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,10 @@ def test_each_summary_is_the_start_of_the_commands_own_help(name: str) -> None:
 def test_an_unknown_subcommand_is_a_usage_error() -> None:
     done = subprocess.run([SCRIPT, "nope"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "No such command 'nope'" in done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(main.SUBCOMMANDS))
+def test_each_subcommands_help_states_the_shared_exit_codes(name: str) -> None:
+    """0 success, 1 refused or failed (each says what failing means for it), 2 usage."""
+    words = " ".join((main.load(name).help or "").split())
+    assert re.search(r"Exit codes: 0 [^;,]+[;,] 1 [^;]+[;,] 2 usage", words), words
