@@ -57,9 +57,13 @@ the Clone missed; 2 usage error.
 def choose_home(flags: Mapping[str, object], standalone: bool,
                 environ: Mapping[str, str]) -> dict[str, object]:
     """The flags with the home decided: --standalone (deprecated), else --home, else
-    $FIBERD_HOME, else slurm inside a job, else standalone."""
+    $FIBERD_HOME, else slurm inside a job, else standalone. Raises typer.BadParameter
+    (usage, exit 2) for --standalone with another --home."""
     out = dict(flags)
     if standalone:
+        if out.get("home") not in (None, "", "standalone"):
+            raise typer.BadParameter(f"--standalone (deprecated: --home standalone) "
+                                     f"contradicts --home {out['home']}")
         out["home"] = "standalone"
     elif not out.get("home") and not environ.get("FIBERD_HOME"):
         out["home"] = "slurm" if environ.get("SLURM_JOB_ID") else "standalone"
