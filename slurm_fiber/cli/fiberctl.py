@@ -41,7 +41,7 @@ the same.
 lease end, what of their limits is enforced); ``fiberctl inspect ID`` shows
 one fiber's record; ``fiberctl kill ID [-s SIG]`` sends it a signal (default
 TERM) without waiting, as kill(1); ``stop`` waits for it to go. Each takes
-``--json``.
+``--json``. ``fiberctl metrics`` prints fiberd's metrics (Prometheus text).
 
 Global options (``--socket``, ``--json``, ``--grant``, ``--quiet``) may come
 before the command as well as after it: ``fiberctl --socket PATH status``.
@@ -381,6 +381,16 @@ def grants(args: argparse.Namespace) -> None:
             print(f"  enforcement: {describe_enforcement(enforcement)}")
 
 
+def metrics(args: argparse.Namespace) -> None:
+    """Print fiberd's metrics in the Prometheus text format (``--json``: the reply, with its
+    content type)."""
+    reply = one_request(args.socket, "metrics")
+    if args.json:
+        print(json.dumps(reply))
+    else:
+        sys.stdout.write(str(reply.get("text", "")))
+
+
 def status(args: argparse.Namespace) -> None:
     """Show fiberd's status, health and readiness."""
     report = {
@@ -471,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("kill", kill, "send a fiber a signal (fiberctl kill ID [-s SIG])"),
         ("grants", grants, "list the grants fiberd holds, with what is enforced"),
         ("status", status, "fiberd's status, health and readiness"),
+        ("metrics", metrics, "fiberd's metrics, Prometheus text format"),
         ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
     ]
     # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
@@ -486,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
             _grant_options(sub)
             sub.add_argument("-q", "--quiet", action="store_true",
                              help="do not say why the fiber ended (the status is the same)")
-        if name in ("ls", "inspect", "stop", "kill", "grants", "status"):
+        if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
         if name == "run":
             sub.add_argument("cmd", nargs="*", metavar="CMD", help="the command and its args")

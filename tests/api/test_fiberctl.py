@@ -149,9 +149,16 @@ def test_grants_lists_what_fiberd_holds(served) -> None:
     assert table[1].split()[:2] == ["g1", "warm"]
 
 
+def test_metrics_prints_the_prometheus_text(served) -> None:
+    text = fiberctl(served, "metrics").stdout
+    assert "# TYPE slurm_fiber_clones_total counter" in text
+    reply = json.loads(fiberctl(served, "metrics", "--json").stdout)
+    assert reply["text"] == text and reply["content_type"].startswith("text/plain")
+
+
 def test_every_command_help_states_the_exit_codes() -> None:
     for command in ("run", "call", "ls", "inspect", "stop", "kill", "grants", "status",
-                    "wait"):
+                    "metrics", "wait"):
         done = subprocess.run([FIBERCTL, command, "--help"], capture_output=True, text=True,
                               timeout=30)
         assert "1 refused or failed" in " ".join(done.stdout.split()), command
