@@ -15,15 +15,18 @@ in slurm_fiber.cli.fibermap, imported only when map runs). ``fiberctl wait
 [--timeout S]`` returns once fiberd is ready (69: it never answered; 75: it
 answered but is not ready).
 
-Exit codes (every command): 0 success; 1 the fiber failed (``call``: the
-function raised or the fiber died); 2 usage error; 65 fiberd refused the
-request (``code: reason`` printed); 69 fiberd unreachable or the
-connection broke; 75 a retryable miss (cold, capacity, source_stale,
+Exit codes (every command; the table every slurm_fiber command shares, README
+"Commands"): 0 success; 1 refused or failed: fiberd refused the request
+(``code: reason`` printed; it was 65 before, see README), the fiber failed
+(``call``: the function raised or the fiber died), ``kill``: the fiber had
+already exited; 2 usage error; and fiberctl's own: 69 fiberd unreachable or
+the connection broke; 75 a retryable miss (cold, capacity, source_stale,
 fenced, denied); 77 a final miss (invalid_token, unknown_grant, expired,
-warm_failed, closed, unenforceable); 130 gave up waiting after a third Ctrl-C. ``run``
-exits with the fiber's status (its exit code, or 128+N when signal N
-killed it), so a command's own exit code can coincide with those above:
-the miss or refusal line on stderr tells them apart.
+warm_failed, closed, unenforceable); 130 gave up waiting after a third
+Ctrl-C. ``run`` exits with the fiber's status (its exit code, 128+N when
+signal N killed it, 127/126 when its exec failed, as a shell's), so a
+command's own exit code can coincide with those above: the miss or refusal
+line on stderr tells them apart.
 
 Why a fiber ended, when fiberd ended it (a deadline, the lease's end, a
 fence, the grant's removal, an epoch bump, ``fiberctl stop``, fiberd's
@@ -33,6 +36,12 @@ an exec that failed is said as srun says it (``fiberctl: execve(): PATH:
 No such file or directory``; status 127, or 126 when found but not
 runnable, as a shell's). ``--quiet`` leaves those lines out; the status is
 the same.
+
+``fiberctl grants`` lists the grants fiberd holds (template state, fibers,
+lease end, what of their limits is enforced); ``fiberctl inspect ID`` shows
+one fiber's record; ``fiberctl kill ID [-s SIG]`` sends it a signal (default
+TERM) without waiting, as kill(1); ``stop`` waits for it to go. Each takes
+``--json``. ``fiberctl metrics`` prints fiberd's metrics (Prometheus text).
 
 Global options (``--socket``, ``--json``, ``--grant``, ``--quiet``) may come
 before the command as well as after it: ``fiberctl --socket PATH status``.
@@ -57,11 +66,16 @@ from slurm_fiber.discovery import discover_socket
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
 EXIT_USAGE = 2
-EXIT_REFUSED = 65
+EXIT_REFUSED = 1  # the shared table's "refused or failed"; 65 until fiberctl joined it
 EXIT_UNREACHABLE = 69
 EXIT_RETRYABLE_MISS = 75
 EXIT_FINAL_MISS = 77
 EXIT_ABANDONED = 130
+
+EXIT_EPILOG = ("exit codes: 0 ok; 1 refused or failed (one line on stderr); 2 usage; "
+               "69 fiberd unreachable; 75 retryable miss; 77 final miss; 130 gave up "
+               "after a third Ctrl-C; run: the fiber's own status (126/127 exec failed, "
+               "128+N signal N). See fiberctl --help.")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -300,6 +314,83 @@ def stop(args: argparse.Namespace) -> None:
     print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
+def inspect_fiber(args: argparse.Namespace) -> None:
+    """Show fiber ID's record (pid, grant, state, exit, cpu time, ...), one field a line."""
+    record = one_request(args.socket, "inspect_fiber", fiber=args.fiber_id).get("fiber", {})
+    if args.json:
+        print(json.dumps(record))
+        return
+    for key, value in (record.items() if isinstance(record, dict) else []):
+        print(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
+
+
+def signal_number(word: str) -> int:
+    """A signal from a number or a name ("TERM", "SIGTERM", "term"); raises Exit(2)."""
+    if word.isdigit():
+        number = int(word)
+        if number in {int(s) for s in signal.Signals}:
+            return number
+    else:
+        name = word.upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if name in signal.Signals.__members__:
+            return int(signal.Signals[name])
+    raise fail(EXIT_USAGE, f"fiberctl: {word!r} is not a signal (a number, or a name: "
+               "TERM, SIGINT, ...)")
+
+
+def kill(args: argparse.Namespace) -> None:
+    """Send fiber ID a signal (default SIGTERM), as kill(1) does: exit 0 when it was
+    delivered, 1 when the fiber had already exited. ``stop`` waits for it to go."""
+    signum = signal_number(args.signal)
+    name = signal.Signals(signum).name
+    delivered = bool(one_request(args.socket, "signal_fiber", fiber=args.fiber_id,
+                                 signal=signum).get("delivered"))
+    if args.json:
+        print(json.dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
+    elif delivered:
+        print(f"sent {name} to {args.fiber_id}")
+    if not delivered:
+        raise fail(EXIT_FIBER_FAILED,
+                   f"fiberctl: fiber {args.fiber_id} has already exited; {name} not sent")
+
+
+GRANT_COLUMNS = ("uid", "state", "fibers", "lease_end", "expired")
+
+
+def grant_row(values: Sequence[object]) -> str:
+    return "  ".join(f"{v!s:<{w}}" for v, w in zip(
+        values, (24, 10, 6, 20, 7), strict=True)).rstrip()
+
+
+def grants(args: argparse.Namespace) -> None:
+    """List the grants fiberd holds: uid, template state, fibers, lease end, and what of
+    each grant's limits is enforced (NOT enforced ones named)."""
+    listed = one_request(args.socket, "list_grants").get("grants", [])
+    if args.json:
+        print(json.dumps(listed))
+        return
+    print(grant_row([c.upper() for c in GRANT_COLUMNS]))
+    for record in listed if isinstance(listed, list) else []:
+        template = record.get("template")
+        state = template.get("state") if isinstance(template, dict) else record.get("state")
+        print(grant_row([record.get("uid", "-"), state or "-", record.get("fibers", "-"),
+                         record.get("lease_end", "-"), record.get("expired", "-")]))
+        enforcement = record.get("enforcement")
+        if isinstance(enforcement, dict):
+            print(f"  enforcement: {describe_enforcement(enforcement)}")
+
+
+def metrics(args: argparse.Namespace) -> None:
+    """Print fiberd's metrics in the Prometheus text format (``--json``: the reply, with its
+    content type)."""
+    reply = one_request(args.socket, "metrics")
+    if args.json:
+        print(json.dumps(reply))
+    else:
+        sys.stdout.write(str(reply.get("text", "")))
+
+
 def status(args: argparse.Namespace) -> None:
     """Show fiberd's status, health and readiness."""
     report = {
@@ -385,8 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("run", run, "run CMD as a fiber, here (fiberctl run [OPTIONS] -- CMD ...)"),
         ("call", call, "call MODULE:FUNC in the warm interpreter, print its JSON result"),
         ("ls", list_fibers, "list the fibers fiberd tracks"),
+        ("inspect", inspect_fiber, "one fiber's record (fiberctl inspect ID)"),
         ("stop", stop, "stop a fiber (SIGTERM, grace, SIGKILL)"),
+        ("kill", kill, "send a fiber a signal (fiberctl kill ID [-s SIG])"),
+        ("grants", grants, "list the grants fiberd holds, with what is enforced"),
         ("status", status, "fiberd's status, health and readiness"),
+        ("metrics", metrics, "fiberd's metrics, Prometheus text format"),
         ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
     ]
     # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
@@ -394,14 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("map", add_help=False, help="one fiber per argument, as GNU parallel "
                         "(fiberctl map [OPTIONS] -- CMD {}; fiberctl map --help)")
     for name, handler, summary in handlers:
-        sub = commands.add_parser(name, help=summary, description=handler.__doc__)
+        sub = commands.add_parser(name, help=summary, description=handler.__doc__,
+                                  epilog=EXIT_EPILOG)
         sub.set_defaults(handler=handler)
         sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("run", "call"):
             _grant_options(sub)
             sub.add_argument("-q", "--quiet", action="store_true",
                              help="do not say why the fiber ended (the status is the same)")
-        if name in ("ls", "stop", "status"):
+        if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
         if name == "run":
             sub.add_argument("cmd", nargs="*", metavar="CMD", help="the command and its args")
@@ -409,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("target", metavar="MODULE:FUNC")
             sub.add_argument("json_args", nargs="?", metavar="JSON_ARGS",
                              help="a JSON array (positional) or object (keyword)")
+        elif name == "inspect":
+            sub.add_argument("fiber_id", metavar="ID")
+        elif name == "kill":
+            sub.add_argument("fiber_id", metavar="ID")
+            sub.add_argument("-s", "--signal", default="TERM", metavar="SIG",
+                             help="a signal number or name (default: TERM)")
         elif name == "stop":
             sub.add_argument("fiber_id", metavar="ID")
             sub.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL")

@@ -1,8 +1,10 @@
 """The ``fiberd-run`` command: fiberd in the foreground, optionally running one command as a fiber.
 
 Inside a Slurm job step (``srun --overlap fiberd-run``) it runs fiberd with
-the Slurm home and the prolog's grantdir; ``--standalone`` (or no job in the
-environment) uses the standalone home. It never daemonizes: it serves until
+the Slurm home and the prolog's grantdir; with no job in the environment it
+uses the standalone home; ``--home NAME`` (or FIBERD_HOME), as fiberd takes
+it, picks one. ``--standalone`` is the deprecated spelling of ``--home
+standalone`` (it says so on stderr). It never daemonizes: it serves until
 SIGTERM/SIGINT, then stops and waits for every child. With ``-- CMD ...`` it
 waits until a template is warm, runs CMD as a fiber (exec mode, this
 terminal's stdin/stdout/stderr, Ctrl-C forwarded to it), then stops fiberd
@@ -41,20 +43,27 @@ HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber on
 
 \b
   srun --overlap fiberd-run &          in a Slurm batch script: fiberd for this job
-  fiberd-run --standalone -- CMD ...   a plain host: serve, run CMD, stop, exit with its status
+  fiberd-run --home standalone -- CMD ...   a plain host: serve, run CMD, stop, exit with its status
 
-Takes every fiberd option (see `fiberd --help`). Exit codes: CMD's status (128+N
-for signal N); without CMD 0 after SIGTERM/SIGINT; 1 fiberd could not start, no
-template warmed in time, or the Clone missed; 2 usage error.
+Takes every fiberd option (see `fiberd --help`); the home is --home NAME, else slurm
+inside a job, else standalone (--standalone: deprecated, same as --home standalone).
+Exit codes: CMD's status (128+N for signal N, 126/127 when its exec failed); without
+CMD 0 after SIGTERM/SIGINT; 1 fiberd could not start, no template warmed in time, or
+the Clone missed; 2 usage error.
 """
 
 
 
 def choose_home(flags: Mapping[str, object], standalone: bool,
                 environ: Mapping[str, str]) -> dict[str, object]:
-    """The flags with the home decided: --standalone, else --home, else slurm inside a job."""
+    """The flags with the home decided: --standalone (deprecated), else --home, else
+    $FIBERD_HOME, else slurm inside a job, else standalone. Raises typer.BadParameter
+    (usage, exit 2) for --standalone with another --home."""
     out = dict(flags)
     if standalone:
+        if out.get("home") not in (None, "", "standalone"):
+            raise typer.BadParameter(f"--standalone (deprecated: --home standalone) "
+                                     f"contradicts --home {out['home']}")
         out["home"] = "standalone"
     elif not out.get("home") and not environ.get("FIBERD_HOME"):
         out["home"] = "slurm" if environ.get("SLURM_JOB_ID") else "standalone"
@@ -123,7 +132,10 @@ async def run(fiberd_flags: dict[str, object], argv: list[str], warm_timeout: fl
 def fiberd_run_command(**flags: Any) -> None:
     argv = list(flags.pop("cmd") or [])
     warm_timeout = float(flags.pop("warm_timeout"))
-    fiberd_flags = choose_home(flags, bool(flags.pop("standalone")), os.environ)
+    standalone = bool(flags.pop("standalone"))
+    if standalone:
+        typer.echo("fiberd-run: --standalone is deprecated; use --home standalone", err=True)
+    fiberd_flags = choose_home(flags, standalone, os.environ)
     try:
         status = asyncio.run(run(fiberd_flags, argv, warm_timeout))
     except STARTUP_ERRORS as err:
@@ -133,7 +145,8 @@ def fiberd_run_command(**flags: Any) -> None:
 
 PARAMS = [
     inspect.Parameter("standalone", KW, annotation=bool, default=typer.Option(
-        False, "--standalone", help="use the standalone home even inside a Slurm job")),
+        False, "--standalone", hidden=True,
+        help="deprecated: --home standalone (says so on stderr)")),
     inspect.Parameter("warm_timeout", KW, annotation=float, default=typer.Option(
         120.0, "--warm-timeout", help="seconds to wait for a warm template before running CMD")),
     *option_parameters(),

@@ -35,7 +35,8 @@ deadline, ...) or whose exec failed gets fiberctl run's one line after its
 stderr (``--quiet``: not). ``--json`` ends stdout with one JSON
 summary line. fiberd refusing the work itself (a final miss such as
 unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
-exit codes (77, 65, 69), as no task could run.
+exit codes (77, 1, 69; a refusal was 65 before issue 15), as no task could
+run; the ``fiberctl map:`` line on stderr tells a refusal from one failed task.
 
 Every task goes through ``slurm_fiber.tasks.TaskRunner.run`` (the one place
 a batch clone would replace).

@@ -1,36 +1,89 @@
 """The ``slurm-fiber`` command: admin tools that need no Python.
 
-Each command group lives in its own module and is added here. Exit codes,
-shared by every group: 0 success, 1 refused or failed (the one-line reason is
+Each command group lives in its own module, named in ``SUBCOMMANDS`` with a
+one-line summary, and is imported only when it runs (``slurm-fiber --help``
+imports none of them). Exit codes, shared by every group (the table in
+README "Commands"): 0 success, 1 refused or failed (the one-line reason is
 printed), 2 usage error.
 """
 
 from __future__ import annotations
 
-import typer
+import importlib
+from typing import TYPE_CHECKING
 
-from slurm_fiber.cli.audit import HELP as AUDIT_HELP
-from slurm_fiber.cli.audit import audit_command
-from slurm_fiber.cli.conform import HELP as CONFORM_HELP
-from slurm_fiber.cli.conform import command as conform_command
-from slurm_fiber.cli.quickstart import HELP as QUICKSTART_HELP
-from slurm_fiber.cli.quickstart import quickstart
-from slurm_fiber.cli.tokens import keys_app, token_app
-from slurm_fiber.lease.cli import app as lease_app
+import typer
+import typer.core
+import typer.main
+
+if TYPE_CHECKING:  # the click this typer uses (recent typer vendors it as typer._click)
+    from typer._click import Command, Context, HelpFormatter
+
+EXIT_CODES = "Exit codes: 0 success; 1 refused or failed (one line says why); 2 usage error."
+
+# name -> (module:attribute, summary for --help). The attribute is a Typer app (a group)
+# or a (function, HELP attribute name) registered as one command.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "keys": ("slurm_fiber.cli.tokens:keys_app", "Issuer signing keys and their JWKS."),
+    "token": ("slurm_fiber.cli.tokens:token_app", "Grant tokens: mint, verify, inspect."),
+    "lease": ("slurm_fiber.lease.cli:app",
+              "Hold a machine's shared resources one holder at a time."),
+    "quickstart": ("slurm_fiber.cli.quickstart:quickstart",
+                   "Run the main job here, with nothing set up."),
+    "audit": ("slurm_fiber.cli.audit:audit_command", "Read fiberd's audit log."),
+    "conform": ("slurm_fiber.cli.conform:command",
+                "Check that a home conforms to the core's contract (grant-conform)."),
+}
+# The function commands' long help, by the module attribute holding it.
+HELP_ATTRIBUTE = {"quickstart": "HELP", "audit": "HELP", "conform": "HELP"}
+
+
+def load(name: str) -> Command:
+    """Import subcommand ``name``'s module and return it as a click command."""
+    target, _summary = SUBCOMMANDS[name]
+    module_name, attribute = target.split(":")
+    module = importlib.import_module(module_name)
+    obj = getattr(module, attribute)
+    if isinstance(obj, typer.Typer):
+        command: Command = typer.main.get_group(obj)
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(name, help=getattr(module, HELP_ATTRIBUTE[name]))(obj)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """A group whose subcommands are imported on first use; --help lists the summaries."""
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        return load(cmd_name) if cmd_name in SUBCOMMANDS else None
+
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary) for name, (_t, summary) in SUBCOMMANDS.items()])
+
 
 app = typer.Typer(
     name="slurm-fiber",
-    help="slurm_fiber admin tools: issuer keys, grant tokens, leases, audit, conformance.",
+    cls=LazyGroup,
+    help="slurm_fiber admin tools: issuer keys, grant tokens, leases, audit, conformance.\n\n"
+         + EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-app.add_typer(keys_app, name="keys")
-app.add_typer(token_app, name="token")
-app.add_typer(lease_app, name="lease")
-app.command("quickstart", help=QUICKSTART_HELP)(quickstart)
-app.command("audit", help=AUDIT_HELP)(audit_command)
-app.command("conform", help=CONFORM_HELP)(conform_command)
+
+
+
+@app.callback()
+def _group() -> None:
+    """The group itself does nothing; its subcommands do the work."""
 
 
 def main() -> None:

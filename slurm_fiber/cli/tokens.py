@@ -34,8 +34,11 @@ from slurm_fiber.core.tokens import (
 )
 from slurm_fiber.core.trust import TrustStore, public_jwk
 
-keys_app = typer.Typer(help="Issuer signing keys and their JWKS.", no_args_is_help=True)
-token_app = typer.Typer(help="Grant tokens: mint, verify, inspect.", no_args_is_help=True)
+EXIT_CODES = "Exit codes: 0 success / valid; 1 refused or failed (one line says why); 2 usage."
+keys_app = typer.Typer(help=f"Issuer signing keys and their JWKS.\n\n{EXIT_CODES}",
+                       no_args_is_help=True)
+token_app = typer.Typer(help=f"Grant tokens: mint, verify, inspect.\n\n{EXIT_CODES}",
+                        no_args_is_help=True)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
 _SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)

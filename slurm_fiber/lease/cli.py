@@ -35,13 +35,13 @@ app = typer.Typer(
     help=(
         "Hold a machine's shared resources one holder at a time. A lease is a directory "
         "<dir>/<resource>/ with holder.json; while a supervisor is recorded, a session claims "
-        "only what it was granted, in grant order. Exit codes: 0 done, 1 refused or failed, "
-        "2 usage."
+        "only what the supervisor allotted it (`lease allot`), in that order. Exit codes: "
+        "0 done, 1 refused or failed, 2 usage."
     ),
     no_args_is_help=True,
 )
 supervise_app = typer.Typer(
-    help="Record or end the supervisor whose grants rule claims.", no_args_is_help=True
+    help="Record or end the supervisor whose allotments rule claims.", no_args_is_help=True
 )
 upgrade_app = typer.Typer(
     help="Record upgrades: while one runs on an installation only unblock grants admit claims.",
@@ -65,7 +65,8 @@ StateOpt = Annotated[
 TtlOpt = Annotated[
     float,
     typer.Option(
-        "--ttl", envvar="SLURM_FIBER_LEASE_TTL", help="Seconds a grant stays claimable once free."
+        "--ttl", envvar="SLURM_FIBER_LEASE_TTL",
+        help="Seconds an allotment stays claimable once free.",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
@@ -149,7 +150,7 @@ def ls_cmd(
     ctx: typer.Context,
     as_json: JsonOpt = False,
 ) -> None:
-    """List held leases (oldest first), the supervisor and the pending grants."""
+    """List held leases (oldest first), the supervisor and the pending allotments."""
 
     def act() -> None:
         leases = ctx.obj
@@ -188,7 +189,7 @@ def claim_cmd(
     pid: PidOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Claim RESOURCE. Refused (exit 1) when held, not granted to you, or behind others."""
+    """Claim RESOURCE. Refused (exit 1) when held, not allotted to you, or behind others."""
 
     def act() -> None:
         leases = ctx.obj
@@ -220,11 +221,11 @@ def release_cmd(
     _run(as_json, act)
 
 
-@app.command("grant")
-def grant_cmd(
+@app.command("allot")
+def allot_cmd(
     ctx: typer.Context,
     resource: ResArg,
-    to: Annotated[str, typer.Option("--to", help="The session id the grant goes to.")],
+    to: Annotated[str, typer.Option("--to", help="The session id the resource is allotted to.")],
     upgrade_unblock: Annotated[
         str, typer.Option("--upgrade-unblock", help="Admit the claim during an upgrade, for WHY.")
     ] = "",
@@ -233,7 +234,7 @@ def grant_cmd(
     pid: PidOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """As the supervisor, grant RESOURCE to the session --to; grants queue in order given."""
+    """As the supervisor, allot RESOURCE to the session --to; allotments queue in order given."""
 
     def act() -> None:
         leases = ctx.obj
@@ -241,9 +242,15 @@ def grant_cmd(
             resource, Party(session=to), _caller(session, team, pid), upgrade_unblock
         )
         doc = {"resource": resource, "to": to, "position": place}
-        _emit(as_json, doc, f"granted {resource} to {to} (number {place} in its queue)")
+        _emit(as_json, doc, f"allotted {resource} to {to} (number {place} in its queue)")
 
     _run(as_json, act)
+
+
+# The old name, kept so scripts keep working: "grant" is the signed token everywhere else.
+# click prints the deprecation on stderr when it runs; --help no longer lists it. The state
+# document keeps calling allotments ``grants`` (docs/lease-format.md).
+app.command("grant", hidden=True, deprecated=True)(allot_cmd)
 
 
 @app.command("prune")
@@ -251,12 +258,12 @@ def prune_cmd(
     ctx: typer.Context,
     as_json: JsonOpt = False,
 ) -> None:
-    """Drop grants whose time ran out (grants of held resources wait)."""
+    """Drop allotments whose time ran out (those of held resources wait)."""
 
     def act() -> None:
         dropped = ctx.obj.prune()
         doc = {"dropped": [{"resource": g.resource, "to": g.to.to_json()} for g in dropped]}
-        _emit(as_json, doc, f"dropped {len(dropped)} grant(s)")
+        _emit(as_json, doc, f"dropped {len(dropped)} allotment(s)")
 
     _run(as_json, act)
 

@@ -107,7 +107,7 @@ def check(st: State, gate: Gate) -> int:
         return index
     ahead = queue[0][1].to.display() if queue else ""
     who = f"supervisor {sup.party.display()}"
-    ask = f"ask for `slurm-fiber lease grant {gate.resource} --to {gate.caller.session}`"
+    ask = f"ask for `slurm-fiber lease allot {gate.resource} --to {gate.caller.session}`"
     if gate.gone:
         reason = f"{who} is gone: a free lease is not a grant until its successor starts; {ask}"
     elif gate.restart_until is not None:

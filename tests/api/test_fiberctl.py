@@ -100,8 +100,9 @@ def test_a_miss_is_one_line_and_a_distinct_exit_code(served, grant, code, line) 
 
 
 def test_refusal_and_unreachable_exit_codes(served, tmp_path) -> None:
+    # a refusal exits 1, as in every slurm_fiber command (it was 65 before issue 15)
     done = fiberctl(served, "run", "-e", "CUDA_VISIBLE_DEVICES=0", "--", "true")
-    assert done.returncode == 65 and done.stderr.startswith("bad_request: ")
+    assert done.returncode == 1 and done.stderr.startswith("bad_request: ")
     done = subprocess.run([FIBERCTL, "status", "--socket", str(tmp_path / "none.sock")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 69 and done.stderr.count("\n") == 1
@@ -115,9 +116,52 @@ def test_ls_stop_and_status(served) -> None:
     assert fid in fiberctl(served, "ls").stdout
     assert fiberctl(served, "stop", fid, "--grace", "1").stdout == f"stopped {fid}\n"
     assert json.loads(fiberctl(served, "ls", "--json").stdout)[0]["state"] == "exited"
-    assert fiberctl(served, "stop", "nope").returncode == 65
+    assert fiberctl(served, "stop", "nope").returncode == 1
     report = json.loads(fiberctl(served, "status", "--json").stdout)
     assert report["ready"] is True and report["status"]["home"] == "test"
+
+
+def test_inspect_and_kill_a_fiber(served) -> None:
+    with FiberdClient(served.path) as c:
+        fid = c.clone(exec={"argv": ["sleep", "30"]})["id"]
+    record = json.loads(fiberctl(served, "inspect", fid, "--json").stdout)
+    assert (record["id"], record["state"]) == (fid, "running")
+    assert f"id: {fid}\n" in fiberctl(served, "inspect", fid).stdout
+    sent = fiberctl(served, "kill", fid, "-s", "cont")  # harmless: sleep goes on
+    assert (sent.returncode, sent.stdout) == (0, f"sent SIGCONT to {fid}\n")
+    assert served.service.fibers[fid].signals == [signal.SIGCONT]
+    done = fiberctl(served, "kill", fid, "--json")  # default TERM: sleep dies of it
+    assert json.loads(done.stdout) == {"fiber": fid, "signal": "SIGTERM", "delivered": True}
+    served.call(served.service.fibers[fid].wait)
+    late = fiberctl(served, "kill", fid, "-s", "9")
+    assert late.returncode == 1
+    assert late.stderr == f"fiberctl: fiber {fid} has already exited; SIGKILL not sent\n"
+    assert fiberctl(served, "kill", fid, "-s", "NOPE").returncode == 2
+    missing = fiberctl(served, "inspect", "nope")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1
+
+
+def test_grants_lists_what_fiberd_holds(served) -> None:
+    assert json.loads(fiberctl(served, "grants", "--json").stdout) == [
+        {"uid": "g1", "state": "warm"}]
+    table = fiberctl(served, "grants").stdout.splitlines()
+    assert table[0].split() == ["UID", "STATE", "FIBERS", "LEASE_END", "EXPIRED"]
+    assert table[1].split()[:2] == ["g1", "warm"]
+
+
+def test_metrics_prints_the_prometheus_text(served) -> None:
+    text = fiberctl(served, "metrics").stdout
+    assert "# TYPE slurm_fiber_clones_total counter" in text
+    reply = json.loads(fiberctl(served, "metrics", "--json").stdout)
+    assert reply["text"] == text and reply["content_type"].startswith("text/plain")
+
+
+def test_every_command_help_states_the_exit_codes() -> None:
+    for command in ("run", "call", "ls", "inspect", "stop", "kill", "grants", "status",
+                    "metrics", "wait"):
+        done = subprocess.run([FIBERCTL, command, "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert "1 refused or failed" in " ".join(done.stdout.split()), command
 
 
 def test_socket_discovery_from_the_environment(served) -> None:

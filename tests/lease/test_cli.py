@@ -45,10 +45,10 @@ def test_claim_ls_release_human_and_json(run, tmp_path: Path) -> None:
     assert json.loads(run("ls", "--json").stdout)["leases"] == []
 
 
-def test_grant_queue_refusal_prints_position_and_ahead(run) -> None:
+def test_allot_queue_refusal_prints_position_and_ahead(run) -> None:
     assert run("supervise", "start", session="sup").returncode == 0
-    assert "number 1" in run("grant", "gpu0", "--to", "a", session="sup").stdout
-    second = run("grant", "gpu0", "--to", "b", "--json", session="sup")
+    assert "number 1" in run("allot", "gpu0", "--to", "a", session="sup").stdout
+    second = run("allot", "gpu0", "--to", "b", "--json", session="sup")
     assert json.loads(second.stdout)["position"] == 2
     behind = run("claim", "gpu0", "--purpose", "x", session="b")
     assert behind.returncode == 1
@@ -57,6 +57,7 @@ def test_grant_queue_refusal_prints_position_and_ahead(run) -> None:
     assert (as_json["position"], as_json["ahead"]) == (2, "a")
     ungranted = run("claim", "gpu0", "--purpose", "x", session="c")
     assert ungranted.returncode == 1 and "a free lease is not a grant" in ungranted.stderr
+    assert "`slurm-fiber lease allot gpu0 --to c`" in ungranted.stderr
     assert run("claim", "gpu0", "--purpose", "x", session="a").returncode == 0
     assert "grant: gpu0 -> b" in run("ls").stdout
     assert run("supervise", "stop", session="sup").returncode == 0
@@ -84,7 +85,7 @@ def test_steal_stale_from_a_gone_shell(run, tmp_path: Path) -> None:
         ("claim", "a/b", "--purpose", "x"),
         ("claim", "..", "--purpose", "x"),
         ("claim", "gpu0", "--purpose", "y" * 100_000),
-        ("grant", "gpu0", "--to", "a"),
+        ("allot", "gpu0", "--to", "a"),
         ("release", "gpu0\x01"),
     ],
 )
@@ -121,3 +122,13 @@ def test_a_file_given_as_the_lease_dir_is_named_not_a_directory(run, tmp_path: P
 def test_a_ttl_that_is_not_positive_is_a_usage_error_naming_it(run) -> None:
     got = run("--ttl", "-5", "ls")
     assert got.returncode == 2 and "--ttl" in got.stderr and "positive" in got.stderr
+
+
+def test_grant_is_a_hidden_deprecated_alias_of_allot(run) -> None:
+    assert run("supervise", "start", session="sup").returncode == 0
+    old = run("grant", "gpu0", "--to", "a", "--json", session="sup")
+    assert old.returncode == 0 and json.loads(old.stdout)["position"] == 1
+    assert "'grant' is deprecated" in old.stderr
+    assert json.loads(run("ls", "--json").stdout)["grants"][0]["resource"] == "gpu0"
+    listed = run("--help").stdout
+    assert "│ allot " in listed and "│ grant " not in listed

@@ -114,7 +114,7 @@ def test_a_sigkilled_fiberd_leaves_no_template_or_fiber(site: Site) -> None:
 
 def test_fiberd_run_runs_the_command_as_a_fiber_and_exits_with_its_status(site: Site) -> None:
     site.drop()
-    out = subprocess.run([str(BIN / "fiberd-run"), "--standalone", *flags(site), "--",
+    out = subprocess.run([str(BIN / "fiberd-run"), "--home", "standalone", *flags(site), "--",
                           "sh", "-c", "echo out-$SF_TEST_MARK; exit 7"],
                          env=env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 7, out.stderr
@@ -123,8 +123,10 @@ def test_fiberd_run_runs_the_command_as_a_fiber_and_exits_with_its_status(site: 
 
 
 def test_fiberd_run_without_a_grant_gives_up_after_the_warm_timeout(site: Site) -> None:
+    # --standalone, the deprecated spelling of --home standalone, still works and says so
     out = subprocess.run([str(BIN / "fiberd-run"), "--standalone", "--warm-timeout=1",
                           *flags(site), "--", "true"],
                          env=env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "no grant template warmed within 1 s" in out.stderr
+    assert "fiberd-run: --standalone is deprecated; use --home standalone" in out.stderr
