@@ -82,7 +82,8 @@ class Live:
             raise ClauseFailed(f"Clone of {uid} missed with {fiber.code}: {fiber.reason}")
         end = await fiber.wait()
         if end.error is not None or end.exit_code != 0:
-            raise ClauseFailed(f"fiber of {uid} failed: {end.error or end.to_json()}")
+            raise ClauseFailed(f"fiber of {uid} failed: {end.error or 'no error'}; "
+                               f"exit {end.to_json()}")
         return end.result
 
 
