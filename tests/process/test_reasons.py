@@ -64,7 +64,8 @@ async def test_a_deadline_stop_says_why_and_how_it_went_on_the_injected_clock(tm
     out_r, out_w = os.pipe()
     tidy = await t.fork(FiberRequest(  # handles SIGTERM by exiting 0
         id="t", mode="exec", stdio=(None, out_w, None),
-        argv=("sh", "-c", "trap 'exit 0' TERM; echo up; sleep 60 & wait")))
+        argv=("sh", "-c", "trap 'exit 0' TERM; sleep 60 & echo up; wait")))  # sleep first: the
+    # stop's group SIGTERM must find it, or it would outlive the fiber (a race, seen in CI)
     os.close(out_w)
     assert await read_line(out_r) == b"up\n"
     os.close(out_r)
