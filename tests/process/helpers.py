@@ -69,6 +69,16 @@ async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
     return t
 
 
+async def stop_on_fake_clock(template: Template, clock: Any, grace: float = 1) -> None:
+    """Stop ``template`` while advancing the fake ``clock`` a second at a time (its
+    graces and bounds run on it), until the stop has returned."""
+    stopping = asyncio.ensure_future(template.stop(grace))
+    while not stopping.done():
+        await clock.advance_and_settle(1)
+        await asyncio.sleep(0.01)
+    await stopping
+
+
 def marked_procs(mark: str) -> list[int]:
     """Pids of live, non-zombie processes whose environ has SF_TEST_MARK=mark."""
     return marked(mark, "SF_TEST_MARK")

@@ -22,7 +22,13 @@ from slurm_fiber.core.fibers import enforce_deadline
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.handles import api_exit
 from slurm_fiber.core.templates import FiberRequest
-from tests.process.helpers import aio, marked_procs, read_line, warm_template
+from tests.process.helpers import (
+    aio,
+    marked_procs,
+    read_line,
+    stop_on_fake_clock,
+    warm_template,
+)
 from tests.process.test_stopping import _ignoring_fiber
 
 T = "tests.process.targets"
@@ -76,10 +82,7 @@ async def test_a_deadline_stop_says_why_and_how_it_went_on_the_injected_clock(tm
 
     free = await t.fork(FiberRequest(id="f", argv=("sh", "-c", "exit 3"), mode="exec"))
     assert (await free.wait()).reason is None  # it ended by itself: nothing to say
-    stopping = asyncio.ensure_future(t.stop(1))
-    while not stopping.done():
-        await clock.advance_and_settle(1)
-        await asyncio.sleep(0.01)
+    await stop_on_fake_clock(t, clock)
     assert marked_procs(mark) == []
 
 

@@ -20,6 +20,7 @@ from tests.process.helpers import (
     cgroup_dirs,
     marked_procs,
     read_line,
+    stop_on_fake_clock,
     wait_marked,
     warm_template,
 )
@@ -65,10 +66,7 @@ async def test_a_fiber_ignoring_sigterm_is_killed_exactly_after_the_grace(tmp_pa
     await clock.advance_and_settle(0.2)
     ex = await stopping
     assert ex.signal == signal.SIGKILL
-    stopping = asyncio.ensure_future(t.stop(1))
-    while not stopping.done():
-        await clock.advance_and_settle(1)
-        await asyncio.sleep(0.01)
+    await stop_on_fake_clock(t, clock)
     assert marked_procs(mark) == []
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 
-import psutil
 import pytest
 
 from slurm_fiber.homes.slurm.paths import job_paths
 from tests.security.publicdir import public_dir
 from tests.security.users import JobUser
-from tests.slurm.hookkit import ISSUER, Site, job_env, run_hook
+from tests.slurm.hookkit import ISSUER, Site, gone, job_env, run_hook
 
 BOUND_S = 30  # far above the epilog's steps (2 s each): reaching it means a stall
 
@@ -39,13 +38,6 @@ def leftover(mallory: JobUser) -> Iterator[subprocess.Popen[bytes]]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 PLANTS = {

@@ -79,3 +79,13 @@ def run_hook(kind: str, env: dict[str, str], *args: str,
                                       "extra_groups": []}
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask,
                           **ids)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
-from hookkit import Site, job_env, run_hook
+from hookkit import Site, gone, job_env, run_hook
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord, write_record
@@ -43,13 +43,6 @@ def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_the_epilog_removes_everything_and_keeps_the_audit_log(site: Site,
