@@ -232,9 +232,10 @@ class Fiber:
         """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
 
         Carved, "gone" includes every descendant (the cgroup is empty).
-        Uncarved, the fiber's process group gets the signals but
-        only the fiber itself is waited for; a descendant that left the
-        group (setsid) is out of reach. Safe to call twice or on an ended
+        Uncarved, the fiber's process group gets the signals, only
+        the fiber itself is waited for, and the template SIGKILLs what is
+        left in the group when it reaps the fiber; a descendant that left
+        the group (setsid) is out of reach. Safe to call twice or on an ended
         fiber (returns its exit at once).
         """
         if self.exit is not None:

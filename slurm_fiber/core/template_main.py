@@ -35,7 +35,11 @@ root could write. In order, the template:
    and the cgroup move, which costs an RCU grace period when moves are
    spaced out, are paid before the Clone, not during it;
 4. reaps its children (``wait4``) and reports each exit, by spare id, with
-   wait status and rusage; it exits when fiberd closes the socket, sends
+   wait status and rusage. Before reaping a fiber it SIGKILLs what the fiber
+   left running in its process group (while the unreaped leader holds the
+   group's id, so the signal cannot reach a stranger that reused it): a
+   fiber ends with its leader, uncarved as carved (where its cgroup is
+   emptied). It exits when fiberd closes the socket, sends
    ``stop`` or SIGTERM, or dies (its death signal is SIGTERM). On the way
    out it SIGKILLs every child's cgroup (``cgroup.kill``) and process group,
    so a fiber's own children go too; a fiber whose template is SIGKILLed
@@ -237,14 +241,18 @@ class Server:
             pass
 
     def reap(self) -> None:
-        """Collect every exited child and report it."""
+        """Collect every exited child and report it, its process group killed first."""
         while True:
             try:
-                pid, status, ru = os.wait4(-1, os.WNOHANG)
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if exited is None:
                 return
+            pid = exited.si_pid
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # the zombie still holds the group's id
+            _, status, ru = os.wait4(pid, 0)
             spare_id, _ = self.children.pop(pid, (None, None))
             _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
                               "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})

@@ -173,3 +173,29 @@ async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, reques
     assert marked_procs(mark) == []
     if root is not None:
         assert cgroup_dirs(root) == []
+
+
+@pytest.mark.parametrize("carved", [False, True])
+@aio
+async def test_a_fiber_ends_with_its_leader_what_it_left_in_its_group_is_killed(
+        tmp_path, mark, request, carved):
+    root = request.getfixturevalue("cgroup_root") if carved else None
+    mgr = CgroupManager(root)
+    grant = mgr.carve_grant("g", Limits())
+    t = await warm_template(tmp_path, mark, cgroup=grant)
+    out_r, out_w = os.pipe()
+    # The leader exits by itself at once; the sleep it started stays in its process group.
+    fiber = await t.fork(FiberRequest(id="sh", mode="exec", stdio=(None, out_w, None),
+                                      argv=("sh", "-c", "sleep 60 & echo $!")))
+    os.close(out_w)
+    sleeper = int(await read_line(out_r))
+    os.close(out_r)
+    end = await fiber.wait()
+    assert end.exit_code == 0 and end.reason is None  # it ended by itself
+    # Uncarved, the template killed the group before it reaped the leader; carved, the
+    # cgroup was emptied before wait returned.
+    assert sleeper not in wait_marked(mark, 2)
+    assert marked_procs(mark) == sorted([t.pid, *t.idle_spares])
+    await t.stop(0.5)
+    await mgr.remove_grant("g")
+    assert marked_procs(mark) == []
