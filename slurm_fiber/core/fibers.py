@@ -423,14 +423,25 @@ class _ResultReader:
         self.reading = True
 
     def _take(self) -> None:
-        """Move what is buffered into ``chunks``; stop watching at EOF."""
-        try:
-            while chunk := self.sock.recv(65536):
-                self.chunks.append(chunk)
-        except (BlockingIOError, InterruptedError):
-            return
-        except ConnectionError:
-            pass
+        """Move what is buffered into ``chunks``; stop watching at EOF.
+
+        A reset (the fiber closed its end with an order datagram unread) is
+        reported once, by the kernel, before what is still queued: read on.
+        """
+        resets = 0
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionError:
+                resets += 1
+                if resets > 1:
+                    break
+                continue
+            if not chunk:
+                break
+            self.chunks.append(chunk)
         self._stop_reading()
 
     def _stop_reading(self) -> None:

@@ -340,11 +340,12 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
         order = wire.decode(data)
     except wire.WireError:
         order = {}
+    result = ResultChannel(channel)
     if order.get("t") != "run":
         for fd in fds:
             os.close(fd)
+        _write_error(result, ValueError("the spare's order was unreadable or not a run order"))
         return EXIT_SETUP
-    result = ResultChannel(channel)
     if joined is not None:
         _write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup}: "
                                                    f"{joined.strerror}"))
