@@ -207,6 +207,15 @@ class GrantDir:
             if err.code != MISSING:
                 raise
 
+    def deliveries(self) -> AsyncIterator[GrantEvent]:
+        """A file-fed home's whole ``grants()``: the directory checked now, then ``events``.
+
+        Raises GrantDirRefused at once for a directory that exists and is
+        refused; a missing one is waited for, the health stale meanwhile.
+        """
+        self.check_at_start()
+        return self.events()
+
     def uids(self) -> set[str]:
         """The UIDs the files held at the last poll."""
         return {held.uid for held in self._files.values()}
