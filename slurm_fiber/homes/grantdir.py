@@ -53,7 +53,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import jwt
@@ -261,15 +261,7 @@ class GrantDir:
         Never raises: a directory that fails ``check`` or cannot be listed is
         reported, and the poll delivers nothing and forgets nothing.
         """
-        listing = self._listing()
-        if isinstance(listing, GrantDirRefused):
-            self._down(listing.code, listing.reason)
-            return []
-        before = self._up()
-        present: set[str] = set()
-        added = [event for reading in self._readings(listing)
-                 for event, _ in [self._apply(reading, present)] if event is not None]
-        return added + self._forget_absent(before, present)
+        return [step for step in self._steps() if step is not None]
 
     async def scan(self) -> list[GrantEvent]:
         """``poll`` for the event loop: the same result, worked in slices of ``SLICE``
@@ -283,23 +275,36 @@ class GrantDir:
         while yielding, it leaves the files read so far taken and the rest for
         the next scan. Never raises but cancellation.
         """
+        added: list[GrantEvent] = []
+        for step in self._steps():
+            if step is None:
+                await asyncio.sleep(0)
+            else:
+                added.append(step)
+        return added
+
+    def _steps(self) -> Iterator[GrantEvent | None]:
+        """One look at the directory, as steps: each event it delivers (removals last),
+        and None where the loop may run other work (between slices, after a report)."""
         listing = self._listing()
         if isinstance(listing, GrantDirRefused):
             self._down(listing.code, listing.reason)
-            return []
-        before = self._up()
+            return
+        self._reported.pop(_DIR_SUBJECT, None)
+        if self._health is not None:
+            self._health.mark_up(self.path)
+        before = self.uids()
         present: set[str] = set()
-        added: list[GrantEvent] = []
         for start in range(0, len(listing), SLICE):
             if start:
-                await asyncio.sleep(0)
+                yield None
             for reading in self._readings(listing[start:start + SLICE]):
                 event, reported = self._apply(reading, present)
                 if event is not None:
-                    added.append(event)
+                    yield event
                 if reported:
-                    await asyncio.sleep(0)
-        return added + self._forget_absent(before, present)
+                    yield None
+        yield from self._forget_absent(before, present)
 
     async def events(self) -> AsyncIterator[GrantEvent]:
         """Deliver events forever: a scan at once, then one every ``interval`` of the clock.
@@ -325,13 +330,6 @@ class GrantDir:
         except OSError as err:
             return GrantDirRefused("grantdir_unreadable",
                                    f"grantdir {self.path} cannot be listed: {err.strerror}")
-
-    def _up(self) -> set[str]:
-        """The directory was listed: clear its problem, mark health up; the UIDs held."""
-        self._reported.pop(_DIR_SUBJECT, None)
-        if self._health is not None:
-            self._health.mark_up(self.path)
-        return self.uids()
 
     def _readings(self, names: list[str]) -> list[tuple[str, _Reading, _Signature | None]]:
         """Read each of ``names`` (those still there). Blocks on file I/O; changes nothing."""

@@ -9,6 +9,7 @@ The package is installed once per session with pip into a directory of its own (
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,8 +27,10 @@ BIN = Path(sys.executable).parent
 def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where pip installed the example home (its package and its dist-info)."""
     target = tmp_path_factory.mktemp("example-home-site")
+    source = tmp_path_factory.mktemp("example-home-source") / "example_home"
+    shutil.copytree(EXAMPLE, source)  # pip's build leaves build/ and egg-info behind it
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)],
+                    "--disable-pip-version-check", "--target", str(target), str(source)],
                    check=True, capture_output=True, timeout=240)
     assert (target / "slurm_fiber_example_home").is_dir()
     return target

@@ -75,3 +75,11 @@ def test_a_built_standalone_home_says_its_audience_cgroup_reason_and_closes(
         assert await close_home(built) == []
 
     asyncio.run(scenario())
+
+
+def test_every_option_a_home_says_it_reads_is_a_fiberd_option() -> None:
+    from slurm_fiber.config import OPTIONS
+
+    known = {opt.name for opt in OPTIONS}
+    for name in names()[:3]:
+        assert set(lookup(name).options) <= known, name
