@@ -13,7 +13,7 @@ the working directory (environment and flags).
 
 | option | default | meaning |
 |---|---|---|
-| home | standalone | where fiberd runs: standalone, slurm or kubernetes |
+| home | standalone | a home's name: standalone, slurm, kubernetes or an installed one |
 | state_dir | /var/lib/slurm-fiber | fiberd's state; the default of the paths below |
 | socket | STATE_DIR/fiberd.sock | the local API's Unix socket |
 | audit_path | STATE_DIR/audit.jsonl | the audit log (one JSON line per decision) |
@@ -74,7 +74,6 @@ from slurm_fiber.core.devices import Device
 
 ENV_PREFIX = "FIBERD_"
 CONFIG_ENV = "FIBERD_CONFIG"
-HOMES = ("standalone", "slurm", "kubernetes")
 _NONE_WORDS = ("none", "")
 
 
@@ -182,6 +181,19 @@ def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
         return parse(value)
 
     return parse_optional
+
+
+_HOME_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+def _home(value: object) -> str:
+    """A home's name as the registry spells it. Which names exist is the registry's to say
+    (homes.select, a layer above this one): it refuses an unknown one, listing the known."""
+    text = _text(value).lower()
+    if not _HOME_NAME.match(text):
+        raise _Refused(f"must be a home's name (e.g. standalone, slurm, kubernetes), "
+                       f"got {value!r}")
+    return text
 
 
 def _cgroup_root(value: object) -> str | None:
@@ -351,7 +363,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("home", _choice(*HOMES), "where fiberd runs: standalone, slurm or kubernetes"),
+    Option("home", _home, "where fiberd runs: a home's name (fiberd --help lists them)"),
     Option("state_dir", _path, "fiberd's state; the default of socket, audit, grantdir, ready",
            paths=True),
     Option("socket", _path, "the local API's Unix socket", paths=True),

@@ -184,15 +184,12 @@ def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
     return write
 
 
-def _cgroup_reason(home: Home) -> str:
-    """The home's ``cgroup_reason()`` line (homes that have one), else a default."""
-    reason = getattr(home, "cgroup_reason", None)
-    return str(reason()) if reason is not None else f"the {home.name()} home gives no cgroup root"
-
-
 async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
+                       cgroup_reason: Callable[[], str],
                        relay: ProblemRelay | None = None) -> Running:
     """Open state, build the core and serve the socket; returns once the socket listens.
+
+    ``cgroup_reason()`` says why ``home.cgroup_root()`` is what it is (BuiltHome.cgroup_line).
 
     The caller runs ``serve`` next (or shuts ``Running`` down itself).
     Raises FiberdRefused when fiberd cannot start.
@@ -218,7 +215,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     root = home.cgroup_root()
     # cgroup_root none means no cgroup at all: no v1 groups either.
     backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
-    cgroups = CgroupManager(Path(root) if root else None, _cgroup_reason(home), backend)
+    cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares, strict_limits=config.strict_limits,
@@ -327,7 +324,7 @@ async def started(config: FiberdConfig, environ: Mapping[str, str],
     built = await build(config, clock, environ, relay.report)
     try:
         running = await start_fiberd(config, built.home, clock, audience=built.audience,
-                                     relay=relay)
+                                     cgroup_reason=built.cgroup_line, relay=relay)
         try:
             built.announce(running.socket)
         except BaseException as err:

@@ -1,43 +1,40 @@
 """Where a client finds fiberd's socket (fiberctl, fibermap, the Executor).
 
-A client-side policy that knows each home's layout, so it lives beside the
-clients, not in the core.
+A client-side policy: each home says where its fiberd's socket is from a
+client's environment (``HomeEntry.socket`` in the home registry), so this
+module knows no home's layout.
 
-Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then, inside
-a Slurm job (``$SLURM_JOB_ID`` set), the job's socket on this node as the
-node's path convention places it (``<state root>/nodes/<node>/jobs/<job id>/
-fiberd.sock``; state root ``$SLURM_FIBER_STATE_ROOT``, else the site config's
-(``$SLURM_FIBER_CONFIG``, where fiberd-run takes it from), else
-/var/lib/slurm-fiber; node ``$SLURMD_NODENAME`` or the short host name), then a standalone fiberd's
-socket: ``$FIBERD_STATE_DIR/fiberd.sock``, else /var/lib/slurm-fiber/fiberd.sock
-(fiberd's own defaults, so both sides agree without configuration).
+Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then the
+first built-in home that places a socket from the environment (the Slurm
+home inside a job: the job's socket on this node; homes.builtin says how),
+then a standalone fiberd's socket: ``$FIBERD_STATE_DIR/fiberd.sock``, else
+/var/lib/slurm-fiber/fiberd.sock (fiberd's own defaults, so both sides agree
+without configuration). Installed homes are not asked: reading the package
+metadata would add about 50 ms to every client command; their clients give
+``$FIBERD_SOCKET``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
+from slurm_fiber.homes.select import builtin_entries
 
 
-def job_socket_path(job_id: str, environ: Mapping[str, str]) -> Path:
-    """The socket of the fiberd serving Slurm job ``job_id`` on this node.
+def home_socket_path(environ: Mapping[str, str]) -> Path | None:
+    """The socket the first built-in home places from ``environ``, None when none does.
 
-    Blocks on reading the site config's ``state_root`` (only that key). An
-    unusable site config falls back to the default root; a relative
-    ``$SLURM_FIBER_STATE_ROOT`` raises ValueError.
+    Blocks on what that home reads (the Slurm home: the site config's ``state_root``);
+    raises ValueError for a relative ``$SLURM_FIBER_STATE_ROOT``.
     """
-    # Lazy on purpose: a client outside any Slurm job (fiberctl's start-up path)
-    # never reads the site file, so it does not import its parser.
-    from slurm_fiber.homes.slurm.paths import job_paths
-    from slurm_fiber.homes.slurm.sitefile import site_state_root
-
-    root = site_state_root(environ)
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return job_paths(root, node, int(job_id)).socket
+    for entry in builtin_entries():
+        path = entry.socket(environ)
+        if path is not None:
+            return path
+    return None
 
 
 def default_socket_path(environ: Mapping[str, str]) -> Path:
@@ -53,6 +50,4 @@ def discover_socket(explicit: str | os.PathLike[str] | None = None,
         return Path(explicit)
     if env.get("FIBERD_SOCKET"):
         return Path(env["FIBERD_SOCKET"])
-    if env.get("SLURM_JOB_ID", "").isdigit():
-        return job_socket_path(env["SLURM_JOB_ID"], env)
-    return default_socket_path(env)
+    return home_socket_path(env) or default_socket_path(env)

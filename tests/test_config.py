@@ -119,7 +119,7 @@ def test_none_switches_off_optional_things() -> None:
         ('poll_interval = "soon"\n', "poll_interval", "must be a number of seconds"),
         ("leeway = 301\n", "leeway", "between 0 and 300"),
         ("grace = true\n", "grace", "must be a number of seconds"),
-        ('home = "slurmm"\n', "home", "standalone, slurm, kubernetes"),
+        ('home = "Slurm M"\n', "home", "must be a home's name"),
         ('devices = ["gpu:x"]\n', "devices", "kind:index[:path[:uuid]]"),
         ('devices = ["gpu:0:dev/nvidia0"]\n', "devices", "path must be absolute"),
         ('devices = ["gpu:0", "gpu:0:/dev/nvidia0"]\n', "devices", "listed twice"),

@@ -17,7 +17,7 @@ import typer
 from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
 from slurm_fiber.config import ConfigError
 from slurm_fiber.daemon import FiberdRefused, run_daemon
-from slurm_fiber.homes.select import HomeRefused
+from slurm_fiber.homes.select import HomeRefused, lookup, names
 from slurm_fiber.logs import setup_logging
 
 HELP = """Run fiberd, the per-allocation daemon: it verifies grants, keeps a warm template
@@ -25,8 +25,11 @@ per grant and forks fibers from it on each Clone over a local Unix socket.
 
 Every option can also come from a TOML file (--config) or an environment variable
 (FIBERD_<OPTION>); flags win over the environment, which wins over the file.
-Homes: standalone (a plain host, grants from a directory), slurm (inside a job
-step, run it as `srun --overlap fiberd-run`), kubernetes (the grant Pod).
+
+\b
+Homes (--home NAME; the built-ins and those installed under the entry point group
+slurm_fiber.homes), each with the options it reads:
+{homes}
 
 Metrics (off by default): --metrics-listen HOST:PORT serves Prometheus GET /metrics
 (PORT alone: 127.0.0.1), --metrics-textfile DIR writes a .prom file for node_exporter's
@@ -37,6 +40,21 @@ failed (one line on stderr says why); 2 usage error.
 """
 
 STARTUP_ERRORS = (ConfigError, HomeRefused, FiberdRefused)
+
+
+def describe_homes() -> str:
+    """One help line per registered home: its name, summary and the options it reads
+    (an installed home that cannot be loaded says why instead). Never raises."""
+    lines = []
+    for name in names():
+        try:
+            entry = lookup(name)
+        except HomeRefused as err:
+            lines.append(f"  {name:12} cannot be loaded: {err}")
+            continue
+        reads = f" [{', '.join(entry.options)}]" if entry.options else ""
+        lines.append(f"  {name:12} {entry.summary}{reads}")
+    return "\n".join(lines)
 
 
 def fail(line: str) -> typer.Exit:
@@ -57,7 +75,8 @@ def fiberd_command(**flags: Any) -> None:
 
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-app.command(help=HELP)(with_parameters(fiberd_command, option_parameters()))
+app.command(help=HELP.format(homes=describe_homes()))(
+    with_parameters(fiberd_command, option_parameters()))
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ from slurm_fiber.cli.fiberd_options import (
 from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.misses import Miss
 from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
+from slurm_fiber.homes.select import claiming
 from slurm_fiber.logs import setup_logging
 
 HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber once warm.
@@ -57,8 +58,9 @@ the Clone missed; 2 usage error.
 def choose_home(flags: Mapping[str, object], standalone: bool,
                 environ: Mapping[str, str]) -> dict[str, object]:
     """The flags with the home decided: --standalone (deprecated), else --home, else
-    $FIBERD_HOME, else slurm inside a job, else standalone. Raises typer.BadParameter
-    (usage, exit 2) for --standalone with another --home."""
+    $FIBERD_HOME, else the first registered home that claims the environment (slurm
+    inside a job), else standalone. Raises typer.BadParameter (usage, exit 2) for
+    --standalone with another --home."""
     out = dict(flags)
     if standalone:
         if out.get("home") not in (None, "", "standalone"):
@@ -66,7 +68,7 @@ def choose_home(flags: Mapping[str, object], standalone: bool,
                                      f"contradicts --home {out['home']}")
         out["home"] = "standalone"
     elif not out.get("home") and not environ.get("FIBERD_HOME"):
-        out["home"] = "slurm" if environ.get("SLURM_JOB_ID") else "standalone"
+        out["home"] = claiming(environ)
     return out
 
 

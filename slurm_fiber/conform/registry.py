@@ -1,26 +1,17 @@
-"""Stages by home name: the built-in ones, installed ones, or any importable factory.
+"""Stages by home name: each home's own stage from the home registry, or any importable factory.
 
-``stage_factory(name)`` resolves, in order: a built-in stage
-(``standalone``, ``kubernetes``, ``slurm``), a stage another package installs under the entry point
-group ``slurm_fiber.conform_stages`` (name = factory), or ``module:attr``
-naming a Stage class or factory directly (how a home author runs a stage
-that is not installed). Unknown names raise ``UnknownStage`` with the names
-that would work.
+``stage_factory(name)`` resolves, in order: the stage the home registry's
+entry for ``name`` names (``HomeEntry.stage``: the built-in homes and every
+home installed under the ``slurm_fiber.homes`` entry point group), or
+``module:attr`` naming a Stage class or factory directly (how a home author
+runs a stage that is not registered). Unknown names raise ``UnknownStage``
+with the names that would work.
 """
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-
 from slurm_fiber.conform.stage import StageFactory
-
-ENTRY_POINT_GROUP = "slurm_fiber.conform_stages"
-BUILTIN = {
-    "standalone": "slurm_fiber.conform.standalone:StandaloneStage",
-    "kubernetes": "slurm_fiber.conform.kubernetes:KubernetesStage",
-    "slurm": "slurm_fiber.conform.slurm:SlurmStage",
-}
+from slurm_fiber.homes.select import UnknownHome, each_entry, load_object, lookup
 
 
 class UnknownStage(LookupError):
@@ -28,18 +19,15 @@ class UnknownStage(LookupError):
 
 
 def known_homes() -> list[str]:
-    """Names ``stage_factory`` resolves without a ``module:attr`` spec, sorted."""
-    return sorted({*BUILTIN, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+    """Homes with a stage ``stage_factory`` resolves by name, in the registry's order."""
+    return [entry.name for entry in each_entry() if entry.stage]
 
 
 def _load(spec: str, name: str) -> StageFactory:
-    module, _, attr = spec.partition(":")
     try:
-        target: object = importlib.import_module(module)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise UnknownStage(f"stage {name!r}: cannot load {spec}: {err}") from None
+        target = load_object(spec)
+    except LookupError as err:
+        raise UnknownStage(f"stage {name!r}: {err}") from None
     if not callable(target):
         raise UnknownStage(f"stage {name!r}: {spec} is not a Stage class or factory")
     return target
@@ -47,11 +35,14 @@ def _load(spec: str, name: str) -> StageFactory:
 
 def stage_factory(name: str) -> StageFactory:
     """The factory of the stage called ``name``; raises UnknownStage. Imports it on demand."""
-    if name in BUILTIN:
-        return _load(BUILTIN[name], name)
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        return _load(ep.value, name)
     if ":" in name:
         return _load(name, name)
-    raise UnknownStage(f"no conformance stage for home {name!r}; known: "
-                       f"{', '.join(known_homes())} (or give module:StageFactory)")
+    try:
+        entry = lookup(name)
+    except UnknownHome as err:
+        raise UnknownStage(f"no conformance stage for home {name!r}: {err} "
+                           "(or give module:StageFactory)") from None
+    if entry.stage is None:
+        raise UnknownStage(f"the {name} home registers no conformance stage; known: "
+                           f"{', '.join(known_homes())} (or give module:StageFactory)")
+    return _load(entry.stage, name)

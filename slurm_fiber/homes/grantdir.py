@@ -7,6 +7,15 @@ token; a UID no longer held by any file delivers GRANT_REMOVED. The UID a
 file holds is its token's ``sub``, read without verifying, only to track
 which UIDs the files hold: verification is the core's job.
 
+At scale (thousands of files) it stays cheap and never holds fiberd's event
+loop for long: ``scan`` (what ``events`` runs) works in slices of ``SLICE``
+names and yields to the loop between slices and after each reported problem,
+and a file whose stat signature (inode, mode, owner, size, mtime, ctime) is
+the one of its last reading is not read again, so junk is read and reported
+once, not on every poll. A signature is remembered only once the file's mtime
+is ``RACY_NS`` older than the reading (a rewrite within one tick of the file
+system's clock keeps its mtime), and never for a followed symlink.
+
 Hostile input never crashes it. Junk, partial, unreadable, oversized (over
 64 KiB) files, symlinks, subdirectories and files owned by a stranger are
 reported once each, until they change, and skipped. A file that turns bad
@@ -38,11 +47,13 @@ accepted there only when its filesystem is mounted read-only.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import jwt
@@ -60,6 +71,10 @@ _DIR_SUBJECT = "."  # the subject of problems with the directory itself
 DATA_LINK = "..data"  # the kubelet's symlink to a Secret volume's current payload
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MISSING = "grantdir_missing"  # the code of a directory that is not there (or cannot be stat'ed)
+SLICE = 16  # names read per step of a scan; the event loop runs other work between steps
+# A file modified less than this before it was read is read again next poll: a rewrite
+# within one tick of the file system's clock would keep its mtime ("racy git").
+RACY_NS = 2_000_000_000
 
 
 class GrantDirRefused(Exception):
@@ -99,6 +114,14 @@ class _InFlux:
 _IN_FLUX = _InFlux()
 
 
+class _Same:
+    """A file whose stat signature is the one remembered from its last reading: unchanged."""
+
+
+_SAME = _Same()
+_Reading = bytes | _Bad | _InFlux | _Same
+
+
 def unverified_uid(token: bytes) -> str | None:
     """The ``sub`` a JWT-shaped token names, unverified; None when it names no valid UID."""
     try:
@@ -111,6 +134,15 @@ def unverified_uid(token: bytes) -> str | None:
 
 def _stat_version(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
+
+
+_Signature = tuple[int, int, int, int, int, int]
+
+
+def _signature(st: os.stat_result) -> _Signature:
+    """What must stay the same for a file not to be read again: a rename, write, chmod or
+    chown changes at least one of these (a write changes mtime and ctime)."""
+    return (st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _inside(root: str, path: str) -> bool:
@@ -163,6 +195,8 @@ class GrantDir:
         self._on_problem = on_problem
         self._health = health
         self._files: dict[str, _Held] = {}
+        self._known: dict[str, _Signature] = {}  # name -> signature of its last settled reading
+        self._reports = 0  # problems reported so far (scan yields to the loop after each)
         self._reported: dict[str, tuple[str, object]] = {}
         if health is not None:
             try:
@@ -207,6 +241,15 @@ class GrantDir:
             if err.code != MISSING:
                 raise
 
+    def deliveries(self) -> AsyncIterator[GrantEvent]:
+        """A file-fed home's whole ``grants()``: the directory checked now, then ``events``.
+
+        Raises GrantDirRefused at once for a directory that exists and is
+        refused; a missing one is waited for, the health stale meanwhile.
+        """
+        self.check_at_start()
+        return self.events()
+
     def uids(self) -> set[str]:
         """The UIDs the files held at the last poll."""
         return {held.uid for held in self._files.values()}
@@ -214,58 +257,119 @@ class GrantDir:
     def poll(self) -> list[GrantEvent]:
         """Look at the directory once and return what changed since the last poll.
 
-        Blocks on file I/O (small reads). Never raises: a directory that
-        fails ``check`` or cannot be listed is reported, and the poll
-        delivers nothing and forgets nothing.
+        Blocks on file I/O (small reads; unchanged files are not read again).
+        Never raises: a directory that fails ``check`` or cannot be listed is
+        reported, and the poll delivers nothing and forgets nothing.
         """
-        try:
-            self.check()
-            names = sorted(n for n in os.listdir(self.path) if self._is_grant_name(n))
-        except GrantDirRefused as err:
-            self._down(err.code, err.reason)
-            return []
-        except OSError as err:
-            self._down("grantdir_unreadable",
-                       f"grantdir {self.path} cannot be listed: {err.strerror}")
-            return []
+        return [step for step in self._steps() if step is not None]
+
+    async def scan(self) -> list[GrantEvent]:
+        """``poll`` for the event loop: the same result, worked in slices of ``SLICE``
+        names with the loop free to run other work between two slices, and after
+        each reported problem (fiberd audits each one, an fsync).
+
+        So a directory of thousands of files never holds the loop longer than
+        one slice of reads (unchanged files cost one lstat each) plus one
+        report. It yields with ``asyncio.sleep(0)``, never on a clock, so an
+        injected clock's ``settle`` runs a small scan to its end. Cancelled
+        while yielding, it leaves the files read so far taken and the rest for
+        the next scan. Never raises but cancellation.
+        """
+        added: list[GrantEvent] = []
+        for step in self._steps():
+            if step is None:
+                await asyncio.sleep(0)
+            else:
+                added.append(step)
+        return added
+
+    def _steps(self) -> Iterator[GrantEvent | None]:
+        """One look at the directory, as steps: each event it delivers (removals last),
+        and None where the loop may run other work (between slices, after a report)."""
+        listing = self._listing()
+        if isinstance(listing, GrantDirRefused):
+            self._down(listing.code, listing.reason)
+            return
         self._reported.pop(_DIR_SUBJECT, None)
         if self._health is not None:
             self._health.mark_up(self.path)
         before = self.uids()
-        added: list[GrantEvent] = []
         present: set[str] = set()
-        for name in names:
-            try:
-                reading = self._read(name)
-            except _Gone:
-                continue
-            present.add(name)
-            if isinstance(reading, _InFlux):
-                continue
-            if isinstance(reading, _Bad):
-                self._report(name, reading)
-                continue
-            event = self._take(name, reading)
-            if event is not None:
-                added.append(event)
-        for name in set(self._files) - present:
-            del self._files[name]
-        for name in set(self._reported) - present - {_DIR_SUBJECT}:
-            del self._reported[name]
-        return added + [GrantEvent.removed(uid) for uid in sorted(before - self.uids())]
+        for start in range(0, len(listing), SLICE):
+            if start:
+                yield None
+            for reading in self._readings(listing[start:start + SLICE]):
+                event, reported = self._apply(reading, present)
+                if event is not None:
+                    yield event
+                if reported:
+                    yield None
+        yield from self._forget_absent(before, present)
 
     async def events(self) -> AsyncIterator[GrantEvent]:
-        """Deliver events forever: a poll at once, then one every ``interval`` of the clock.
+        """Deliver events forever: a scan at once, then one every ``interval`` of the clock.
 
-        Raises GrantDirRefused before the first poll when the directory is
+        Raises GrantDirRefused before the first scan when the directory is
         refused (``check_at_start``); a missing directory is waited for, and
         later failures are reported and skipped. Ends only when cancelled.
         """
         self.check_at_start()
         while True:
-            for event in self.poll():
+            for event in await self.scan():
                 yield event
             await self.clock.sleep(self.interval)
+
+    def _listing(self) -> list[str] | GrantDirRefused:
+        """The grant file names, sorted, or why the directory cannot deliver. Blocks
+        (stat and list); reports nothing."""
+        try:
+            self.check()
+            return sorted(n for n in os.listdir(self.path) if self._is_grant_name(n))
+        except GrantDirRefused as err:
+            return err
+        except OSError as err:
+            return GrantDirRefused("grantdir_unreadable",
+                                   f"grantdir {self.path} cannot be listed: {err.strerror}")
+
+    def _readings(self, names: list[str]) -> list[tuple[str, _Reading, _Signature | None]]:
+        """Read each of ``names`` (those still there). Blocks on file I/O; changes nothing."""
+        out: list[tuple[str, _Reading, _Signature | None]] = []
+        for name in names:
+            try:
+                out.append((name, *self._read(name)))
+            except _Gone:
+                continue
+        return out
+
+    def _apply(self, reading: tuple[str, _Reading, _Signature | None],
+               present: set[str]) -> tuple[GrantEvent | None, bool]:
+        """Take or report one reading, remembering its settled signature; the GRANT_ADDED
+        it delivers, and whether a problem was reported. Adds its name to ``present``."""
+        name, content, signature = reading
+        present.add(name)
+        if isinstance(content, _Same | _InFlux):
+            return None, False
+        reports = self._reports
+        event = None
+        if isinstance(content, _Bad):
+            self._report(name, content)
+        else:
+            event = self._take(name, content)
+        if signature is None:
+            self._known.pop(name, None)
+        else:
+            self._known[name] = signature
+        return event, self._reports > reports
+
+    def _forget_absent(self, before: set[str], present: set[str]) -> list[GrantEvent]:
+        """Forget the files no longer there; a GRANT_REMOVED for each UID no file holds."""
+        for name in set(self._files) - present:
+            del self._files[name]
+        for name in set(self._known) - present:
+            del self._known[name]
+        for name in set(self._reported) - present - {_DIR_SUBJECT}:
+            del self._reported[name]
+        return [GrantEvent.removed(uid) for uid in sorted(before - self.uids())]
 
     @staticmethod
     def _is_grant_name(name: str) -> bool:
@@ -297,24 +401,33 @@ class GrantDir:
         if self._reported.get(subject) == key:
             return
         self._reported[subject] = key
+        self._reports += 1
         where = self.path if subject == _DIR_SUBJECT else os.path.join(self.path, subject)
         self._on_problem(Problem(bad.code, where, bad.reason))
 
-    def _read(self, name: str) -> bytes | _Bad | _InFlux:
-        """The content of one grant file, or why it was skipped; raises _Gone if it vanished."""
+    def _read(self, name: str) -> tuple[_Reading, _Signature | None]:
+        """One grant file's content, or why it was skipped, or _SAME when its stat signature
+        is the one remembered; with the signature to remember (None: read it again next
+        time: a followed link, or a file modified too recently to trust its timestamps).
+        Raises _Gone if it vanished."""
         full = os.path.join(self.path, name)
+        read_at = time.time_ns()  # compared with the file system's own timestamps
         try:
             st = os.lstat(full)
         except FileNotFoundError:
             raise _Gone from None
         except OSError as err:
-            return _Bad("unreadable", err.strerror or "cannot stat", err.errno)
+            return _Bad("unreadable", err.strerror or "cannot stat", err.errno), None
+        if stat.S_ISLNK(st.st_mode) and self.follow_symlinks:
+            return self._read_link(full), None  # the link stays, its target may change
+        signature = _signature(st)
+        if self._known.get(name) == signature:
+            return _SAME, signature
+        settled = signature if st.st_mtime_ns < read_at - RACY_NS else None
         if not stat.S_ISLNK(st.st_mode):
-            return self._read_file(full, st)
-        if not self.follow_symlinks:
-            reason = "is a symlink; grant files are regular files (follow_symlinks reads a Secret)"
-            return _Bad("symlink", reason, _stat_version(st))
-        return self._read_link(full)
+            return self._read_file(full, st), settled
+        reason = "is a symlink; grant files are regular files (follow_symlinks reads a Secret)"
+        return _Bad("symlink", reason, _stat_version(st)), settled
 
     def _read_link(self, full: str) -> bytes | _Bad | _InFlux:
         """Follow a link that stays inside the directory (or ``..data``); one retry across a swap.

@@ -1,168 +1,238 @@
-"""Choosing and building fiberd's home from its configuration.
+"""The home registry: every home fiberd can run in, by name, and how each is built.
 
-``home_defaults`` says what a home implies about fiberd's options before the
-configuration is loaded (a Slurm job's state dir), ``build_home`` builds the
-configured home with the audience its tokens must name, and ``close_home``
-undoes what building it did (a standalone home's cgroup delegation). The
-core never learns which home it runs in: every home goes through the same
-``Home`` seam.
+One ``HomeEntry`` per home says everything the rest of slurm_fiber needs to
+know about it: its ``name`` (what ``--home`` takes), a one-line ``summary``
+and the fiberd ``options`` it reads (for ``fiberd --help``), ``defaults``
+(options the environment implies, e.g. a Slurm job's state dir), ``claims``
+(whether an environment is this home's, so ``fiberd-run`` picks it),
+``socket`` (where a client finds this home's fiberd; discovery asks the
+built-in homes only, so a client's start-up reads no package metadata), its
+conformance ``stage``, and ``build``, which returns a ``BuiltHome``: the
+``Home`` the core runs plus everything fiberd's wiring needs from the home
+(audience, why its cgroup root is what it is, what to announce and withdraw,
+how to close it). So nothing about a home is found by probing it.
 
-Each home's modules are imported inside the function that builds it, on
-purpose: fiberd loads only the home it runs (the Kubernetes home pulls in
-its API client, the Slurm home its site config), and this module stays
-importable by the option parser of every fiberd start.
+The built-in homes are listed in ``slurm_fiber.homes.builtin``; another
+package adds one with an entry point in the group ``slurm_fiber.homes``
+whose value names a ``HomeEntry`` (``example = "mypkg.home:HOME"``). A
+built-in name wins over an installed one. An unknown name is refused with
+``UnknownHome``, one line listing the known homes. Looking up a built-in
+home reads no package metadata; listing every home scans the installed
+entry points once per process (and then only when asked).
+
+Entries stay light to import: each home's own modules are imported inside
+its ``build``, so fiberd loads only the home it runs (no Kubernetes client
+in a Slurm job) and this module stays importable by every option parser.
 """
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import difflib
+import functools
+import importlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slurm_fiber.config import FiberdConfig
-from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.seam import Home
-from slurm_fiber.homes.problem import ProblemSink
+if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
+    from slurm_fiber.config import FiberdConfig
+    from slurm_fiber.core.clock import Clock
+    from slurm_fiber.core.seam import Home
+    from slurm_fiber.homes.problem import ProblemSink
 
-if TYPE_CHECKING:
-    from slurm_fiber.homes.slurm.jobenv import SlurmJob
-    from slurm_fiber.homes.slurm.siteconfig import SiteConfig
-
-STANDALONE_AUDIENCE = "standalone:{host}"
+ENTRY_POINT_GROUP = "slurm_fiber.homes"
 
 
 class HomeRefused(Exception):
     """The configured home cannot be built here (one line naming what is missing)."""
 
 
+class UnknownHome(HomeRefused):
+    """No home goes by that name, or an installed one cannot be loaded (one line)."""
+
+
 def _nothing(*_: object) -> None:
     """For homes that announce nothing."""
 
 
+async def _close_nothing() -> list[str]:
+    """For homes whose building left nothing to undo."""
+    return []
+
+
 @dataclass
 class BuiltHome:
-    """A home ready to run, with the audience tokens for it must carry.
+    """A built home: the ``Home`` the core runs and what fiberd's wiring needs from it.
 
-    ``announce(socket)`` is called once fiberd listens (the Slurm home leaves
-    its record for fiberctl and the epilog), ``withdraw()`` when it stops.
+    ``audience`` is the ``aud`` its tokens must name. ``announce(socket)``
+    is called once fiberd listens (the Slurm home leaves its record for
+    fiberctl and the epilog), ``withdraw()`` when it stops; ``close()``
+    undoes what building did (cgroup delegation, API clients), last, never
+    raising, one line per failure. ``cgroup_reason()`` says in one line why
+    ``home.cgroup_root()`` is what it is; fiberd calls it after
+    ``cgroup_root()``, which may resolve the root on first use.
     """
 
     home: Home
     audience: str
     announce: Callable[[Path], None] = _nothing
     withdraw: Callable[[], None] = _nothing
+    close: Callable[[], Awaitable[list[str]]] = _close_nothing
+    cgroup_reason: Callable[[], str] | None = None
+
+    def cgroup_line(self) -> str:
+        """``cgroup_reason()``, or a line saying the home gives no cgroup root."""
+        if self.cgroup_reason is not None:
+            return self.cgroup_reason()
+        return f"the {self.home.name()} home gives no cgroup root"
+
+
+# ``build(config, clock, environ, on_problem)``: blocks briefly (file reads in threads);
+# raises HomeRefused with one line when the home cannot be built here.
+HomeBuilder = Callable[["FiberdConfig", "Clock", Mapping[str, str], "ProblemSink"],
+                       Awaitable[BuiltHome]]
+
+
+def _no_defaults(_environ: Mapping[str, str]) -> dict[str, object]:
+    return {}
+
+
+def _never(_environ: Mapping[str, str]) -> bool:
+    return False
+
+
+def _no_socket(_environ: Mapping[str, str]) -> Path | None:
+    return None
+
+
+@dataclass(frozen=True)
+class HomeEntry:
+    """One home in the registry. Every callable but ``build`` is pure or reads small files.
+
+    ``defaults(environ)`` returns fiberd options the home implies (option
+    name to value, below the file, environment and flags; raises HomeRefused
+    when the environment is not the home's). ``claims(environ)``: whether
+    ``fiberd-run`` without ``--home`` should pick this home. ``socket(environ)``:
+    the socket of this home's fiberd as a client in ``environ`` finds it,
+    None when ``environ`` says nothing of it. ``stage``: ``module:attr`` of
+    its grant-conform Stage factory, None when it has none.
+    """
+
+    name: str
+    summary: str
+    build: HomeBuilder
+    options: tuple[str, ...] = ()
+    defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults
+    claims: Callable[[Mapping[str, str]], bool] = _never
+    socket: Callable[[Mapping[str, str]], Path | None] = _no_socket
+    stage: str | None = field(default=None)
+
+
+def builtin_entries() -> tuple[HomeEntry, ...]:
+    """The homes slurm_fiber ships, in the order fiberd-run and discovery ask them."""
+    from slurm_fiber.homes.builtin import BUILTIN
+
+    return BUILTIN
+
+
+@functools.cache
+def _installed() -> tuple[tuple[str, str], ...]:
+    """(name, value) of every ``slurm_fiber.homes`` entry point, read once per process."""
+    from importlib.metadata import entry_points  # about 10 ms: only when a name needs it
+
+    return tuple(sorted((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)))
+
+
+def forget_installed() -> None:
+    """Read the entry points again on next use (after installing a home at run time)."""
+    _installed.cache_clear()
+
+
+def load_object(spec: str) -> object:
+    """The object ``module:attr`` (attr may be dotted) names, importing the module.
+
+    Raises LookupError with one line when it cannot be had.
+    """
+    module, _, attr = spec.partition(":")
+    try:
+        target: object = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise LookupError(f"cannot load {spec}: {err}") from None
+    return target
+
+
+def _load(name: str, spec: str) -> HomeEntry:
+    try:
+        target = load_object(spec)
+    except LookupError as err:
+        raise UnknownHome(f"home {name!r}: {err}") from None
+    if not isinstance(target, HomeEntry):
+        raise UnknownHome(f"home {name!r}: {spec} is not a HomeEntry")
+    if target.name != name:
+        raise UnknownHome(f"home {name!r}: {spec} is the entry of {target.name!r}")
+    return target
+
+
+def names() -> list[str]:
+    """Every known home's name: the built-ins in order, then the installed ones, sorted."""
+    builtin = [entry.name for entry in builtin_entries()]
+    return [*builtin, *(name for name, _ in _installed() if name not in builtin)]
+
+
+def lookup(name: str) -> HomeEntry:
+    """The entry of the home called ``name``; raises UnknownHome (one line) otherwise."""
+    for entry in builtin_entries():
+        if entry.name == name:
+            return entry
+    for installed, spec in _installed():
+        if installed == name:
+            return _load(name, spec)
+    near = difflib.get_close_matches(name, names(), n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise UnknownHome(f"no home named {name!r} (known: {', '.join(names())}){hint}")
+
+
+def each_entry() -> Iterator[HomeEntry]:
+    """Every home's entry, lazily in ``names()`` order (the installed ones are scanned
+    only once the built-ins are exhausted), skipping an installed one that cannot be
+    loaded (``lookup`` of its name says why)."""
+    yield from builtin_entries()
+    for name in names()[len(builtin_entries()):]:
+        try:
+            yield lookup(name)
+        except UnknownHome:
+            continue
+
+
+def claiming(environ: Mapping[str, str], fallback: str = "standalone") -> str:
+    """The name of the first home (``each_entry`` order) that claims ``environ``, else
+    ``fallback``. Blocks only on what the entries' ``claims`` read (env only, built-in)."""
+    return next((entry.name for entry in each_entry() if entry.claims(environ)), fallback)
 
 
 def home_defaults(home: str, environ: Mapping[str, str]) -> dict[str, object]:
-    """Options the home implies, below the file, environment and flags. Pure.
+    """Options the home implies, below the file, environment and flags.
 
-    Slurm: the job's state dir from the node's path convention (so the
-    socket, grantdir and audit log land where the prolog, fiberctl and the
-    epilog look) and the site's trust table. Blocks on reading the site
-    config. Raises HomeRefused when the environment is not a Slurm job's or
-    the site config is unusable.
+    Raises UnknownHome for a name no home has, HomeRefused when the
+    environment is not the home's (the Slurm home outside a job).
     """
-    if home != "slurm":
-        return {}
-    from slurm_fiber.homes.slurm.paths import job_paths
-
-    site, job = _site_and_job(environ)
-    defaults: dict[str, object] = {
-        "state_dir": str(job_paths(site.state_root, job.node, job.job_id).state_dir)}
-    if site.trust:
-        defaults["trust"] = ",".join(f"{iss}={path}" for iss, path in site.trust.items())
-    return defaults
-
-
-def _site_and_job(environ: Mapping[str, str]) -> tuple[SiteConfig, SlurmJob]:
-    from slurm_fiber.homes.slurm.jobenv import SlurmParseError, job_from_env
-    from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, load_site_config
-
-    try:
-        return load_site_config(environ), job_from_env(environ)
-    except SiteConfigError as err:
-        raise HomeRefused(f"site config: {err}") from None
-    except SlurmParseError as err:
-        raise HomeRefused(f"--home slurm runs inside a Slurm job step (srun): {err}") from None
+    return lookup(home).defaults(environ)
 
 
 async def build_home(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                      on_problem: ProblemSink) -> BuiltHome:
-    """Build the home ``config.home`` names; blocks briefly on file reads in threads.
-
-    The audience is ``config.audience`` when set, else the home's own
-    (``standalone:<host>``, ``slurm:<cluster>:<job id>``, ``k8s:<ns>:<pod>``).
-    Raises HomeRefused with one line.
-    """
-    if config.home == "standalone":
-        from slurm_fiber.homes.standalone import StandaloneHome
-
-        home = StandaloneHome.from_config(config, clock, on_problem=on_problem,
-                                          environ=environ)
-        return BuiltHome(home, config.audience or
-                         STANDALONE_AUDIENCE.format(host=socket.gethostname()))
-    if config.home == "slurm":
-        return await _slurm(config, clock, environ, on_problem)
-    return await _kubernetes(config, clock, environ, on_problem)
-
-
-async def _kubernetes(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
-                      on_problem: ProblemSink) -> BuiltHome:
-    from slurm_fiber.homes.kubernetes import build_kubernetes_home
-    from slurm_fiber.homes.kubernetes.incluster import InClusterError
-
-    try:
-        home = await build_kubernetes_home(config, clock, environ, on_problem=on_problem)
-    except InClusterError as err:
-        raise HomeRefused(f"--home kubernetes runs in a grant Pod: {err}") from None
-    return BuiltHome(home, config.audience or home.audience())
-
-
-async def _slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
-                 on_problem: ProblemSink) -> BuiltHome:
-    """The job's home: site settings, GPU leases held by this process, the fiberd record."""
-    from slurm_fiber.homes.slurm import fiberdrecord
-    from slurm_fiber.homes.slurm.control import select_control
-    from slurm_fiber.homes.slurm.home import build_slurm_home
-    from slurm_fiber.homes.slurm.hometypes import health_poll_every
-    from slurm_fiber.homes.slurm.leases import NodeLeases
-    from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
-
-    site, job = _site_and_job(environ)
-    try:
-        settings = home_config(site, job.node, stale_after=config.stale_ttl,
-                               poll_every=health_poll_every(config.stale_ttl),
-                               grant_poll_every=config.poll_interval)
-    except SiteConfigError as err:
-        raise HomeRefused(f"site config: {err}") from None
-    leases = NodeLeases.for_job(site, job, clock)  # verifies the prolog's claims, writes nothing
-    control, _reason = await select_control(dict(environ))
-    home = await build_slurm_home(environ, clock, control, settings, leases=leases)
-    home.on_problem = on_problem
-    state_dir = home.paths.state_dir
-
-    def announce(sock: Path) -> None:
-        root = home.cgroup_root()
-        fiberdrecord.write_record(state_dir, fiberdrecord.this_process(
-            sock, Path(root) if root else None))
-
-    return BuiltHome(home, config.audience or f"slurm:{job.cluster}:{job.job_id}",
-                     announce=announce,
-                     withdraw=lambda: fiberdrecord.remove_record(state_dir))
+    """Build the home ``config.home`` names (see ``HomeEntry.build``). Raises HomeRefused."""
+    return await lookup(config.home).build(config, clock, environ, on_problem)
 
 
 async def close_home(built: BuiltHome) -> list[str]:
-    """Withdraw the announcement and undo what building the home did (cgroup delegation,
-    API clients); one line per failure. Never raises."""
-    home = built.home
+    """Withdraw the announcement and undo what building the home did; one line per
+    failure. Never raises."""
     try:
         built.withdraw()
-        aclose = getattr(home, "aclose", None)
-        if aclose is not None:
-            return list(await aclose())
-        close = getattr(home, "close", None)
-        return list(close()) if close is not None else []
+        return list(await built.close())
     except Exception as err:
-        return [f"closing the {home.name()} home failed: {err}"]
+        return [f"closing the {built.home.name()} home failed: {err}"]

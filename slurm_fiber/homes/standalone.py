@@ -121,8 +121,7 @@ class StandaloneHome:
 
         A missing grantdir is waited for (health stale meanwhile, see grantdir).
         """
-        self._grantdir.check_at_start()
-        return self._grantdir.events()
+        return self._grantdir.deliveries()
 
     def own_grant(self) -> bytes | None:
         """None: a plain host holds no grant of its own."""

@@ -11,6 +11,7 @@ at run time without having declared it. Run them with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 
 from slurm_fiber.config import FiberdConfig
@@ -104,7 +105,7 @@ class WrappingStage(StandaloneStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return BuiltHome(self.wrap(built.home, clock, config), built.audience)
+            return dataclasses.replace(built, home=self.wrap(built.home, clock, config))
 
         return Launch(base.config, base.environ, build)
 

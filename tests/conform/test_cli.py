@@ -125,5 +125,5 @@ def test_a_factory_that_gives_no_stage_is_refused_in_one_line() -> None:
 def test_list_names_every_clause_and_home() -> None:
     run = CliRunner().invoke(app, ["conform", "--list"])
     assert run.exit_code == 0
-    assert "removal.denies" in run.output and "homes: kubernetes, slurm, standalone" in run.output
+    assert "removal.denies" in run.output and "homes: standalone, slurm, kubernetes" in run.output
     assert "[needs control_plane]" in run.output

@@ -90,7 +90,7 @@ def test_readiness_history_folds_republishes_but_not_flips() -> None:
 def test_registry_resolves_builtin_and_import_specs_and_refuses_the_rest() -> None:
     assert stage_factory("standalone") is StandaloneStage
     assert stage_factory("slurm_fiber.conform.standalone:StandaloneStage") is StandaloneStage
-    with pytest.raises(UnknownStage, match="known: kubernetes, slurm, standalone"):
+    with pytest.raises(UnknownStage, match="known: standalone, slurm, kubernetes"):
         stage_factory("nowhere")
     with pytest.raises(UnknownStage, match="cannot load"):
         stage_factory("slurm_fiber.conform.standalone:Missing")

@@ -13,6 +13,7 @@ checked on their own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -56,7 +57,7 @@ class ScopeBlindStage(KubernetesStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return BuiltHome(ScopeBlind(built.home), built.audience)  # type: ignore[arg-type]
+            return dataclasses.replace(built, home=ScopeBlind(built.home))  # type: ignore[arg-type]
 
         return Launch(base.config, base.environ, build)
 

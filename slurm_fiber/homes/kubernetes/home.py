@@ -149,8 +149,7 @@ class KubernetesHome:
     async def grants(self) -> AsyncIterator[GrantEvent]:
         """The Secret volume's deliveries; raises GrantDirRefused when it cannot be trusted
         (a missing one is waited for, the health stale meanwhile)."""
-        self._grantdir.check_at_start()
-        return self._grantdir.events()
+        return self._grantdir.deliveries()
 
     def own_grant(self) -> bytes | None:
         """None: the Pod's grants arrive through its Secret."""

@@ -154,11 +154,9 @@ class SlurmHome:
 
         A missing one is waited for, the health stale meanwhile (see grantdir).
         """
-        grantdir = GrantDir(self.paths.grantdir, self.clock, self.config.grant_poll_every,
-                            on_problem=self.on_problem, owner=self.job.uid,
-                            health=self._health)
-        grantdir.check_at_start()
-        return grantdir.events()
+        return GrantDir(self.paths.grantdir, self.clock, self.config.grant_poll_every,
+                        on_problem=self.on_problem, owner=self.job.uid,
+                        health=self._health).deliveries()
 
     def own_grant(self) -> bytes | None:
         return None
