@@ -51,3 +51,28 @@ def test_a_single_slurmd_prefix_and_a_v2_node(tmp_path: Path) -> None:
 def test_no_cgroup_conf_reads_as_slurms_defaults(tmp_path: Path) -> None:
     assert read_cgroup_conf(tmp_path / "slurm.conf") == {}
     assert job_groups(None, "n1", 0, 3) == job_groups(str(tmp_path / "slurm.conf"), "n1", 0, 3)
+
+
+MOUNTINFO = """\
+40 27 0:32 /process_api/x/slurm-cluster-citest-1 /run/c/memory rw - cgroup cgroup rw,memory
+30 27 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+31 27 0:33 /slurm-cluster-citest-1 /run/c/freezer rw - cgroup cgroup rw,freezer
+"""
+PROC_CGROUP = """\
+6:freezer:/slurm-cluster-citest-1/slurm_n1/uid_995/job_4/step_0
+4:memory:/process_api/x/slurm-cluster-citest-1/slurm_n1/uid_995/job_4/step_0/task_0
+0::/
+"""
+
+
+def test_a_job_inside_a_bind_mounted_cgroup_mountpoint_carves_below_its_own_groups() -> None:
+    """The test cluster's CgroupMountpoint holds bind mounts of groups: fiberd carves in the
+    hierarchy mounted whole where there is one, else through the bind mount it has."""
+    from slurm_fiber.core.cgroups import V1Layout
+
+    layout = V1Layout.parse(MOUNTINFO, PROC_CGROUP)
+    assert layout.root("memory", "slurm-fiber.9") == Path(
+        "/sys/fs/cgroup/memory/process_api/x/slurm-cluster-citest-1/slurm_n1/uid_995/job_4/"
+        "step_0/task_0/slurm-fiber.9")
+    assert layout.root("freezer", "slurm-fiber.9") == Path(
+        "/run/c/freezer/slurm_n1/uid_995/job_4/step_0/slurm-fiber.9")
