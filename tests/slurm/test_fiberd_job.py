@@ -129,8 +129,8 @@ def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
         for user in (job_user, other_user))
     work_of = {a: works[job_user.name], b: works[other_user.name]}
     try:
-        # Each fiber sees its own job's GPU; without device confinement (this cluster) a
-        # job sees node indices, so the two differ.
+        # Each fiber sees its own job's GPU by the node's index (Slurm 22.05's cgroup/v1
+        # here does not renumber it, nor does --slurm-cgroup none), so the two differ.
         seen = [wait_file(work_of[job] / f"cvd-{job}", timeout=120).split() for job in (a, b)]
         assert all(cvd == job_gpus for cvd, job_gpus in seen), seen
         assert sorted(cvd for cvd, _ in seen) == ["0", "1"], seen
