@@ -358,21 +358,28 @@ class V1Layout:
 
     @classmethod
     def parse(cls, mountinfo: str, proc_cgroup: str) -> V1Layout:
+        """A hierarchy mounted whole (mount root "/") wins over a bind mount of one of its
+        groups (e.g. a Slurm test cluster's CgroupMountpoint); with only such a bind
+        mount, ``own`` is taken relative to the group it shows."""
         mounts: dict[str, Path] = {}
+        shown: dict[str, str] = {}  # controller -> the group its chosen mount shows
         for line in mountinfo.splitlines():
             head, sep, tail = line.partition(" - ")
             fields, rest = head.split(), tail.split()
             if not sep or rest[:1] != ["cgroup"] or len(fields) < 5 or len(rest) < 3:
                 continue
             for option in rest[2].split(","):
-                mounts.setdefault(option, Path(fields[4]))
+                if option not in mounts or (shown[option] != "/" and fields[3] == "/"):
+                    mounts[option], shown[option] = Path(fields[4]), fields[3]
         own: dict[str, str] = {}
         for line in proc_cgroup.splitlines():
             _, _, entry = line.partition(":")
             names, _, path = entry.partition(":")
             for name in names.split(","):
                 if name:
-                    own[name] = path
+                    base = shown.get(name, "/").rstrip("/")
+                    inside = path == base or path.startswith(base + "/")
+                    own[name] = (path[len(base):] or "/") if base and inside else path
         return cls(mounts, own)
 
     def root(self, controller: str, name: str) -> Path | None:

@@ -8,13 +8,17 @@ environment and the site config, like the prolog. Steps, each bounded by
 1. ``grants``: remove the job's grantdir, so a fiberd still running sees its
    grants go.
 2. ``processes``: SIGKILL every process of the job that survived: the
-   delegated cgroup, the fiberd of the record and its descendants, orphans
-   whose environment names the job (epilog/survivors); never "all
-   processes of the user".
+   delegated cgroup, the job's groups in Slurm's cgroup v1 hierarchies
+   (homes.slurm.cgroup_v1: a dead fiberd's groups below its step, which
+   Slurm neither signals nor removes), the fiberd of the record and its
+   descendants, orphans whose environment names the job (epilog/survivors);
+   never "all processes of the user".
 3. ``leases``: release the job's GPU leases and drop its unclaimed grants
    (first making the node's lease area root's, as the prolog does, when an
    older version left it shared).
-4. ``cgroup``: remove the job's delegated cgroup subtree.
+4. ``cgroup``: remove the job's delegated cgroup subtree; ``cgroup_v1``: remove
+   what is left of the job's v1 groups (a dead fiberd's, then Slurm's steps and
+   the job's own group, which Slurm could not remove while they had children).
 5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
 6. ``state_dir``: remove the job's state dir.
@@ -104,7 +108,8 @@ def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
 
 
 def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
-               environ: Mapping[str, str], delegated: Path | None) -> list[str]:
+               environ: Mapping[str, str], delegated: Path | None,
+               v1_groups: list[Path]) -> list[str]:
     """Stop the job's surviving processes; descriptions of those that outlived SIGKILL.
 
     The record is the job user's: whatever is at its name (a FIFO, a link, a
@@ -114,7 +119,7 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
     record, why = read_record(paths.state_dir, job.uid)
     if record is None and why is not None and not why.endswith("No such file or directory"):
         hook.warn("processes", f"fiberd record ignored: {why}")
-    roots = [delegated] if delegated is not None else []
+    roots = ([delegated] if delegated is not None else []) + v1_groups
     if record is not None:
         from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
 
@@ -159,11 +164,19 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     return True
 
 
-def _cgroup(delegated: Path) -> bool:
-    from slurm_fiber.core import cgroups  # only for a site that delegates cgroups
+def _cgroup(*trees: Path) -> bool:
+    from slurm_fiber.core import cgroups  # only for a site that delegates or leaves groups
 
-    cgroups.remove_tree(delegated)
+    for tree in trees:
+        cgroups.remove_tree(tree)
     return True
+
+
+def _v1_groups(environ: Mapping[str, str], job: SlurmJob) -> list[Path]:
+    """The job's groups in Slurm's cgroup v1 hierarchies on this node (see cgroup_v1)."""
+    from slurm_fiber.homes.slurm.cgroup_v1 import job_groups
+
+    return job_groups(environ.get("SLURM_CONF") or None, job.node, job.uid, job.job_id)
 
 
 def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
@@ -191,12 +204,17 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
         from slurm_fiber.hooks.cgroup import job_cgroup
 
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
+    v1_groups = hook.step("cgroup_v1", lambda: _v1_groups(environ, job)) or []
     hook.step("grants", lambda: remove_path(paths.grantdir))
-    alive = hook.step("processes",
-                      lambda: _processes(hook, config, paths, job, environ, delegated))
+    alive = hook.step("processes", lambda: _processes(hook, config, paths, job, environ,
+                                                      delegated, v1_groups))
     hook.step("leases", lambda: _leases(hook, config, paths, job))
     if delegated is not None:
         hook.step("cgroup", lambda: _cgroup(delegated))
+    removed_v1 = bool(v1_groups) and hook.step("cgroup_v1", lambda: _cgroup(*v1_groups))
+    if removed_v1:
+        hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
+                  + ", ".join(str(g) for g in v1_groups))
     kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
     if kept is not None:
         hook.note("audit", f"kept the audit log as {kept}")

@@ -7,7 +7,8 @@ file. Every file a job writes goes to the test's work dir, named after the
 job id, and is written whole (tmp + mv) when a test waits for it.
 ``leftovers`` names everything of a job that must be gone after its epilog:
 its processes (by the job id and this cluster's SLURM_CONF in their
-environment), its fiberd and fibers by pid, its delegated cgroup, its state
+environment), its fiberd and fibers by pid, its delegated cgroup, its groups in
+Slurm's cgroup v1 hierarchies (with the cluster's cgroup/v1 plugin), its state
 dir (with the grant files), and its GPU leases held or granted. Jobs run as
 a job user with the cluster's site install (``bare-host up`` makes it): the
 script sets ``SF`` to the site venv's bin dir, and bodies call
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.homes.slurm.cgroup_v1 import job_groups
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.lease import Leases
@@ -135,10 +137,11 @@ def job_processes(slurm_conf: str, job_id: int) -> list[int]:
 
 
 def leftovers(site: SiteConfig, slurm_conf: str, cluster: str, node: str, job_id: int,
-              pids: Iterable[int] = ()) -> list[str]:
+              pids: Iterable[int] = (), uid: int | None = None) -> list[str]:
     """What of job ``job_id`` remains on ``node``: one line per leftover, [] when none.
 
-    ``pids`` are processes the job had (its fiberd, its fibers) that must be gone too.
+    ``pids`` are processes the job had (its fiberd, its fibers) that must be gone too;
+    ``uid``: the job's user, whose Slurm cgroup v1 groups of the job must be gone too.
     """
     paths = job_paths(site.state_root, node, job_id)
     left = [f"process {pid} with the job's environment" for pid in
@@ -146,6 +149,9 @@ def leftovers(site: SiteConfig, slurm_conf: str, cluster: str, node: str, job_id
     left += [f"pid {pid} of the job still runs" for pid in pids if alive(pid)]
     if site.cgroup_parent is not None and (site.cgroup_parent / node / f"job_{job_id}").exists():
         left.append("the job's delegated cgroup")
+    if uid is not None:
+        left += [f"the job's cgroup v1 group {g}" for g in job_groups(slurm_conf, node, uid,
+                                                                        job_id)]
     if paths.grantdir.exists():
         left.append(f"the grantdir {paths.grantdir}")
     if paths.state_dir.exists():

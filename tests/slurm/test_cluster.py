@@ -72,7 +72,8 @@ def test_two_one_gpu_jobs_on_one_node_get_different_gpus(
 
 def test_up_down_lifecycle_leaves_no_daemon(private_dir: Path,
                                             bare_host_script: BareHost) -> None:
-    """A second, private cluster: idempotent up, status/env, and down by PID."""
+    """A second, private cluster: idempotent up, status/env, and down by PID; Slurm's
+    cgroup/v1 runs on bind mounts of groups of its own, which down removes."""
     bare_host, exports = bare_host_script.run, bare_host_script.exports
     if os.geteuid() != 0:
         pytest.skip("bare-host up needs root")
@@ -90,6 +91,13 @@ def test_up_down_lifecycle_leaves_no_daemon(private_dir: Path,
         ping = subprocess.run(["scontrol", "ping"], env=os.environ | variables,
                               capture_output=True, text=True, timeout=30)
         assert "is UP" in ping.stdout
+        run_dir = private_dir / "cluster"
+        assert "CgroupPlugin=cgroup/v1" in (run_dir / "etc" / "cgroup.conf").read_text()
+        groups = json.loads((run_dir / "slurm-cgroups.json").read_text())
+        assert sorted(groups) == ["devices", "freezer", "memory"], groups
+        mounts = [run_dir / "cgroup" / controller for controller in groups]
+        assert all(os.path.ismount(m) for m in mounts), mounts
+        assert all(Path(g).is_dir() for g in groups.values()), groups
     finally:
         down = bare_host("down", env=env)
     assert down.returncode == 0, down.stderr
@@ -98,6 +106,8 @@ def test_up_down_lifecycle_leaves_no_daemon(private_dir: Path,
                               text=True).stdout.strip()
         assert stat in {"", "Z"} or stat.startswith("Z"), (pid, stat)
     assert bare_host("status", env=env).returncode == 3
+    assert not any(os.path.ismount(m) for m in mounts), mounts
+    assert not any(Path(g).exists() for g in groups.values()), groups
 
 
 def test_usage_errors_exit_2(bare_host_script: BareHost) -> None:

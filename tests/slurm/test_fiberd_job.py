@@ -81,11 +81,13 @@ def site_of(cluster: SlurmCluster) -> SiteConfig:
     return load_site_config({"SLURM_FIBER_CONFIG": str(cluster.site_config)})
 
 
-def clean_after(cluster: SlurmCluster, node: str, job_id: int, pids: list[int]) -> None:
-    """Wait (bounded) until nothing of the job remains on ``node``."""
+def clean_after(cluster: SlurmCluster, node: str, job_id: int, pids: list[int],
+                uid: int | None = None) -> None:
+    """Wait (bounded) until nothing of the job remains on ``node`` (``uid``: nor its Slurm
+    cgroup v1 groups)."""
     site = site_of(cluster)
-    settle(lambda: leftovers(site, cluster.env["SLURM_CONF"], "citest", node, job_id, pids),
-           f"job {job_id} left something behind")
+    settle(lambda: leftovers(site, cluster.env["SLURM_CONF"], "citest", node, job_id, pids,
+                             uid), f"job {job_id} left something behind")
 
 
 def events_of(cluster: SlurmCluster, node: str, job_id: int) -> list[str]:
@@ -110,7 +112,7 @@ def test_a_gpu_job_runs_fibers_and_a_call_through_its_fiberd(
     assert lines[2 * RUNS:2 * RUNS + 2] == ['"[1]"', "rc 0"]
     assert lines[-2].startswith("JSONDecodeError: ") and lines[-1] == "rc 1", lines[-2:]
     assert ended(slurm_cluster, job) == "COMPLETED"
-    clean_after(slurm_cluster, "n1", job, [pid])
+    clean_after(slurm_cluster, "n1", job, [pid], job_user.uid)
     events = events_of(slurm_cluster, "n1", job)
     assert events[:2] == ["start", "admit"] and events[-1] == "stop", events
     assert events.count("clone") == RUNS + 2 and events.count("fiber_exit") == RUNS + 2
@@ -127,8 +129,8 @@ def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
         for user in (job_user, other_user))
     work_of = {a: works[job_user.name], b: works[other_user.name]}
     try:
-        # Each fiber sees its own job's GPU; without device confinement (this cluster) a
-        # job sees node indices, so the two differ.
+        # Each fiber sees its own job's GPU by the node's index (Slurm 22.05's cgroup/v1
+        # here does not renumber it, nor does --slurm-cgroup none), so the two differ.
         seen = [wait_file(work_of[job] / f"cvd-{job}", timeout=120).split() for job in (a, b)]
         assert all(cvd == job_gpus for cvd, job_gpus in seen), seen
         assert sorted(cvd for cvd, _ in seen) == ["0", "1"], seen
@@ -162,7 +164,7 @@ def test_scancel_with_a_fiber_running_leaves_nothing(
     pids = [fiberd_pid(work, job), *fiber_pids(work, job)]
     assert slurm_cluster.run("scancel", str(job)).returncode == 0
     assert ended(slurm_cluster, job) == "CANCELLED"
-    clean_after(slurm_cluster, "n2", job, pids)
+    clean_after(slurm_cluster, "n2", job, pids, job_user.uid)
     events = events_of(slurm_cluster, "n2", job)
     assert {"admit", "clone"} <= set(events), events
 
@@ -188,7 +190,7 @@ mv "ls-$id.json" "killed-$id.json"
     survivors = (work / f"survivors-{job}").read_text().split()
     assert survivors == [str(p) for p in fibers], "the fiber did not outlive its fiberd"
     slurm_cluster.wait_done(job)
-    clean_after(slurm_cluster, "n2", job, [pid, *fibers])
+    clean_after(slurm_cluster, "n2", job, [pid, *fibers], job_user.uid)
     events = events_of(slurm_cluster, "n2", job)
     assert {"admit", "clone"} <= set(events) and "stop" not in events, events
 
@@ -203,6 +205,6 @@ def test_a_time_limit_with_a_fiber_running_leaves_nothing(
     pids = [fiberd_pid(work, job), *fiber_pids(work, job)]
     assert job_paths(site_of(slurm_cluster).state_root, "n1", job).socket.exists()
     assert ended(slurm_cluster, job, timeout=150) == "TIMEOUT"
-    clean_after(slurm_cluster, "n1", job, pids)
+    clean_after(slurm_cluster, "n1", job, pids, job_user.uid)
     events = events_of(slurm_cluster, "n1", job)
     assert {"admit", "clone", "stop"} <= set(events), events

@@ -15,6 +15,12 @@ In order of preference:
 3. none, with a reason a person can act on (e.g. proctrack/linuxproc puts
    steps in slurmd's own cgroup, which is not the job's to carve).
 
+On a cgroup v1 or hybrid node (Slurm's cgroup/v1 plugin) the v2 tree holds
+no job cgroup, so this gives none, and the core's v1 backend (core.cgroups,
+``cgroup_backend`` auto) carves below fiberd's own v1 groups, which are the
+job's step (freezer) and task (memory, devices) groups, given to the job user
+by Slurm; the epilog clears what a dead fiberd leaves there (cgroup_v1).
+
 Decisions read the tree under an injected mount and /proc, so tests build
 the tree themselves; only ``enter_leaf`` writes (mkdir and one pid).
 """
