@@ -145,7 +145,7 @@ class TaskRunner:
         blocks until it is gone. A fiber already gone is not an error."""
         with contextlib.suppress(Refused, Unreachable), \
                 FiberdClient(self.socket, timeout=self.stop_grace + 30) as client:
-            client.request("stop_fiber", fiber=fiber_id, grace=self.stop_grace)
+            client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
         """Stop every fiber this runner is waiting for now; how many were asked to stop."""
@@ -192,7 +192,7 @@ class TaskRunner:
         """One Clone and its wait. Raises Missed, Refused, Unreachable."""
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
-        fiber_id = str(fiber.get("id"))
+        fiber_id = fiber.id
         outcome.fiber_id = fiber_id
         with self._lock:
             self._running.add(fiber_id)
@@ -231,8 +231,8 @@ def wait_ready(socket: str | os.PathLike[str], timeout: float | None, *,
         try:
             with FiberdClient(socket, timeout=5.0) as client:
                 reachable = True
-                ready = client.request("ready").get("ready") is True
-                status = client.request("status")
+                ready = client.ready().ready
+                status = client.status().data
             templates = status.get("templates")
             state = templates.get(grant) if isinstance(templates, dict) and grant else None
             if ready and (grant is None or state == "ready"):

@@ -202,7 +202,7 @@ class SignalForwarder:
     def forward(self, signum: int) -> None:
         try:
             with FiberdClient(self.path, timeout=5.0) as client:
-                client.request("signal_fiber", fiber=self.fiber_id, signal=signum)
+                client.signal_fiber(str(self.fiber_id), signum)
         except (Unreachable, Refused) as e:
             print(f"fiberctl: could not forward {signal.Signals(signum).name}: {e}",
                   file=sys.stderr)
@@ -212,7 +212,7 @@ def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
     """Clone with this process's stdio and signals attached; the exit event when it ends."""
     with SignalForwarder(path) as forwarder, FiberdClient(path) as client:
         fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
-        forwarder.attach(str(fiber.get("id")))
+        forwarder.attach(fiber.id)
         return client.wait_exit()
 
 
@@ -280,10 +280,11 @@ def call(args: argparse.Namespace) -> None:
     print(json.dumps(end.get("result")))
 
 
-def one_request(socket: str | None, op: str, **fields: object) -> dict[str, object]:
-    """Send one request to the discovered fiberd and return its result (exits on failure)."""
+@contextlib.contextmanager
+def connected(socket: str | None) -> Iterator[FiberdClient]:
+    """A client of the discovered fiberd; its failures exit as ``answers`` says."""
     with answers(), FiberdClient(discover_socket(socket)) as client:
-        return client.request(op, **fields)
+        yield client
 
 
 FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
@@ -296,31 +297,31 @@ def fiber_row(record: dict[str, object]) -> str:
 
 def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
-    fibers = one_request(args.socket, "list_fibers").get("fibers", [])
+    with connected(args.socket) as client:
+        fibers = client.list_fibers().fibers
     if args.json:
         print(json.dumps(fibers))
         return
     print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
-    for record in fibers if isinstance(fibers, list) else []:
+    for record in fibers:
         print(fiber_row(record))
 
 
 def stop(args: argparse.Namespace) -> None:
     """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
-    fields: dict[str, object] = {"fiber": args.fiber_id}
-    if args.grace is not None:
-        fields["grace"] = args.grace
-    record = one_request(args.socket, "stop_fiber", **fields).get("fiber", {})
+    with connected(args.socket) as client:
+        record = client.stop_fiber(args.fiber_id, args.grace)
     print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
 def inspect_fiber(args: argparse.Namespace) -> None:
     """Show fiber ID's record (pid, grant, state, exit, cpu time, ...), one field a line."""
-    record = one_request(args.socket, "inspect_fiber", fiber=args.fiber_id).get("fiber", {})
+    with connected(args.socket) as client:
+        record = client.inspect_fiber(args.fiber_id)
     if args.json:
         print(json.dumps(record))
         return
-    for key, value in (record.items() if isinstance(record, dict) else []):
+    for key, value in record.items():
         print(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
 
 
@@ -344,8 +345,8 @@ def kill(args: argparse.Namespace) -> None:
     delivered, 1 when the fiber had already exited. ``stop`` waits for it to go."""
     signum = signal_number(args.signal)
     name = signal.Signals(signum).name
-    delivered = bool(one_request(args.socket, "signal_fiber", fiber=args.fiber_id,
-                                 signal=signum).get("delivered"))
+    with connected(args.socket) as client:
+        delivered = client.signal_fiber(args.fiber_id, signum).delivered
     if args.json:
         print(json.dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
     elif delivered:
@@ -366,12 +367,13 @@ def grant_row(values: Sequence[object]) -> str:
 def grants(args: argparse.Namespace) -> None:
     """List the grants fiberd holds: uid, template state, fibers, lease end, and what of
     each grant's limits is enforced (NOT enforced ones named)."""
-    listed = one_request(args.socket, "list_grants").get("grants", [])
+    with connected(args.socket) as client:
+        listed = client.list_grants().grants
     if args.json:
         print(json.dumps(listed))
         return
     print(grant_row([c.upper() for c in GRANT_COLUMNS]))
-    for record in listed if isinstance(listed, list) else []:
+    for record in listed:
         template = record.get("template")
         state = template.get("state") if isinstance(template, dict) else record.get("state")
         print(grant_row([record.get("uid", "-"), state or "-", record.get("fibers", "-"),
@@ -384,20 +386,19 @@ def grants(args: argparse.Namespace) -> None:
 def metrics(args: argparse.Namespace) -> None:
     """Print fiberd's metrics in the Prometheus text format (``--json``: the reply, with its
     content type)."""
-    reply = one_request(args.socket, "metrics")
+    with connected(args.socket) as client:
+        reply = client.metrics()
     if args.json:
-        print(json.dumps(reply))
+        print(json.dumps(reply.to_json()))
     else:
-        sys.stdout.write(str(reply.get("text", "")))
+        sys.stdout.write(reply.text)
 
 
 def status(args: argparse.Namespace) -> None:
     """Show fiberd's status, health and readiness."""
-    report = {
-        "status": one_request(args.socket, "status"),
-        "health": one_request(args.socket, "health"),
-        "ready": one_request(args.socket, "ready").get("ready"),
-    }
+    with connected(args.socket) as client:
+        report = {"status": client.status().data, "health": client.health().data,
+                  "ready": client.ready().ready}
     if args.json:
         print(json.dumps(report))
         return

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
+from slurm_fiber.core.api.replies import (
+    Delivered,
+    Document,
+    Fiber,
+    FiberList,
+    GrantList,
+    Metrics,
+    Ready,
+    Reply,
+)
 from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.grant import valid_uid
@@ -102,6 +112,9 @@ class FiberOp:
 
     fiber: str
 
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return (self.fiber,)
+
 
 @dataclass(frozen=True)
 class StopOp:
@@ -109,6 +122,9 @@ class StopOp:
 
     fiber: str
     grace: float | None
+
+    def handler_args(self, peer: Peer) -> tuple[object, ...]:
+        return (self.fiber, self.grace, peer)
 
 
 @dataclass(frozen=True)
@@ -118,12 +134,18 @@ class SignalOp:
     fiber: str
     signum: int
 
+    def handler_args(self, peer: Peer) -> tuple[object, ...]:
+        return (self.fiber, self.signum, peer)
+
 
 @dataclass(frozen=True)
 class PlainOp:
-    """The ops that take no fields: list_fibers, list_grants, status, health, ready, metrics."""
+    """The ops that take no fields: list_grants, status, health, ready, metrics."""
 
     name: str
+
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return ()
 
 
 Op = CloneOp | FiberOp | StopOp | SignalOp | PlainOp
@@ -131,10 +153,11 @@ Op = CloneOp | FiberOp | StopOp | SignalOp | PlainOp
 
 @dataclass(frozen=True)
 class Request:
-    """A validated request: the echoed id and the op."""
+    """A validated request: the echoed id, the op's row in ``TABLE`` and its fields."""
 
     id: int | str | None
     op: Op
+    spec: OpSpec
 
 
 # --- field readers ----------------------------------------------------------------------
@@ -307,18 +330,56 @@ def _stop(f: _Fields) -> StopOp:
     return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
 
 
-_PLAIN_OPS = ("list_fibers", "list_grants", "status", "health", "ready", "metrics")
-_PARSERS: dict[str, tuple[frozenset[str], Callable[[_Fields, int], Op]]] = {
-    "clone": (_CLONE_FIELDS, _clone),
-    "inspect_fiber": (frozenset({"fiber"}), lambda f, _n: FiberOp(_fiber_id(f))),
-    "stop_fiber": (frozenset({"fiber", "grace"}), lambda f, _n: _stop(f)),
-    "signal_fiber": (
-        frozenset({"fiber", "signal"}),
-        lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
-            f.get("signal", (int, str), "a signal number or name", required=True))),
-    ),
-}
-OPS: tuple[str, ...] = (*_PARSERS, *_PLAIN_OPS)
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the protocol: its name, request and reply types, and who answers it.
+
+    ``handler`` names the ``Service`` method that answers it (``server_side``:
+    the ``ApiServer``'s own, for what the server keeps, such as metrics); the
+    server calls it with ``request.handler_args(peer)`` and sends
+    ``reply.of(its return value)``. ``streams``: the op is answered by the
+    server's clone path (events, descriptors) instead. ``fields`` are the
+    request fields it takes, ``parse`` builds the request from them (and the
+    number of descriptors that came), ``since`` is the protocol version that
+    added it (a request for it must say ``"v"`` at least that).
+    """
+
+    name: str
+    request: type
+    reply: type[Reply]
+    handler: str
+    fields: frozenset[str]
+    parse: Callable[[_Fields, int], Op]
+    since: int = 1
+    descriptors: bool = False
+    streams: bool = False
+    server_side: bool = False
+
+
+def _plain(name: str, reply: type[Reply]) -> OpSpec:
+    """An op without fields answered by the Service method of the same name."""
+    return OpSpec(name, PlainOp, reply, name, frozenset(), lambda _f, _n: PlainOp(name))
+
+
+TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
+    OpSpec("clone", CloneOp, Fiber, "clone", _CLONE_FIELDS, _clone,
+           descriptors=True, streams=True),
+    OpSpec("inspect_fiber", FiberOp, Fiber, "inspect_fiber", frozenset({"fiber"}),
+           lambda f, _n: FiberOp(_fiber_id(f))),
+    OpSpec("stop_fiber", StopOp, Fiber, "stop_fiber", frozenset({"fiber", "grace"}),
+           lambda f, _n: _stop(f)),
+    OpSpec("signal_fiber", SignalOp, Delivered, "signal_fiber", frozenset({"fiber", "signal"}),
+           lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
+               f.get("signal", (int, str), "a signal number or name", required=True)))),
+    _plain("list_fibers", FiberList),
+    _plain("list_grants", GrantList),
+    _plain("status", Document),
+    _plain("health", Document),
+    _plain("ready", Ready),
+    OpSpec("metrics", PlainOp, Metrics, "metrics_text", frozenset(),
+           lambda _f, _n: PlainOp("metrics"), server_side=True),
+)}
+OPS: tuple[str, ...] = tuple(TABLE)
 
 
 def request_id(body: object) -> int | str | None:
@@ -353,15 +414,15 @@ def parse_request(body: object, nfds: int) -> Request:
         raise ApiError(ErrorCode.BAD_REQUEST, "field 'op' (a string) is required", "op")
     if nfds > MAX_FDS:
         raise ApiError(ErrorCode.BAD_FDS, f"{nfds} descriptors passed; at most {MAX_FDS}")
-    if nfds and op != "clone":
-        raise ApiError(ErrorCode.BAD_FDS, f"descriptors are only accepted on clone, not {op!r}")
-    if op in _PLAIN_OPS:
-        _Fields(body, frozenset())
-        return Request(request_id(body), PlainOp(op))
-    if op not in _PARSERS:
+    spec = TABLE.get(op)
+    if spec is None:
         raise ApiError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:40]!r}; known: {', '.join(OPS)}")
-    allowed, parse = _PARSERS[op]
-    return Request(request_id(body), parse(_Fields(body, allowed), nfds))
+    if nfds and not spec.descriptors:
+        raise ApiError(ErrorCode.BAD_FDS, f"descriptors are only accepted on clone, not {op!r}")
+    if body.get("v", 1) < spec.since:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"op {op!r} needs \"v\": {spec.since} in the request",
+                       "v")
+    return Request(request_id(body), spec.parse(_Fields(body, spec.fields), nfds), spec)
 
 
 # --- replies ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import enum
 import errno
+import inspect
 import logging
 import math
 import os
@@ -56,11 +57,7 @@ from slurm_fiber.core.api.protocol import (
     ApiError,
     CloneOp,
     ErrorCode,
-    FiberOp,
-    PlainOp,
     Request,
-    SignalOp,
-    StopOp,
     error_reply,
     miss_reply,
     ok_reply,
@@ -72,7 +69,6 @@ from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberHandle,
     FiberNotFound,
-    JsonMap,
     Peer,
     Service,
     Stdio,
@@ -405,21 +401,19 @@ class _Connection:
                 ErrorCode.INTERNAL, f"fiberd failed on this request: {type(e).__name__}: {e}"))
 
     async def dispatch(self, request: Request, frame: Frame) -> None:
-        service, op, rid = self.server.service, request.op, request.id
+        """Answer a validated request as its row in the op table says."""
+        spec, op, rid = request.spec, request.op, request.id
         assert self.peer is not None
-        result: JsonMap
-        if isinstance(op, CloneOp):
+        if spec.streams:
+            assert isinstance(op, CloneOp)
             await self.clone(rid, op, frame)
             return
-        if isinstance(op, FiberOp):
-            result = {"fiber": dict(service.inspect_fiber(op.fiber))}
-        elif isinstance(op, StopOp):
-            result = {"fiber": dict(await service.stop_fiber(op.fiber, op.grace, self.peer))}
-        elif isinstance(op, SignalOp):
-            result = {"delivered": bool(service.signal_fiber(op.fiber, op.signum, self.peer))}
-        else:
-            result = self.server.plain_result(op)
-        await self.send(ok_reply(rid, result))
+        assert not isinstance(op, CloneOp)
+        owner: object = self.server if spec.server_side else self.server.service
+        answer = getattr(owner, spec.handler)(*op.handler_args(self.peer))
+        if inspect.isawaitable(answer):
+            answer = await answer
+        await self.send(ok_reply(rid, spec.reply.of(answer).to_json()))
 
     async def clone(self, rid: int | str | None, op: CloneOp, frame: Frame) -> None:
         server = self.server
@@ -544,22 +538,9 @@ class ApiServer:
         except Exception:
             log.exception("audit callback failed for %s", refusal)
 
-    def plain_result(self, op: PlainOp) -> JsonMap:
-        """The answer to an op that takes no fields."""
-        service = self.service
-        match op.name:
-            case "list_fibers":
-                return {"fibers": [dict(f) for f in service.list_fibers()]}
-            case "list_grants":
-                return {"grants": [dict(g) for g in service.list_grants()]}
-            case "status":
-                return service.status()
-            case "health":
-                return service.health()
-            case "ready":
-                return {"ready": bool(service.ready())}
-            case _:
-                return {"content_type": CONTENT_TYPE, "text": self.metrics.render()}
+    def metrics_text(self) -> tuple[str, str]:
+        """The ``metrics`` op's answer: the content type and the exposition."""
+        return CONTENT_TYPE, self.metrics.render()
 
     # --- accepting and admission ---------------------------------------------------------
 

@@ -1,0 +1,177 @@
+"""The reply types of fiberd's socket ops, as the protocol's op table names them.
+
+Each op in ``protocol.TABLE`` names one of these as its reply type: the
+server builds it from what the Service returned (``of``) and sends its
+``to_json()`` as the reply's ``result``; the client's typed method rebuilds
+it from that ``result`` (``from_json``). ``from_json`` is lenient (a field
+missing from an older fiberd's reply gets its default), so a newer client
+reads an older fiberd. Records (fibers, grants) stay JSON objects: their
+fields are documented in docs/socket-protocol.md and grow additively.
+
+Light on purpose: only ``typing`` is imported, so a client started per task
+(``fiberctl run``) pays nothing for these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+Json = dict[str, Any]
+
+
+def _dict(value: object) -> Json:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _records(value: object) -> list[Json]:
+    return [dict(r) for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
+
+
+class Fiber(dict[str, Any]):
+    """One fiber's record (``clone``'s ``started`` event, ``inspect_fiber``, ``stop_fiber``).
+
+    The record itself (a dict, so its documented fields grow freely), with typed
+    access to the fields every record has. On the wire: ``{"fiber": record}``.
+    """
+
+    @property
+    def id(self) -> str:
+        return str(self.get("id"))
+
+    @property
+    def pid(self) -> int | None:
+        pid = self.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    @property
+    def grant(self) -> str | None:
+        grant = self.get("grant")
+        return grant if isinstance(grant, str) else None
+
+    @property
+    def state(self) -> str | None:
+        state = self.get("state")
+        return state if isinstance(state, str) else None
+
+    @classmethod
+    def of(cls, record: Mapping[str, object]) -> Fiber:
+        return cls(record)
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Fiber:
+        return cls(_dict(result.get("fiber")))
+
+    def to_json(self) -> Json:
+        return {"fiber": dict(self)}
+
+
+class FiberList(NamedTuple):
+    """``list_fibers``: one page of fiber records and the cursor of the next (None: last)."""
+
+    fibers: list[Json]
+    next: str | None = None
+
+    @classmethod
+    def of(cls, records: Iterable[Mapping[str, object]]) -> FiberList:
+        return cls([dict(r) for r in records])
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> FiberList:
+        cursor = result.get("next")
+        return cls(_records(result.get("fibers")), cursor if isinstance(cursor, str) else None)
+
+    def to_json(self) -> Json:
+        out: Json = {"fibers": self.fibers}
+        if self.next is not None:
+            out["next"] = self.next
+        return out
+
+
+class Delivered(NamedTuple):
+    """``signal_fiber``: whether the signal was sent (False: the fiber had exited)."""
+
+    delivered: bool
+
+    @classmethod
+    def of(cls, delivered: object) -> Delivered:
+        return cls(bool(delivered))
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Delivered:
+        return cls(result.get("delivered") is True)
+
+    def to_json(self) -> Json:
+        return {"delivered": self.delivered}
+
+
+class GrantList(NamedTuple):
+    """``list_grants``: every admitted grant's record."""
+
+    grants: list[Json]
+
+    @classmethod
+    def of(cls, records: Iterable[Mapping[str, object]]) -> GrantList:
+        return cls([dict(r) for r in records])
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> GrantList:
+        return cls(_records(result.get("grants")))
+
+    def to_json(self) -> Json:
+        return {"grants": self.grants}
+
+
+class Ready(NamedTuple):
+    """``ready``: whether fiberd serves clones now."""
+
+    ready: bool
+
+    @classmethod
+    def of(cls, ready: object) -> Ready:
+        return cls(bool(ready))
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Ready:
+        return cls(result.get("ready") is True)
+
+    def to_json(self) -> Json:
+        return {"ready": self.ready}
+
+
+class Document(NamedTuple):
+    """``status``, ``health``: an open document, the result itself (fields in the docs)."""
+
+    data: Json
+
+    @classmethod
+    def of(cls, data: Mapping[str, object]) -> Document:
+        return cls(dict(data))
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Document:
+        return cls(dict(result))
+
+    def to_json(self) -> Json:
+        return self.data
+
+
+class Metrics(NamedTuple):
+    """``metrics``: the Prometheus exposition and its content type."""
+
+    content_type: str
+    text: str
+
+    @classmethod
+    def of(cls, pair: tuple[str, str]) -> Metrics:
+        return cls(*pair)
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Metrics:
+        return cls(str(result.get("content_type", "")), str(result.get("text", "")))
+
+    def to_json(self) -> Json:
+        return {"content_type": self.content_type, "text": self.text}
+
+
+Reply = Fiber | FiberList | Delivered | GrantList | Ready | Document | Metrics
