@@ -28,15 +28,19 @@ ended it: its deadline, a stop, ...); ``TaskTimeout`` when the per-task
 ``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
 ``FiberMissed`` when fiberd started nothing (a retryable miss is first
 retried with a bounded backoff); ``FiberdError`` when fiberd refused or
-could not be reached. Threads: up to ``max_workers`` (default: this
-machine's usable CPUs), started on demand, each with one connection.
+could not be reached. Fibers in flight: up to ``max_workers`` (default:
+this machine's usable CPUs); worker threads: one per usable CPU at most,
+started on demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
 A running call cannot be cancelled (as in concurrent.futures); if the calling
 process dies, its connections close and fiberd sends each fiber it was
 waiting for SIGHUP (the clone's ``hangup``).
 
-Every task goes through ``slurm_fiber.tasks.TaskRunner.run``, the one
-place a batch clone would replace.
+A worker that finds several calls pending (up to ``max_workers`` in
+flight in all) starts them with one batch clone
+(``slurm_fiber.tasks.TaskRunner.run_many``), each still its own fiber whose
+future is settled as it ends, and takes more once all of them have ended;
+a fiberd older than protocol v3 gets one clone per call.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -224,6 +229,8 @@ class Executor(cf.Executor):
         self._threads: list[threading.Thread] = []
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
+        self._in_flight = 0  # calls taken by workers and not ended
+        self._cpus = len(os.sched_getaffinity(0))  # worker threads: at most one per CPU
         self._shutdown = False
 
     def __repr__(self) -> str:
@@ -248,7 +255,7 @@ class Executor(cf.Executor):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._work.put((future, task))
             if not self._idle.acquire(blocking=False) and \
-                    len(self._threads) < self.max_workers:
+                    len(self._threads) < min(self.max_workers, self._cpus):
                 thread = threading.Thread(target=self._worker, daemon=True,
                                           name=f"slurm-fiber-executor-{len(self._threads)}")
                 thread.start()
@@ -277,14 +284,39 @@ class Executor(cf.Executor):
             self.runner.close()
 
     def _worker(self) -> None:
+        """Take a pending call, and every other one pending while fibers in flight stay
+        within ``max_workers``; run them as one batch; settle each future as its fiber
+        ends."""
         while True:
             item = self._work.get()
             if item is None:
                 return
-            future, task = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(decode_outcome(self.runner.run(task)))
-                except BaseException as err:
-                    future.set_exception(err)
-            self._idle.release()
+            taken = [item]
+            with self._lock:
+                self._in_flight += 1
+                while self._in_flight < self.max_workers:
+                    try:
+                        more = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self._work.put(None)  # another worker's stop: leave it for it
+                        break
+                    taken.append(more)
+                    self._in_flight += 1
+            running = [(f, t) for f, t in taken if f.set_running_or_notify_cancel()]
+            futures = [f for f, _ in running]
+            self.runner.run_many([t for _, t in running], partial(_settle_nth, futures))
+            with self._lock:
+                self._in_flight -= len(taken)
+            for _ in taken:
+                self._idle.release()
+
+
+def _settle_nth(futures: list[cf.Future[Any]], n: int, outcome: Outcome) -> None:
+    """Give the ``n``th future the call's value or exception."""
+    future = futures[n]
+    try:
+        future.set_result(decode_outcome(outcome))
+    except BaseException as err:
+        future.set_exception(err)

@@ -331,7 +331,41 @@ class Core:
         resolved = await self._resolve(request)
         if isinstance(resolved, Miss):
             return self._miss(None, resolved, caller)
-        uid = resolved
+        return await self._clone_for(resolved, request, stdio, caller)
+
+    async def clone_batch(self, requests: Sequence[CloneRequest],
+                          stdios: Sequence[Stdio]) -> list[FiberView | Miss | Exception]:
+        """Clone once per request (all of one peer, grant and token): the grant resolved and
+        a carried token verified and admitted once; a miss of that step is audited once
+        (``batch``: how many it answers) and answers every item. Then each item is decided,
+        forked and audited (``clone``, with ``batch``) on its own: an item's miss, failed
+        fork (its CloneFailed, returned) or unwritable audit record leaves the rest going."""
+        if not requests:
+            return []
+        first = requests[0]
+        caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
+                  "batch": len(requests)}
+        try:
+            resolved = closed_miss() if self.closing else await self._resolve(first)
+            if isinstance(resolved, Miss):
+                return [self._miss(None, resolved, caller)] * len(requests)
+        except AuditWriteFailed as err:
+            log.error("clone batch refused: %s", err)
+            return [_audit_failed(err)] * len(requests)
+        out: list[FiberView | Miss | Exception] = []
+        for request, stdio in zip(requests, stdios, strict=True):
+            try:
+                out.append(await self._clone_for(resolved, request, stdio, caller))
+            except AuditWriteFailed as err:
+                log.error("clone refused: %s", err)
+                out.append(_audit_failed(err))
+            except CloneFailed as err:
+                out.append(err)
+        return out
+
+    async def _clone_for(self, uid: str, request: CloneRequest, stdio: Stdio,
+                         caller: dict[str, int]) -> FiberView | Miss:
+        """A Clone whose grant is resolved: the book's decision, then the fork."""
         grant = self._grants.get(uid)
         if grant is None and uid in self._unenforceable:
             return self._miss(uid, self._unenforceable[uid], caller)

@@ -121,6 +121,17 @@ class ProcService:
         loop.add_reader(pidfd, self._reap, fiber, pidfd)
         return fiber
 
+    async def clone_batch(self, requests: list[CloneRequest],
+                          stdios: list[Stdio]) -> list[ProcFiber | Miss | Exception]:
+        """Each item as ``clone``; an item that raises fails alone."""
+        out: list[ProcFiber | Miss | Exception] = []
+        for request, stdio in zip(requests, stdios, strict=True):
+            try:
+                out.append(await self.clone(request, stdio))
+            except Exception as err:
+                out.append(err)
+        return out
+
     def _reap(self, fiber: ProcFiber, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)

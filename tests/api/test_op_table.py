@@ -17,6 +17,7 @@ from tests.runtime.kit import ThreadFiberd
 # table without a line here fails test_every_op_has_a_typed_method_and_a_round_trip.
 CALLS: dict[str, Callable[[FiberdClient, str], object]] = {
     "clone": lambda c, _f: c.clone(exec={"argv": ["true"]}),
+    "clone_batch": lambda c, _f: c.clone_batch([{"key": "a", "exec": {"argv": ["true"]}}]),
     "inspect_fiber": lambda c, f: c.inspect_fiber(f),
     "signal_fiber": lambda c, f: c.signal_fiber(f, "CONT"),
     "list_fibers": lambda c, _f: c.list_fibers(),

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
 from slurm_fiber.core.api.replies import (
+    BatchStarted,
     Delivered,
     Document,
     Fiber,
@@ -32,6 +33,8 @@ from slurm_fiber.core.api.replies import (
 )
 
 MAX_REPLY = 16 << 20
+BATCH_SINCE = 3  # protocol.BATCH_SINCE (not imported: the protocol module costs a per-task
+# client too much to import)
 
 
 class Unreachable(Exception):
@@ -168,6 +171,27 @@ class FiberdClient:
             message["stdio"] = names
         result = self.exchange(message, [stdio[n] for n in names])["result"]
         return Fiber.from_json(result if isinstance(result, dict) else {})
+
+    def clone_batch(self, items: Sequence[Mapping[str, object]], *,
+                    stdio: Sequence[Mapping[str, int]] = (), wait: bool = False,
+                    **fields: object) -> BatchStarted:
+        """Start one fiber per item (protocol v3) in one request: each item is
+        ``{"key": str, "exec"|"call": ..., "env"?: ...}``, ``stdio[i]`` the descriptors of
+        item i (as in ``clone``); ``fields`` hold for every item (``grant``/``token``,
+        ``env``, ``hangup``). The reply names each item's fiber, miss or error. With
+        ``wait``, follow with one ``wait_exit`` per started fiber. Raises Refused (a v2
+        fiberd: ``unsupported_version``), Unreachable."""
+        sent: list[dict[str, object]] = []
+        fds: list[int] = []
+        for n, item in enumerate(items):
+            given = stdio[n] if n < len(stdio) else {}
+            names = [name for name in STDIO_NAMES if name in given]
+            sent.append({**item, "stdio": names} if names else dict(item))
+            fds.extend(given[name] for name in names)
+        message: dict[str, object] = {"op": "clone_batch", "v": BATCH_SINCE, "wait": wait,
+                                      **fields, "items": sent}
+        result = self.exchange(message, fds)["result"]
+        return BatchStarted.from_json(result if isinstance(result, dict) else {})
 
     def inspect_fiber(self, fiber: str) -> Fiber:
         """One fiber's record. Refused ``not_found`` when fiberd does not know it."""

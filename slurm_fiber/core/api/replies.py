@@ -174,4 +174,28 @@ class Metrics(NamedTuple):
         return {"content_type": self.content_type, "text": self.text}
 
 
-Reply = Fiber | FiberList | Delivered | GrantList | Ready | Document | Metrics
+class BatchStarted(NamedTuple):
+    """``clone_batch``'s ``started`` event: one entry per item, in the request's order:
+    ``{"key", "ok": true, "fiber": record}``, ``{"key", "ok": false, "miss": {...}}`` or
+    ``{"key", "ok": false, "error": {"code", "reason", "field"?}}``."""
+
+    items: list[Json]
+
+    @classmethod
+    def of(cls, items: Iterable[Mapping[str, object]]) -> BatchStarted:
+        return cls([dict(i) for i in items])
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> BatchStarted:
+        return cls(_records(result.get("items")))
+
+    def to_json(self) -> Json:
+        return {"items": self.items}
+
+    def fibers(self) -> dict[str, Fiber]:
+        """The started fibers' records by item key."""
+        return {str(i.get("key")): Fiber(i["fiber"]) for i in self.items
+                if i.get("ok") and isinstance(i.get("fiber"), Mapping)}
+
+
+Reply = Fiber | BatchStarted | FiberList | Delivered | GrantList | Ready | Document | Metrics

@@ -47,24 +47,27 @@ from pathlib import Path
 
 from slurm_fiber.core.api.framing import (
     DEFAULT_MAX_FRAME,
-    MAX_FDS,
     Frame,
     FrameDecoder,
     FramingError,
     encode_frame,
 )
 from slurm_fiber.core.api.protocol import (
+    MAX_BATCH_FDS,
     ApiError,
+    BatchOp,
     CloneOp,
     ErrorCode,
     Request,
     error_reply,
+    max_fds,
     miss_reply,
     ok_reply,
     parse_request,
     peer_allowed,
     request_id,
 )
+from slurm_fiber.core.api.replies import BatchStarted
 from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberHandle,
@@ -82,7 +85,8 @@ log = logging.getLogger(__name__)
 
 MAX_REPLY = 16 << 20  # replies (fiber lists) may be larger than requests
 _RECV_SIZE = 65536
-_ANC_SIZE = socket.CMSG_SPACE(16 * array.array("i").itemsize)  # room to see "too many"
+_ANC_SIZE = socket.CMSG_SPACE((MAX_BATCH_FDS + 1) * array.array("i").itemsize)  # room to
+# see "too many" (each descriptor received is closed unless its frame may carry it)
 _PEERCRED = struct.Struct("3i")
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
@@ -379,7 +383,8 @@ class _Connection:
             if frame.error is not None:
                 raise ApiError(ErrorCode.BAD_FRAME, frame.error)
             if frame.fds_truncated:
-                raise ApiError(ErrorCode.BAD_FDS, f"too many descriptors; at most {MAX_FDS}")
+                raise ApiError(ErrorCode.BAD_FDS,
+                               f"too many descriptors; at most {max_fds(op_name)}")
             request = parse_request(frame.body, len(frame.fds))
             if self.server.closing:
                 raise ApiError(ErrorCode.CLOSED, "fiberd is shutting down")
@@ -404,11 +409,12 @@ class _Connection:
         """Answer a validated request as its row in the op table says."""
         spec, op, rid = request.spec, request.op, request.id
         assert self.peer is not None
-        if spec.streams:
-            assert isinstance(op, CloneOp)
+        if isinstance(op, CloneOp):
             await self.clone(rid, op, frame)
             return
-        assert not isinstance(op, CloneOp)
+        if isinstance(op, BatchOp):
+            await self.clone_batch(rid, op, frame)
+            return
         owner: object = self.server if spec.server_side else self.server.service
         answer = getattr(owner, spec.handler)(*op.handler_args(self.peer))
         if inspect.isawaitable(answer):
@@ -434,22 +440,81 @@ class _Connection:
         server.metrics.clone_started(elapsed)
         await self.send(ok_reply(rid, {"fiber": outcome.to_json()}, "started", final=not op.wait))
         if op.wait:
-            await self.stream_exit(rid, outcome, op.hangup)
+            await self.stream_exits(rid, [outcome], op.hangup)
 
-    async def stream_exit(self, rid: int | str | None, fiber: FiberHandle, hangup: bool) -> None:
-        """Wait for the fiber's exit and send it; meanwhile answer stray frames with busy.
-
-        A client that disconnects first gets its fiber a SIGHUP when ``hangup``
-        (as a terminal hang-up would), and the wait is abandoned.
-        """
-        exited = asyncio.ensure_future(fiber.wait())
+    async def clone_batch(self, rid: int | str | None, op: BatchOp, frame: Frame) -> None:
+        """Start the batch's valid items through the Service in one call; answer one
+        ``started`` event with every item's outcome (fiber, miss or error) in order, then,
+        with ``wait``, each started fiber's ``exit`` event (the last one final)."""
+        server = self.server
+        assert self.peer is not None
+        started_at = server.clock.mono()
+        valid = [item for item in op.items if item.clone is not None]
+        fds = iter(frame.fds)
+        requests, stdios = [], []
+        for item in valid:
+            clone = item.clone
+            assert clone is not None
+            requests.append(CloneRequest(peer=self.peer, call=clone.call, exec=clone.exec,
+                                         grant=clone.grant, token=clone.token, env=clone.env))
+            stdios.append(Stdio(**{name: next(fds) for name in clone.stdio}))
         try:
-            while True:
+            outcomes = list(await server.service.clone_batch(requests, stdios)) if valid else []
+        finally:
+            frame.close_fds()
+        if len(outcomes) != len(valid):
+            raise RuntimeError(f"the runtime answered {len(outcomes)} of {len(valid)} items")
+        elapsed = server.clock.mono() - started_at
+        by_item = dict(zip((id(i) for i in valid), outcomes, strict=True))
+        entries: list[dict[str, object]] = []
+        fibers: list[FiberHandle] = []
+        for item in op.items:
+            entry: dict[str, object] = {"key": item.key}
+            outcome = by_item.get(id(item))
+            if item.error is not None:
+                server.refusal(Refusal(item.error.code.value, item.error.reason, self.peer,
+                                       "clone_batch", rid))
+                entry.update(ok=False, error=item.error.to_json())
+            elif isinstance(outcome, Miss):
+                server.metrics.clone_missed(outcome.code, elapsed)
+                entry.update(ok=False, miss=outcome.to_json())
+            elif isinstance(outcome, Exception):
+                error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
+                                 f"{type(outcome).__name__}: {outcome}")
+                server.refusal(Refusal(error.code.value, error.reason, self.peer,
+                                       "clone_batch", rid))
+                entry.update(ok=False, error=error.to_json())
+            elif outcome is not None:
+                server.metrics.clone_started(elapsed)
+                fibers.append(outcome)
+                entry.update(ok=True, fiber=outcome.to_json())
+            entries.append(entry)
+        streams = op.wait and bool(fibers)
+        await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                 final=not streams))
+        if streams:
+            await self.stream_exits(rid, fibers, op.hangup)
+
+    async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
+                           hangup: bool) -> None:
+        """Send each fiber's exit event as it ends (the last one final); meanwhile answer
+        stray frames with busy.
+
+        A client that disconnects first gets each fiber still running a SIGHUP
+        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned.
+        """
+        waiting = {asyncio.ensure_future(f.wait()): f for f in fibers}
+        try:
+            while waiting:
                 reading = self.next_frame()
-                await asyncio.wait({exited, reading}, return_when=asyncio.FIRST_COMPLETED)
-                if exited.done():
-                    await self.send(ok_reply(rid, exited.result().to_json(), "exit"))
-                    return
+                done, _ = await asyncio.wait({*waiting, reading},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for exited in [t for t in waiting if t in done]:
+                    del waiting[exited]
+                    await self.send(ok_reply(rid, exited.result().to_json(), "exit",
+                                             final=not waiting))
+                if reading not in done:
+                    continue
                 self.pending_read = None
                 try:
                     stray = reading.result()
@@ -457,13 +522,15 @@ class _Connection:
                     stray = None
                 if stray is None:
                     if hangup:
-                        self.hang_up(fiber)
-                    raise PeerGone("client left while its fiber ran")
+                        for fiber in waiting.values():
+                            self.hang_up(fiber)
+                    raise PeerGone("client left while its fibers ran")
                 stray.close_fds()
                 await self.refuse(request_id(stray.body), None, ApiError(
                     ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
         finally:
-            exited.cancel()
+            for task in waiting:
+                task.cancel()
 
     def hang_up(self, fiber: FiberHandle) -> None:
         assert self.peer is not None
