@@ -11,9 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from procservice import Served
 
+from slurm_fiber.core.api import protocol
 from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.core.api.protocol import MAX_BATCH
+from slurm_fiber.tasks import Task, TaskRunner
 from tests.runtime.kit import Site, ThreadFiberd, fiberd_in_thread
 
 
@@ -145,3 +148,18 @@ def test_a_batch_over_the_cap_or_with_stray_descriptors_is_refused_whole(
             client.exchange({"op": "clone_batch", "v": 3,
                              "items": [{"key": "a", "exec": {"argv": ["true"]}}]}, [0])
         assert refused.value.code == "bad_fds"
+
+
+def test_a_runner_falls_back_to_single_clones_on_a_v2_fiberd(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "VERSIONS", (1, 2))  # this server now speaks v1 and v2 only
+    runner = TaskRunner(served.path)
+    ended: list[int] = []
+    try:
+        outcomes = runner.run_many([Task(exec={"argv": ["sh", "-c", f"exit {i}"]})
+                                    for i in range(3)], lambda i, _o: ended.append(i))
+    finally:
+        runner.close()
+    assert [o.status for o in outcomes] == [0, 1, 2] and sorted(ended) == [0, 1, 2]
+    assert runner.batches is False
+    assert [r.code for r in served.refusals] == ["unsupported_version"]  # asked once
