@@ -298,13 +298,12 @@ def fiber_row(record: dict[str, object]) -> str:
 def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
     with connected(args.socket) as client:
-        fibers = client.list_fibers().fibers
-    if args.json:
-        print(json.dumps(fibers))
-        return
-    print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
-    for record in fibers:
-        print(fiber_row(record))
+        if args.json:
+            print(json.dumps(list(client.iter_fibers())))
+            return
+        print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
+        for record in client.iter_fibers():  # page by page: no one huge reply
+            print(fiber_row(record))
 
 
 def stop(args: argparse.Namespace) -> None:

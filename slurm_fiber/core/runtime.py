@@ -40,6 +40,7 @@ from slurm_fiber.core.api.service import (
     JsonMap,
     Peer,
     Stdio,
+    page,
 )
 from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
@@ -180,6 +181,8 @@ class Core:
         self._grants: dict[str, _Grant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._fibers: dict[str, FiberView] = {}
+        self._listed: dict[str, int] = {}  # fiber id -> registration order (list pages)
+        self._registered = itertools.count(1)
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
         self._nudge = asyncio.Event()
@@ -376,8 +379,13 @@ class Core:
         assert grant is not None
         return await self._start(grant, decision, request, stdio, caller)
 
-    def list_fibers(self) -> Sequence[JsonMap]:
-        return [f.to_json() for f in self._fibers.values()]
+    def list_fibers(self, after: str | None = None,
+                    limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
+        """A page of the fibers by registration order (``page``); records are built for
+        that page only."""
+        ordered = ((self._listed.get(fid, 0), view) for fid, view in self._fibers.items())
+        views, cursor = page(ordered, after, limit)
+        return [v.to_json() for v in views], cursor
 
     def inspect_fiber(self, fiber_id: str) -> JsonMap:
         return self._fiber(fiber_id).to_json()
@@ -687,9 +695,15 @@ class Core:
             await self._unstart(fiber)
             raise
         self._fibers[fiber_id] = view
+        self._listed[fiber_id] = next(self._registered)
+        fiber.on_done(self._unlist)
         self._spawn(self._bound(fiber, decision))
         fiber.on_done(self._fiber_done)
         return view
+
+    def _unlist(self, fiber: Fiber) -> None:
+        """A fiber gone leaves the listing order (just before ``_fiber_done`` runs)."""
+        self._listed.pop(fiber.id, None)
 
     async def _unstart(self, fiber: Fiber) -> None:
         """Kill a fiber whose Clone could not be audited and wait until it is gone (it was

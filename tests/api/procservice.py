@@ -35,6 +35,7 @@ from slurm_fiber.core.api.service import (
     FiberNotFound,
     Peer,
     Stdio,
+    page,
 )
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.misses import Miss, MissCode
@@ -158,8 +159,11 @@ class ProcService:
             raise FiberNotFound(fiber_id)
         return self.fibers[fiber_id]
 
-    def list_fibers(self) -> list[dict[str, object]]:
-        return [f.to_json() for f in self.fibers.values()]
+    def list_fibers(self, after: str | None = None,
+                    limit: int | None = None) -> tuple[list[dict[str, object]], str | None]:
+        ordered = ((int(fid[1:]), f) for fid, f in self.fibers.items())
+        fibers, cursor = page(ordered, after, limit)
+        return [f.to_json() for f in fibers], cursor
 
     def inspect_fiber(self, fiber_id: str) -> dict[str, object]:
         return self._fiber(fiber_id).to_json()

@@ -18,7 +18,7 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
 from slurm_fiber.core.api.replies import (
@@ -33,8 +33,9 @@ from slurm_fiber.core.api.replies import (
 )
 
 MAX_REPLY = 16 << 20
-BATCH_SINCE = 3  # protocol.BATCH_SINCE (not imported: the protocol module costs a per-task
-# client too much to import)
+BATCH_SINCE = 3  # protocol.BATCH_SINCE and PAGED_SINCE (not imported: the protocol module
+PAGED_SINCE = 3  # costs a per-task client too much to import)
+PAGE_SIZE = 1000  # fiber records per list_fibers page (protocol.MAX_PAGE at most)
 
 
 class Unreachable(Exception):
@@ -208,9 +209,33 @@ class FiberdClient:
         """Send a signal (number or name); ``delivered`` False when it had exited."""
         return Delivered.from_json(self.request("signal_fiber", fiber=fiber, signal=signal))
 
-    def list_fibers(self) -> FiberList:
-        """The fibers fiberd tracks."""
-        return FiberList.from_json(self.request("list_fibers"))
+    def list_fibers(self, after: str | None = None, limit: int | None = None) -> FiberList:
+        """The fibers fiberd tracks: all of them, or (protocol v3) the page of at most
+        ``limit`` after the cursor ``after`` (a previous page's ``next``)."""
+        if after is None and limit is None:
+            return FiberList.from_json(self.request("list_fibers"))
+        fields: dict[str, object] = {"v": PAGED_SINCE}
+        if after is not None:
+            fields["after"] = after
+        if limit is not None:
+            fields["limit"] = limit
+        return FiberList.from_json(self.request("list_fibers", **fields))
+
+    def iter_fibers(self, page_size: int = PAGE_SIZE) -> Iterator[dict[str, object]]:
+        """Every fiber's record, page by page (each fiber once; one that starts while the
+        pages are read comes too, one that ends before its page does not). From a fiberd
+        older than v3, its one whole list."""
+        try:
+            page = self.list_fibers(limit=page_size)
+        except Refused as refused:
+            if refused.code != "unsupported_version":
+                raise
+            page = self.list_fibers()
+        while True:
+            yield from page.fibers
+            if page.next is None:
+                return
+            page = self.list_fibers(after=page.next, limit=page_size)
 
     def list_grants(self) -> GrantList:
         """The grants fiberd holds."""

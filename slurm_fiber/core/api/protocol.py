@@ -43,6 +43,9 @@ VERSION = 3  # the newest this fiberd speaks
 VERSIONS = (1, 2, 3)  # every one it accepts (docs/socket-protocol.md, "Versions")
 PICKLED_SINCE = 2  # call.pickled needs "v" >= this
 BATCH_SINCE = 3  # clone_batch needs "v" >= this
+PAGED_SINCE = 3  # list_fibers' "after" and "limit" need "v" >= this
+MAX_PAGE = 5000  # fiber records in one list_fibers page
+CURSOR_PATTERN = re.compile(r"\d{1,20}")
 MAX_BATCH = 64  # items in one clone_batch
 MAX_BATCH_FDS = MAX_BATCH * MAX_FDS  # descriptors with one clone_batch (SCM_MAX_FD is 253)
 MAX_PICKLED = 96 * 1024  # characters of base64: the template's order (128 KiB) must hold it
@@ -145,6 +148,17 @@ class SignalOp:
 
 
 @dataclass(frozen=True)
+class ListOp:
+    """``list_fibers``: one page (v3: ``after`` a cursor, ``limit`` records), or all."""
+
+    after: str | None
+    limit: int | None
+
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return (self.after, self.limit)
+
+
+@dataclass(frozen=True)
 class PlainOp:
     """The ops that take no fields: list_grants, status, health, ready, metrics."""
 
@@ -175,7 +189,7 @@ class BatchOp:
     hangup: bool
 
 
-Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | PlainOp
+Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
 
 
 @dataclass(frozen=True)
@@ -401,6 +415,20 @@ def _item_stdio(item: object) -> tuple[str, ...]:
     return _stdio(names, len(names or []))
 
 
+def _list(f: _Fields) -> ListOp:
+    after = f.get("after", str, "a cursor from a previous page's 'next'")
+    limit = f.get("limit", int, f"1..{MAX_PAGE}")
+    if (after is not None or limit is not None) and f.body.get("v", 1) < PAGED_SINCE:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"paging (after, limit) needs \"v\": {PAGED_SINCE} in the request", "v")
+    if after is not None and not CURSOR_PATTERN.fullmatch(after):
+        raise ApiError(ErrorCode.BAD_REQUEST, "field 'after' is not a cursor this fiberd "
+                       "gave ('next' of a page)", "after")
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'limit' must be 1..{MAX_PAGE}", "limit")
+    return ListOp(after, limit)
+
+
 def _stop(f: _Fields) -> StopOp:
     grace = f.get("grace", (int, float), "seconds")
     if grace is not None and not 0 <= grace <= MAX_GRACE:
@@ -451,7 +479,8 @@ TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("signal_fiber", SignalOp, Delivered, "signal_fiber", frozenset({"fiber", "signal"}),
            lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
                f.get("signal", (int, str), "a signal number or name", required=True)))),
-    _plain("list_fibers", FiberList),
+    OpSpec("list_fibers", ListOp, FiberList, "list_fibers", frozenset({"after", "limit"}),
+           lambda f, _n: _list(f)),
     _plain("list_grants", GrantList),
     _plain("status", Document),
     _plain("health", Document),

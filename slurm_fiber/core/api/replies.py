@@ -73,8 +73,9 @@ class FiberList(NamedTuple):
     next: str | None = None
 
     @classmethod
-    def of(cls, records: Iterable[Mapping[str, object]]) -> FiberList:
-        return cls([dict(r) for r in records])
+    def of(cls, page: tuple[Iterable[Mapping[str, object]], str | None]) -> FiberList:
+        records, cursor = page
+        return cls([dict(r) for r in records], cursor)
 
     @classmethod
     def from_json(cls, result: Mapping[str, object]) -> FiberList:
