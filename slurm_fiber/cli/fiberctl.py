@@ -49,7 +49,6 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -57,11 +56,15 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.core.api.framing import STDIO_NAMES
 from slurm_fiber.discovery import discover_socket
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
+if TYPE_CHECKING:
+    import argparse
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -456,18 +459,87 @@ def wait(args: argparse.Namespace) -> None:
                    f"fiberctl: {e}") from None
 
 
-def _grant_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-g", "--grant", help="admitted grant UID to run under "
-                        "(default: the only one)")
-    parser.add_argument("-t", "--token", type=Path, metavar="FILE",
-                        help="file holding a grant token (JWS)")
-    parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="added to the fiber's env (repeatable; device visibility "
-                        "variables are the grant's)")
+# run's and call's options: flags, dest, kind (value, path, append, flag), metavar, help.
+# Both argparse (build_parser) and quick_parse read them.
+RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str, str | None, str], ...] = (
+    (("-S", "--socket"), "socket", "value", "PATH", SOCKET_HELP),
+    (("-g", "--grant"), "grant", "value", None,
+     "admitted grant UID to run under (default: the only one)"),
+    (("-t", "--token"), "token", "path", "FILE", "file holding a grant token (JWS)"),
+    (("-e", "--env"), "env", "append", "KEY=VALUE",
+     "added to the fiber's env (repeatable; device visibility variables are the grant's)"),
+    (("-q", "--quiet"), "quiet", "flag", None,
+     "do not say why the fiber ended (the status is the same)"),
+)
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    for flags, dest, kind, metavar, text in RUN_OPTIONS:
+        if kind == "flag":
+            parser.add_argument(*flags, dest=dest, action="store_true", help=text)
+        elif kind == "append":
+            parser.add_argument(*flags, dest=dest, action="append", default=[],
+                                metavar=metavar, help=text)
+        else:
+            parser.add_argument(*flags, dest=dest, metavar=metavar, help=text,
+                                type=Path if kind == "path" else str)
+
+
+def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
+    """``run`` or ``call`` parsed without argparse (whose import and parser building cost a
+    fiberctl started per task more than its request does), when its words are plain: the
+    RUN_OPTIONS, as separate words or ``--long=value``, and the positionals (``run``:
+    everything after ``--`` as is). None for anything else (help, a mistake, another
+    command): ``parse`` then parses and says what is wrong, as before."""
+    if words[:1] not in (["run"], ["call"]):
+        return None
+    by_flag = {flag: (dest, kind) for flags, dest, kind, _, _ in RUN_OPTIONS for flag in flags}
+    values: dict[str, object] = {"socket": None, "grant": None, "token": None, "env": [],
+                                 "quiet": False}
+    positionals: list[str] = []
+    rest = list(words[1:])
+    closed = False  # an option came after the positionals: argparse takes no more of them
+    while rest:
+        word = rest.pop(0)
+        if word == "--" and words[0] == "run":
+            positionals += rest
+            break
+        if not word.startswith("-") or word == "-":
+            if closed:
+                return None
+            positionals.append(word)
+            continue
+        closed = bool(positionals)
+        name, eq, value = word.partition("=")
+        if name not in by_flag:
+            return None
+        dest, kind = by_flag[name]
+        if kind == "flag":
+            if eq:
+                return None
+            values[dest] = True
+            continue
+        if not eq:
+            if not rest or rest[0].startswith("-"):
+                return None
+            value = rest.pop(0)
+        if kind == "append":
+            values[dest] = [*values[dest], value]  # type: ignore[misc]
+        else:
+            values[dest] = Path(value) if kind == "path" else value
+    if words[0] == "run":
+        return SimpleNamespace(command="run", handler=run, cmd=positionals, **values)
+    if not 1 <= len(positionals) <= 2:
+        return None
+    return SimpleNamespace(command="call", handler=call, target=positionals[0],
+                           json_args=positionals[1] if len(positionals) > 1 else None, **values)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """fiberctl's command line (argparse: a client started per task must start fast)."""
+    """fiberctl's command line (argparse, imported only here: run and call, started per
+    task, are parsed by quick_parse when they can be)."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="fiberctl", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -492,11 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=handler.__doc__,
                                   epilog=EXIT_EPILOG)
         sub.set_defaults(handler=handler)
-        sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("run", "call"):
-            _grant_options(sub)
-            sub.add_argument("-q", "--quiet", action="store_true",
-                             help="do not say why the fiber ended (the status is the same)")
+            _run_options(sub)
+        else:
+            sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
         if name == "run":
@@ -569,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from slurm_fiber.cli.fibermap import main as map_main
 
         sys.exit(map_main(words[1:]))
-    args = parse(words)
+    args = quick_parse(words) or parse(words)
     try:
         args.handler(args)
     except Exit as done:

@@ -8,27 +8,37 @@ missing from an older fiberd's reply gets its default), so a newer client
 reads an older fiberd. Records (fibers, grants) stay JSON objects: their
 fields are documented in docs/socket-protocol.md and grow additively.
 
-Light on purpose: only ``typing`` is imported, so a client started per task
-(``fiberctl run``) pays nothing for these.
+Light on purpose: plain classes with slots, nothing imported (not even
+``typing``, whose import costs a client started per task, ``fiberctl run``,
+more than these whole types).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
 
-Json = dict[str, Any]
+Json = dict[str, object]
 
 
 def _dict(value: object) -> Json:
     return dict(value) if isinstance(value, Mapping) else {}
 
 
+class _Reply:
+    """What every reply type shares: its fields are its slots, shown by ``repr``."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
 def _records(value: object) -> list[Json]:
     return [dict(r) for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
 
 
-class Fiber(dict[str, Any]):
+class Fiber(dict[str, object]):
     """One fiber's record (``clone``'s ``started`` event, ``inspect_fiber``, ``stop_fiber``).
 
     The record itself (a dict, so its documented fields grow freely), with typed
@@ -66,11 +76,14 @@ class Fiber(dict[str, Any]):
         return {"fiber": dict(self)}
 
 
-class FiberList(NamedTuple):
+class FiberList(_Reply):
     """``list_fibers``: one page of fiber records and the cursor of the next (None: last)."""
 
-    fibers: list[Json]
-    next: str | None = None
+    __slots__ = ("fibers", "next")
+
+    def __init__(self, fibers: list[Json], next: str | None = None) -> None:
+        self.fibers = fibers
+        self.next = next
 
     @classmethod
     def of(cls, page: tuple[Iterable[Mapping[str, object]], str | None]) -> FiberList:
@@ -89,10 +102,13 @@ class FiberList(NamedTuple):
         return out
 
 
-class Delivered(NamedTuple):
+class Delivered(_Reply):
     """``signal_fiber``: whether the signal was sent (False: the fiber had exited)."""
 
-    delivered: bool
+    __slots__ = ("delivered",)
+
+    def __init__(self, delivered: bool) -> None:
+        self.delivered = delivered
 
     @classmethod
     def of(cls, delivered: object) -> Delivered:
@@ -106,10 +122,13 @@ class Delivered(NamedTuple):
         return {"delivered": self.delivered}
 
 
-class GrantList(NamedTuple):
+class GrantList(_Reply):
     """``list_grants``: every admitted grant's record."""
 
-    grants: list[Json]
+    __slots__ = ("grants",)
+
+    def __init__(self, grants: list[Json]) -> None:
+        self.grants = grants
 
     @classmethod
     def of(cls, records: Iterable[Mapping[str, object]]) -> GrantList:
@@ -123,10 +142,13 @@ class GrantList(NamedTuple):
         return {"grants": self.grants}
 
 
-class Ready(NamedTuple):
+class Ready(_Reply):
     """``ready``: whether fiberd serves clones now."""
 
-    ready: bool
+    __slots__ = ("ready",)
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
 
     @classmethod
     def of(cls, ready: object) -> Ready:
@@ -140,10 +162,13 @@ class Ready(NamedTuple):
         return {"ready": self.ready}
 
 
-class Document(NamedTuple):
+class Document(_Reply):
     """``status``, ``health``: an open document, the result itself (fields in the docs)."""
 
-    data: Json
+    __slots__ = ("data",)
+
+    def __init__(self, data: Json) -> None:
+        self.data = data
 
     @classmethod
     def of(cls, data: Mapping[str, object]) -> Document:
@@ -157,11 +182,14 @@ class Document(NamedTuple):
         return self.data
 
 
-class Metrics(NamedTuple):
+class Metrics(_Reply):
     """``metrics``: the Prometheus exposition and its content type."""
 
-    content_type: str
-    text: str
+    __slots__ = ("content_type", "text")
+
+    def __init__(self, content_type: str, text: str) -> None:
+        self.content_type = content_type
+        self.text = text
 
     @classmethod
     def of(cls, pair: tuple[str, str]) -> Metrics:
@@ -175,12 +203,15 @@ class Metrics(NamedTuple):
         return {"content_type": self.content_type, "text": self.text}
 
 
-class BatchStarted(NamedTuple):
+class BatchStarted(_Reply):
     """``clone_batch``'s ``started`` event: one entry per item, in the request's order:
     ``{"key", "ok": true, "fiber": record}``, ``{"key", "ok": false, "miss": {...}}`` or
     ``{"key", "ok": false, "error": {"code", "reason", "field"?}}``."""
 
-    items: list[Json]
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Json]) -> None:
+        self.items = items
 
     @classmethod
     def of(cls, items: Iterable[Mapping[str, object]]) -> BatchStarted:
@@ -195,7 +226,7 @@ class BatchStarted(NamedTuple):
 
     def fibers(self) -> dict[str, Fiber]:
         """The started fibers' records by item key."""
-        return {str(i.get("key")): Fiber(i["fiber"]) for i in self.items
+        return {str(i.get("key")): Fiber(_dict(i.get("fiber"))) for i in self.items
                 if i.get("ok") and isinstance(i.get("fiber"), Mapping)}
 
 
