@@ -443,8 +443,9 @@ class OpSpec:
     ``handler`` names the ``Service`` method that answers it (``server_side``:
     the ``ApiServer``'s own, for what the server keeps, such as metrics); the
     server calls it with ``request.handler_args(peer)`` and sends
-    ``reply.of(its return value)``. ``streams``: the op is answered by the
-    server's clone path (events, descriptors) instead. ``fields`` are the
+    ``reply.of(its return value)``. ``streams``: the server's connection
+    answers it with its own method of the handler's name (``clone``,
+    ``clone_batch``: descriptors, then events), which calls the Service's. ``fields`` are the
     request fields it takes, ``parse`` builds the request from them (and the
     number of descriptors that came), ``since`` is the protocol version that
     added it (a request for it must say ``"v"`` at least that).

@@ -409,12 +409,10 @@ class _Connection:
         """Answer a validated request as its row in the op table says."""
         spec, op, rid = request.spec, request.op, request.id
         assert self.peer is not None
-        if isinstance(op, CloneOp):
-            await self.clone(rid, op, frame)
+        if spec.streams:  # this connection's method of the handler's name (events, fds)
+            await getattr(self, spec.handler)(rid, op, frame)
             return
-        if isinstance(op, BatchOp):
-            await self.clone_batch(rid, op, frame)
-            return
+        assert not isinstance(op, CloneOp | BatchOp)
         owner: object = self.server if spec.server_side else self.server.service
         answer = getattr(owner, spec.handler)(*op.handler_args(self.peer))
         if inspect.isawaitable(answer):
