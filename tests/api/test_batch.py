@@ -163,3 +163,37 @@ def test_a_runner_falls_back_to_single_clones_on_a_v2_fiberd(
     assert [o.status for o in outcomes] == [0, 1, 2] and sorted(ended) == [0, 1, 2]
     assert runner.batches is False
     assert [r.code for r in served.refusals] == ["unsupported_version"]  # asked once
+
+
+def test_a_client_leaving_a_waited_batch_hangs_up_every_fiber_still_running(
+        served: Served) -> None:
+    client = FiberdClient(served.path)
+    started = client.clone_batch([{"key": "quick", "exec": {"argv": ["true"]}},
+                                  {"key": "s1", "exec": {"argv": ["sleep", "30"]}},
+                                  {"key": "s2", "exec": {"argv": ["sleep", "30"]}}], wait=True)
+    fibers = started.fibers()
+    assert client.wait_exit(within=10)["fiber_id"] == fibers["quick"].id
+    client.close()
+    for key in ("s1", "s2"):
+        end = served.call(served.service.fibers[fibers[key].id].wait)
+        assert end.signal == 1  # SIGHUP
+
+
+def test_descriptors_reach_each_item_in_order(served: Served, tmp_path: Path) -> None:
+    outs = [open(tmp_path / f"out{i}", "w+b") for i in range(3)]  # noqa: SIM115
+    try:
+        with FiberdClient(served.path) as client:
+            items = [{"key": f"k{i}", "exec": {"argv": ["sh", "-c", f"echo item{i}"]}}
+                     for i in range(3)]
+            items.insert(1, {"key": "k1", "exec": {"argv": ["true"]}})  # duplicate: refused
+            stdio = [{"stdout": outs[0].fileno()}, {}, {"stdout": outs[1].fileno()},
+                     {"stdout": outs[2].fileno(), "stderr": outs[2].fileno()}]
+            started = client.clone_batch(items, stdio=stdio, wait=True)
+            assert [i["ok"] for i in started.items] == [True, True, False, True]
+            for _ in range(3):
+                client.wait_exit(within=10)
+        assert [(tmp_path / f"out{i}").read_text() for i in range(3)] == [
+            "item0\n", "", "item2\n"]
+    finally:
+        for f in outs:
+            f.close()

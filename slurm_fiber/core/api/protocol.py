@@ -171,10 +171,12 @@ class PlainOp:
 @dataclass(frozen=True)
 class BatchItem:
     """One item of a ``clone_batch``: the client's ``key`` for it and its clone, or the
-    ApiError that refuses this item alone (the others still run)."""
+    ApiError that refuses this item alone (the others still run); ``stdio`` names the
+    descriptors that came for it, refused or not (the server closes those)."""
 
     key: str | None
     clone: CloneOp | None
+    stdio: tuple[str, ...] = ()
     error: ApiError | None = None
 
 
@@ -399,9 +401,9 @@ def _batch(f: _Fields, nfds: int) -> BatchOp:
             body = {**shared, **{k: v for k, v in item.items() if k in ("call", "exec")},
                     "env": {**shared.get("env", {}), **own_env}}
             clone = _clone(_Fields(body, _CLONE_FIELDS), 0)
-            items.append(BatchItem(key, replace(clone, stdio=stdio)))
+            items.append(BatchItem(key, replace(clone, stdio=stdio), stdio))
         except ApiError as err:
-            items.append(BatchItem(key, None, err))
+            items.append(BatchItem(key, None, stdio, err))
     return BatchOp(tuple(items), wait=bool(f.get("wait", bool, "true or false")),
                    hangup=f.get("hangup", bool, "true or false") is not False)
 

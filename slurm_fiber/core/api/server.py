@@ -447,15 +447,17 @@ class _Connection:
         server = self.server
         assert self.peer is not None
         started_at = server.clock.mono()
-        valid = [item for item in op.items if item.clone is not None]
+        valid, requests, stdios = [], [], []
         fds = iter(frame.fds)
-        requests, stdios = [], []
-        for item in valid:
+        for item in op.items:
+            passed = {name: next(fds) for name in item.stdio}  # a refused item's too
             clone = item.clone
-            assert clone is not None
+            if clone is None:
+                continue
+            valid.append(item)
             requests.append(CloneRequest(peer=self.peer, call=clone.call, exec=clone.exec,
                                          grant=clone.grant, token=clone.token, env=clone.env))
-            stdios.append(Stdio(**{name: next(fds) for name in clone.stdio}))
+            stdios.append(Stdio(**passed))
         try:
             outcomes = list(await server.service.clone_batch(requests, stdios)) if valid else []
         finally:
