@@ -162,6 +162,8 @@ def test_every_command_help_states_the_exit_codes() -> None:
         done = subprocess.run([FIBERCTL, command, "--help"], capture_output=True, text=True,
                               timeout=30)
         assert "1 refused or failed" in " ".join(done.stdout.split()), command
+    top = subprocess.run([FIBERCTL, "--help"], capture_output=True, text=True, timeout=30)
+    assert top.returncode == 0 and "run" in top.stdout and "map" in top.stdout
 
 
 def test_socket_discovery_from_the_environment(served) -> None:
