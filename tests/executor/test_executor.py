@@ -193,11 +193,12 @@ def test_it_finds_fiberd_as_fiberctl_does(site: Site, monkeypatch: pytest.Monkey
 def test_calls_pending_together_start_as_one_batch_each_its_own_fiber(site: Site) -> None:
     before = len(site.audit_path.read_text().splitlines())
     with Executor(socket=site.socket, max_workers=6) as ex:
-        futures = [ex.submit(fns.describe, i) for i in range(12)]
-        results = [f.result(60) for f in futures]
+        results = list(ex.map(fns.describe, range(12), timeout=60))
+        assert ex.submit(fns.square, 5).result(30) == 25  # a lone call afterwards: one clone
     assert [r[0] for r in results] == [(i,) for i in range(12)]
     assert len({r[2] for r in results}) == 12  # twelve processes
     records = [json.loads(line) for line in site.audit_path.read_text().splitlines()[before:]]
     clones = [r for r in records if r["event"] == "clone"]
-    assert len(clones) == 12 and len({r["fiber"] for r in clones}) == 12
-    assert max(r.get("batch", 1) for r in clones) > 1  # workers found calls pending together
+    assert len(clones) == 13 and len({r["fiber"] for r in clones}) == 13
+    assert clones[0].get("batch") == 6  # map queued all twelve: room for six at once
+    assert "batch" not in clones[-1]
