@@ -28,15 +28,20 @@ ended it: its deadline, a stop, ...); ``TaskTimeout`` when the per-task
 ``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
 ``FiberMissed`` when fiberd started nothing (a retryable miss is first
 retried with a bounded backoff); ``FiberdError`` when fiberd refused or
-could not be reached. Threads: up to ``max_workers`` (default: this
-machine's usable CPUs), started on demand, each with one connection.
+could not be reached. Fibers in flight: up to ``max_workers`` (default:
+this machine's usable CPUs); worker threads: as many at most, started on
+demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
 A running call cannot be cancelled (as in concurrent.futures); if the calling
 process dies, its connections close and fiberd sends each fiber it was
 waiting for SIGHUP (the clone's ``hangup``).
 
-Every task goes through ``slurm_fiber.tasks.TaskRunner.run``, the one
-place a batch clone would replace.
+A worker that finds several calls pending (``map`` queues all its calls
+before a worker starts) starts as many as there is room for under
+``max_workers`` with one batch clone (``slurm_fiber.tasks.TaskRunner.
+run_many``), each still its own fiber whose future is settled, and whose
+room is freed for another worker, as it ends; a fiberd older than protocol
+v3 gets one clone per call.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ import pickle
 import queue
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -222,8 +228,10 @@ class Executor(cf.Executor):
                                  retries=retries, stop_grace=stop_grace)
         self._work: queue.SimpleQueue[tuple[cf.Future[Any], Task] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = threading.Semaphore(0)
+        self._idle = threading.Semaphore(0)  # a worker is (or will be) free for a call
+        self._slots = threading.Semaphore(self.max_workers)  # fibers that may start now
         self._lock = threading.Lock()
+        self._deferring = 0  # map() is queueing its calls: start workers once all are in
         self._shutdown = False
 
     def __repr__(self) -> str:
@@ -247,13 +255,32 @@ class Executor(cf.Executor):
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._work.put((future, task))
-            if not self._idle.acquire(blocking=False) and \
-                    len(self._threads) < self.max_workers:
-                thread = threading.Thread(target=self._worker, daemon=True,
-                                          name=f"slurm-fiber-executor-{len(self._threads)}")
-                thread.start()
-                self._threads.append(thread)
+            if not self._deferring and not self._idle.acquire(blocking=False):
+                self._add_worker()
         return future
+
+    def map(self, fn: Callable[..., T], *iterables: Any, timeout: float | None = None,
+            chunksize: int = 1) -> Iterator[T]:
+        """As ``concurrent.futures.Executor.map``; every call is queued before a worker is
+        started for them, so the first worker starts as many as ``max_workers`` allows in
+        one batch clone."""
+        with self._lock:
+            self._deferring += 1
+        try:
+            return super().map(fn, *iterables, timeout=timeout, chunksize=chunksize)
+        finally:
+            with self._lock:
+                self._deferring -= 1
+                if not self._idle.acquire(blocking=False):
+                    self._add_worker()
+
+    def _add_worker(self) -> None:
+        """Start one more worker thread, up to ``max_workers`` (lock held)."""
+        if len(self._threads) < self.max_workers and not self._shutdown:
+            thread = threading.Thread(target=self._worker, daemon=True,
+                                      name=f"slurm-fiber-executor-{len(self._threads)}")
+            thread.start()
+            self._threads.append(thread)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new work; with ``cancel_futures``, pending futures are cancelled (running
@@ -277,14 +304,50 @@ class Executor(cf.Executor):
             self.runner.close()
 
     def _worker(self) -> None:
+        """Wait for room under ``max_workers``, take a pending call and every other one
+        pending that there is room for; start them as one batch (and another worker, for
+        calls still queued); settle each future as its fiber ends, freeing its room."""
         while True:
+            self._slots.acquire()
             item = self._work.get()
             if item is None:
+                self._slots.release()
                 return
-            future, task = item
-            if future.set_running_or_notify_cancel():
+            taken = [item]
+            while self._slots.acquire(blocking=False):
                 try:
-                    future.set_result(decode_outcome(self.runner.run(task)))
-                except BaseException as err:
-                    future.set_exception(err)
-            self._idle.release()
+                    more = self._work.get_nowait()
+                except queue.Empty:
+                    more = None
+                else:
+                    if more is None:
+                        self._work.put(None)  # another worker's stop: leave it for it
+                if more is None:
+                    self._slots.release()
+                    break
+                taken.append(more)
+            if not self._work.empty():
+                with self._lock:
+                    self._add_worker()
+            running = [(f, t) for f, t in taken if f.set_running_or_notify_cancel()]
+            for _ in range(len(taken) - len(running)):  # cancelled while pending
+                self._call_ended()
+            futures = [f for f, _ in running]
+            self.runner.run_many([t for _, t in running], partial(self._ended, futures))
+
+    def _ended(self, futures: list[cf.Future[Any]], n: int, outcome: Outcome) -> None:
+        """The ``n``th call of a batch has ended: settle its future, free its room."""
+        _settle(futures[n], outcome)
+        self._call_ended()
+
+    def _call_ended(self) -> None:
+        self._slots.release()
+        self._idle.release()
+
+
+def _settle(future: cf.Future[Any], outcome: Outcome) -> None:
+    """Give ``future`` the call's value or exception."""
+    try:
+        future.set_result(decode_outcome(outcome))
+    except BaseException as err:
+        future.set_exception(err)

@@ -9,9 +9,14 @@ backoff (at most ``retries`` more tries, delays doubling from ``backoff`` up
 to ``backoff_cap``, never shorter than the miss's ``retry_after``). It never
 raises for what a task does; every end is an ``Outcome``.
 
-This is the one place where a task becomes a Clone: a batch clone (one
-request, many fibers) would replace ``TaskRunner.run`` with a ``run_many``
-of the same ``Task``/``Outcome`` shapes, and nothing above it changes.
+``TaskRunner.run_many(tasks)`` starts several tasks with one batch clone
+(``clone_batch``, protocol v3: the grant resolved, a token verified and the
+request paid once; each fiber still its own) on the same connection, takes
+each fiber's exit as it comes (``done`` is called per task as it ends), and
+retries the items that missed retryably as a smaller batch after the same
+backoff. Against a fiberd that speaks no batch (v2: ``unsupported_version``)
+it falls back to ``run`` per task, once and for all. These are the only
+places where a task becomes a Clone.
 
 ``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
 wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
@@ -25,7 +30,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +38,8 @@ from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachab
 
 PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
 # so exec and JSON calls keep working with a v1 fiberd)
+MAX_BATCH = 64  # items in one clone_batch (protocol.MAX_BATCH; not imported: cheap)
+NO_BATCH = frozenset({"unsupported_version", "unknown_op"})  # a fiberd older than v3
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self._clients: list[FiberdClient] = []
+        self.batches = True  # False once fiberd said it speaks no clone_batch
 
     # ------------------------------------------------------------ public
 
@@ -112,13 +120,9 @@ class TaskRunner:
         the task or fiberd does). A retryable miss is retried; a final one is returned."""
         outcome = Outcome(started=time.time())
         begun = time.monotonic()
-        fields: dict[str, object] = dict(self.base)
-        if task.call is not None:
-            fields["call"] = dict(task.call)
-            if "pickled" in task.call:
-                fields["v"] = PICKLED_SINCE
-        if task.exec is not None:
-            fields["exec"] = dict(task.exec)
+        fields = {**self.base, **_what(task)}
+        if task.call is not None and "pickled" in task.call:
+            fields["v"] = PICKLED_SINCE
         delay = self.backoff
         while True:
             outcome.attempts += 1
@@ -129,9 +133,7 @@ class TaskRunner:
                 if not miss.retryable or outcome.attempts > self.retries:
                     outcome.miss = miss
                     break
-                after = miss.miss.get("retry_after")
-                wanted = float(after) if isinstance(after, int | float) else 0.0
-                self.sleep(min(self.backoff_cap, max(delay, wanted)))
+                self.sleep(min(self.backoff_cap, max(delay, _retry_after(miss))))
                 delay = min(self.backoff_cap, delay * 2)
             except (Refused, Unreachable) as err:
                 self._drop_client()
@@ -140,12 +142,54 @@ class TaskRunner:
         outcome.runtime = time.monotonic() - begun
         return outcome
 
+    def run_many(self, tasks: Sequence[Task],
+                 done: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
+        """Run ``tasks`` at once, started by batch clones of at most MAX_BATCH on this
+        thread's connection, and wait for every end (blocks; never raises for what a task
+        or fiberd does). ``done(i, outcome)`` is called as task i ends (on this thread).
+        Retryable misses are retried together, as ``run`` retries one."""
+        if len(tasks) > MAX_BATCH:
+            out: list[Outcome] = []
+            for at in range(0, len(tasks), MAX_BATCH):
+                out += self.run_many(tasks[at:at + MAX_BATCH], _shifted(done, at))
+            return out
+        outcomes = [Outcome(started=time.time()) for _ in tasks]
+        begun = time.monotonic()
+        pending, delay = list(range(len(tasks))), self.backoff
+        while pending and self.batches and len(tasks) > 1:
+            for i in pending:
+                outcomes[i].attempts += 1
+                outcomes[i].miss = None
+            try:
+                retry = self._batch_once(tasks, pending, outcomes, begun, done)
+            except Refused as err:
+                if err.code in NO_BATCH:
+                    self.batches = False
+                    break
+                self._fail(pending, outcomes, err, begun, done)
+                return outcomes
+            except Unreachable as err:
+                self._fail(pending, outcomes, err, begun, done)
+                return outcomes
+            pending = [i for i in retry if outcomes[i].attempts <= self.retries]
+            for i in set(retry) - set(pending):
+                self._end(i, outcomes[i], begun, done)
+            if pending:
+                wanted = max(_retry_after(outcomes[i].miss) for i in pending)
+                self.sleep(min(self.backoff_cap, max(delay, wanted)))
+                delay = min(self.backoff_cap, delay * 2)
+        for i in pending:  # one task, or a fiberd without batches: one Clone each
+            outcomes[i] = self.run(tasks[i])
+            if done is not None:
+                done(i, outcomes[i])
+        return outcomes
+
     def stop(self, fiber_id: str) -> None:
         """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
         blocks until it is gone. A fiber already gone is not an error."""
         with contextlib.suppress(Refused, Unreachable), \
                 FiberdClient(self.socket, timeout=self.stop_grace + 30) as client:
-            client.request("stop_fiber", fiber=fiber_id, grace=self.stop_grace)
+            client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
         """Stop every fiber this runner is waiting for now; how many were asked to stop."""
@@ -188,11 +232,89 @@ class TaskRunner:
                 if client in self._clients:
                     self._clients.remove(client)
 
+    def _batch_once(self, tasks: Sequence[Task], pending: list[int], outcomes: list[Outcome],
+                    begun: float, done: Callable[[int, Outcome], None] | None) -> list[int]:
+        """One batch clone of ``pending`` and the wait for its fibers; the tasks that
+        missed retryably (their ``miss`` set, not ended). Raises Refused, Unreachable for
+        the request as a whole."""
+        client = self._client()
+        started = client.clone_batch(
+            [{"key": str(i), **_what(tasks[i])} for i in pending],
+            stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True, **self.base)
+        retry: list[int] = []
+        running: dict[str, int] = {}
+        for entry in started.items:
+            i = int(str(entry.get("key")))
+            fiber, miss, error = entry.get("fiber"), entry.get("miss"), entry.get("error")
+            if isinstance(fiber, dict):
+                running[str(fiber.get("id"))] = i
+                outcomes[i].fiber_id = str(fiber.get("id"))
+                continue
+            if isinstance(miss, dict):
+                outcomes[i].miss = Missed(miss)
+                if outcomes[i].miss.retryable:  # type: ignore[union-attr]
+                    retry.append(i)
+                    continue
+            elif isinstance(error, dict):
+                outcomes[i].failure, outcomes[i].refused = str(Refused(error)), True
+            self._end(i, outcomes[i], begun, done)
+        self._wait_all(client, tasks, running, outcomes, begun, done)
+        return retry
+
+    def _wait_all(self, client: FiberdClient, tasks: Sequence[Task], running: dict[str, int],
+                  outcomes: list[Outcome], begun: float,
+                  done: Callable[[int, Outcome], None] | None) -> None:
+        """Take each running fiber's exit event as it comes; stop those past their task's
+        timeout (they then end as timed out). Raises Unreachable."""
+        now = time.monotonic()
+        due = {fid: now + t for fid, i in running.items()
+               if (t := tasks[i].timeout) is not None}
+        with self._lock:
+            self._running.update(running)
+        try:
+            while running:
+                within = None if not due else max(0.001, min(due.values()) - time.monotonic())
+                try:
+                    end = client.wait_exit(within=within)
+                except TimeoutError:
+                    for fid in [f for f, at in due.items() if at <= time.monotonic()]:
+                        del due[fid]
+                        outcomes[running[fid]].timed_out = True
+                        self.stop(fid)
+                    continue
+                i = running.pop(str(end.get("fiber_id")))
+                due.pop(str(end.get("fiber_id")), None)
+                outcomes[i].exit = end
+                self._end(i, outcomes[i], begun, done)
+        finally:
+            with self._lock:
+                self._running.difference_update(running)
+                self._running.difference_update(due)
+
+    @staticmethod
+    def _end(i: int, outcome: Outcome, begun: float,
+             done: Callable[[int, Outcome], None] | None) -> None:
+        outcome.runtime = time.monotonic() - begun
+        if done is not None:
+            done(i, outcome)
+
+    def _fail(self, pending: list[int], outcomes: list[Outcome], err: Exception, begun: float,
+              done: Callable[[int, Outcome], None] | None) -> None:
+        """The batch request failed as a whole: every task of it not ended yet fails so."""
+        self._drop_client()
+        for i in pending:
+            o = outcomes[i]
+            ended = o.exit is not None or o.failure is not None or (
+                o.miss is not None and not o.miss.retryable)
+            if not ended:
+                o.miss, o.failure, o.refused = None, str(err), isinstance(err, Refused)
+                self._end(i, o, begun, done)
+
     def _run_once(self, fields: dict[str, object], task: Task, outcome: Outcome) -> None:
         """One Clone and its wait. Raises Missed, Refused, Unreachable."""
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
-        fiber_id = str(fiber.get("id"))
+        fiber_id = fiber.id
         outcome.fiber_id = fiber_id
         with self._lock:
             self._running.add(fiber_id)
@@ -209,6 +331,27 @@ class TaskRunner:
         finally:
             with self._lock:
                 self._running.discard(fiber_id)
+
+
+def _what(task: Task) -> dict[str, object]:
+    """The clone fields saying what ``task`` runs (its ``call`` or ``exec``)."""
+    if task.call is not None:
+        return {"call": dict(task.call)}
+    return {"exec": dict(task.exec or {})}
+
+
+def _shifted(done: Callable[[int, Outcome], None] | None,
+             by: int) -> Callable[[int, Outcome], None] | None:
+    """``done`` for a slice of the tasks starting at ``by``."""
+    if done is None:
+        return None
+    return lambda i, outcome: done(i + by, outcome)
+
+
+def _retry_after(miss: Missed | None) -> float:
+    """The seconds a retryable miss asks to wait (0 when it does not say)."""
+    after = miss.miss.get("retry_after") if miss is not None else None
+    return float(after) if isinstance(after, int | float) else 0.0
 
 
 class NotReady(TimeoutError):
@@ -231,8 +374,8 @@ def wait_ready(socket: str | os.PathLike[str], timeout: float | None, *,
         try:
             with FiberdClient(socket, timeout=5.0) as client:
                 reachable = True
-                ready = client.request("ready").get("ready") is True
-                status = client.request("status")
+                ready = client.ready().ready
+                status = client.status().data
             templates = status.get("templates")
             state = templates.get(grant) if isinstance(templates, dict) and grant else None
             if ready and (grant is None or state == "ready"):

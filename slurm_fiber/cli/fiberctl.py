@@ -49,7 +49,6 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -57,11 +56,15 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.core.api.framing import STDIO_NAMES
 from slurm_fiber.discovery import discover_socket
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
+if TYPE_CHECKING:
+    import argparse
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -202,7 +205,7 @@ class SignalForwarder:
     def forward(self, signum: int) -> None:
         try:
             with FiberdClient(self.path, timeout=5.0) as client:
-                client.request("signal_fiber", fiber=self.fiber_id, signal=signum)
+                client.signal_fiber(str(self.fiber_id), signum)
         except (Unreachable, Refused) as e:
             print(f"fiberctl: could not forward {signal.Signals(signum).name}: {e}",
                   file=sys.stderr)
@@ -212,7 +215,7 @@ def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
     """Clone with this process's stdio and signals attached; the exit event when it ends."""
     with SignalForwarder(path) as forwarder, FiberdClient(path) as client:
         fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
-        forwarder.attach(str(fiber.get("id")))
+        forwarder.attach(fiber.id)
         return client.wait_exit()
 
 
@@ -280,10 +283,11 @@ def call(args: argparse.Namespace) -> None:
     print(json.dumps(end.get("result")))
 
 
-def one_request(socket: str | None, op: str, **fields: object) -> dict[str, object]:
-    """Send one request to the discovered fiberd and return its result (exits on failure)."""
+@contextlib.contextmanager
+def connected(socket: str | None) -> Iterator[FiberdClient]:
+    """A client of the discovered fiberd; its failures exit as ``answers`` says."""
     with answers(), FiberdClient(discover_socket(socket)) as client:
-        return client.request(op, **fields)
+        yield client
 
 
 FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
@@ -296,31 +300,30 @@ def fiber_row(record: dict[str, object]) -> str:
 
 def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
-    fibers = one_request(args.socket, "list_fibers").get("fibers", [])
-    if args.json:
-        print(json.dumps(fibers))
-        return
-    print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
-    for record in fibers if isinstance(fibers, list) else []:
-        print(fiber_row(record))
+    with connected(args.socket) as client:
+        if args.json:
+            print(json.dumps(list(client.iter_fibers())))
+            return
+        print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
+        for record in client.iter_fibers():  # page by page: no one huge reply
+            print(fiber_row(record))
 
 
 def stop(args: argparse.Namespace) -> None:
     """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
-    fields: dict[str, object] = {"fiber": args.fiber_id}
-    if args.grace is not None:
-        fields["grace"] = args.grace
-    record = one_request(args.socket, "stop_fiber", **fields).get("fiber", {})
+    with connected(args.socket) as client:
+        record = client.stop_fiber(args.fiber_id, args.grace)
     print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
 def inspect_fiber(args: argparse.Namespace) -> None:
     """Show fiber ID's record (pid, grant, state, exit, cpu time, ...), one field a line."""
-    record = one_request(args.socket, "inspect_fiber", fiber=args.fiber_id).get("fiber", {})
+    with connected(args.socket) as client:
+        record = client.inspect_fiber(args.fiber_id)
     if args.json:
         print(json.dumps(record))
         return
-    for key, value in (record.items() if isinstance(record, dict) else []):
+    for key, value in record.items():
         print(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
 
 
@@ -344,8 +347,8 @@ def kill(args: argparse.Namespace) -> None:
     delivered, 1 when the fiber had already exited. ``stop`` waits for it to go."""
     signum = signal_number(args.signal)
     name = signal.Signals(signum).name
-    delivered = bool(one_request(args.socket, "signal_fiber", fiber=args.fiber_id,
-                                 signal=signum).get("delivered"))
+    with connected(args.socket) as client:
+        delivered = client.signal_fiber(args.fiber_id, signum).delivered
     if args.json:
         print(json.dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
     elif delivered:
@@ -366,12 +369,13 @@ def grant_row(values: Sequence[object]) -> str:
 def grants(args: argparse.Namespace) -> None:
     """List the grants fiberd holds: uid, template state, fibers, lease end, and what of
     each grant's limits is enforced (NOT enforced ones named)."""
-    listed = one_request(args.socket, "list_grants").get("grants", [])
+    with connected(args.socket) as client:
+        listed = client.list_grants().grants
     if args.json:
         print(json.dumps(listed))
         return
     print(grant_row([c.upper() for c in GRANT_COLUMNS]))
-    for record in listed if isinstance(listed, list) else []:
+    for record in listed:
         template = record.get("template")
         state = template.get("state") if isinstance(template, dict) else record.get("state")
         print(grant_row([record.get("uid", "-"), state or "-", record.get("fibers", "-"),
@@ -384,20 +388,19 @@ def grants(args: argparse.Namespace) -> None:
 def metrics(args: argparse.Namespace) -> None:
     """Print fiberd's metrics in the Prometheus text format (``--json``: the reply, with its
     content type)."""
-    reply = one_request(args.socket, "metrics")
+    with connected(args.socket) as client:
+        reply = client.metrics()
     if args.json:
-        print(json.dumps(reply))
+        print(json.dumps(reply.to_json()))
     else:
-        sys.stdout.write(str(reply.get("text", "")))
+        sys.stdout.write(reply.text)
 
 
 def status(args: argparse.Namespace) -> None:
     """Show fiberd's status, health and readiness."""
-    report = {
-        "status": one_request(args.socket, "status"),
-        "health": one_request(args.socket, "health"),
-        "ready": one_request(args.socket, "ready").get("ready"),
-    }
+    with connected(args.socket) as client:
+        report = {"status": client.status().data, "health": client.health().data,
+                  "ready": client.ready().ready}
     if args.json:
         print(json.dumps(report))
         return
@@ -456,18 +459,87 @@ def wait(args: argparse.Namespace) -> None:
                    f"fiberctl: {e}") from None
 
 
-def _grant_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-g", "--grant", help="admitted grant UID to run under "
-                        "(default: the only one)")
-    parser.add_argument("-t", "--token", type=Path, metavar="FILE",
-                        help="file holding a grant token (JWS)")
-    parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="added to the fiber's env (repeatable; device visibility "
-                        "variables are the grant's)")
+# run's and call's options: flags, dest, kind (value, path, append, flag), metavar, help.
+# Both argparse (build_parser) and quick_parse read them.
+RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str, str | None, str], ...] = (
+    (("-S", "--socket"), "socket", "value", "PATH", SOCKET_HELP),
+    (("-g", "--grant"), "grant", "value", None,
+     "admitted grant UID to run under (default: the only one)"),
+    (("-t", "--token"), "token", "path", "FILE", "file holding a grant token (JWS)"),
+    (("-e", "--env"), "env", "append", "KEY=VALUE",
+     "added to the fiber's env (repeatable; device visibility variables are the grant's)"),
+    (("-q", "--quiet"), "quiet", "flag", None,
+     "do not say why the fiber ended (the status is the same)"),
+)
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    for flags, dest, kind, metavar, text in RUN_OPTIONS:
+        if kind == "flag":
+            parser.add_argument(*flags, dest=dest, action="store_true", help=text)
+        elif kind == "append":
+            parser.add_argument(*flags, dest=dest, action="append", default=[],
+                                metavar=metavar, help=text)
+        else:
+            parser.add_argument(*flags, dest=dest, metavar=metavar, help=text,
+                                type=Path if kind == "path" else str)
+
+
+def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
+    """``run`` or ``call`` parsed without argparse (whose import and parser building cost a
+    fiberctl started per task more than its request does), when its words are plain: the
+    RUN_OPTIONS, as separate words or ``--long=value``, and the positionals (``run``:
+    everything after ``--`` as is). None for anything else (help, a mistake, another
+    command): ``parse`` then parses and says what is wrong, as before."""
+    if words[:1] not in (["run"], ["call"]):
+        return None
+    by_flag = {flag: (dest, kind) for flags, dest, kind, _, _ in RUN_OPTIONS for flag in flags}
+    values: dict[str, object] = {"socket": None, "grant": None, "token": None, "env": [],
+                                 "quiet": False}
+    positionals: list[str] = []
+    rest = list(words[1:])
+    closed = False  # an option came after the positionals: argparse takes no more of them
+    while rest:
+        word = rest.pop(0)
+        if word == "--" and words[0] == "run":
+            positionals += rest
+            break
+        if not word.startswith("-") or word == "-":
+            if closed:
+                return None
+            positionals.append(word)
+            continue
+        closed = bool(positionals)
+        name, eq, value = word.partition("=")
+        if name not in by_flag:
+            return None
+        dest, kind = by_flag[name]
+        if kind == "flag":
+            if eq:
+                return None
+            values[dest] = True
+            continue
+        if not eq:
+            if not rest or rest[0].startswith("-"):
+                return None
+            value = rest.pop(0)
+        if kind == "append":
+            values[dest] = [*values[dest], value]  # type: ignore[misc]
+        else:
+            values[dest] = Path(value) if kind == "path" else value
+    if words[0] == "run":
+        return SimpleNamespace(command="run", handler=run, cmd=positionals, **values)
+    if not 1 <= len(positionals) <= 2:
+        return None
+    return SimpleNamespace(command="call", handler=call, target=positionals[0],
+                           json_args=positionals[1] if len(positionals) > 1 else None, **values)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """fiberctl's command line (argparse: a client started per task must start fast)."""
+    """fiberctl's command line (argparse, imported only here: run and call, started per
+    task, are parsed by quick_parse when they can be)."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="fiberctl", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -492,11 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=handler.__doc__,
                                   epilog=EXIT_EPILOG)
         sub.set_defaults(handler=handler)
-        sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("run", "call"):
-            _grant_options(sub)
-            sub.add_argument("-q", "--quiet", action="store_true",
-                             help="do not say why the fiber ended (the status is the same)")
+            _run_options(sub)
+        else:
+            sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
         if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
         if name == "run":
@@ -569,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from slurm_fiber.cli.fibermap import main as map_main
 
         sys.exit(map_main(words[1:]))
-    args = parse(words)
+    args = quick_parse(words) or parse(words)
     try:
         args.handler(args)
     except Exit as done:

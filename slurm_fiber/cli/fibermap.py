@@ -38,8 +38,11 @@ unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
 exit codes (77, 1, 69; a refusal was 65 before issue 15), as no task could
 run; the ``fiberctl map:`` line on stderr tells a refusal from one failed task.
 
-Every task goes through ``slurm_fiber.tasks.TaskRunner.run`` (the one place
-a batch clone would replace).
+The ``-j`` slots are shared out to one worker thread per CPU; each worker
+starts its share of tasks with one batch clone (``TaskRunner.run_many``;
+each task still its own fiber, record and exit) and takes the next batch
+once all of them have ended, so a slow task holds its worker's other slots
+until it ends. A fiberd older than protocol v3 gets one clone per task.
 """
 
 from __future__ import annotations
@@ -212,8 +215,8 @@ class Map:
             self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
             self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
-        workers = [threading.Thread(target=self.worker, args=(slot,), daemon=True)
-                   for slot in range(1, self.opts.jobs + 1)]
+        workers = [threading.Thread(target=self.worker, args=share, daemon=True)
+                   for share in worker_slots(self.opts.jobs, len(os.sched_getaffinity(0)))]
         try:
             for w in workers:
                 w.start()
@@ -244,36 +247,60 @@ class Map:
             except StopIteration:
                 return None
 
-    def worker(self, slot: int) -> None:
-        while (item := self.next_arg()) is not None:
-            seq, arg = item
-            words = command_words(self.opts.cmd, arg, seq, slot, self.opts.call is not None)
-            for attempt in range(1, max(1, self.opts.retries) + 1):
-                outcome, out, err = self.run_one(words)
-                if outcome.ok or self.abort_for(outcome) or attempt == self.opts.retries:
-                    break
-                with self.lock:
-                    if self.stopping:
-                        break
-            self.finish(seq, arg, words, outcome, out, err)
+    def worker(self, first_slot: int, slots: int) -> None:
+        """Keep ``slots`` job slots (numbered from ``first_slot``): take that many
+        arguments (and the tries still owed), start them as one batch, finish each as its
+        fiber ends; the next batch once all have ended."""
+        owed: list[tuple[int, str, list[str], int]] = []  # seq, arg, words, try number
+        while True:
+            batch, owed = owed, []
+            while len(batch) < slots and (item := self.next_arg()) is not None:
+                seq, arg = item
+                slot = first_slot + len(batch)
+                batch.append((seq, arg, command_words(self.opts.cmd, arg, seq, slot,
+                                                      self.opts.call is not None), 1))
+            if not batch:
+                return
+            self.run_batch(batch, owed)
 
-    def run_one(self, words: list[str]) -> tuple[Outcome, bytes, bytes]:
-        """One try: the fiber's stdout and stderr go to anonymous memory files (memfd),
-        read back once it has ended."""
-        out, err = os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr")
+    def run_batch(self, batch: list[tuple[int, str, list[str], int]],
+                  owed: list[tuple[int, str, list[str], int]]) -> None:
+        """Run ``batch`` (seq, arg, words, try number) and finish each task as it ends; a
+        failed one with tries left goes to ``owed``."""
+        pipes = [(os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr"))
+                 for _ in batch]
+
+        def done(i: int, outcome: Outcome) -> None:
+            seq, arg, words, attempt = batch[i]
+            stdout, stderr = self.output(outcome, *pipes[i])
+            if not (outcome.ok or self.abort_for(outcome) or attempt >= self.opts.retries):
+                with self.lock:
+                    if not self.stopping:
+                        owed.append((seq, arg, words, attempt + 1))
+                        return
+            self.finish(seq, arg, words, outcome, stdout, stderr)
+
         try:
-            stdio = {"stdout": out, "stderr": err}
-            if self.opts.call is not None:
-                task = Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
-                            timeout=self.opts.timeout)
-            else:
-                task = Task(exec={"argv": words, "cwd": os.getcwd()}, stdio=stdio,
-                            timeout=self.opts.timeout)
-            outcome = self.runner.run(task)
-            stdout, stderr = _read_all(out), _read_all(err)
+            self.runner.run_many([self.task(words, *pipe) for (_, _, words, _), pipe
+                                  in zip(batch, pipes, strict=True)], done)
         finally:
-            os.close(out)
-            os.close(err)
+            for out, err in pipes:
+                os.close(out)
+                os.close(err)
+
+    def task(self, words: list[str], out: int, err: int) -> Task:
+        """One try's task: the fiber's stdout and stderr go to anonymous memory files
+        (memfd), read back once it has ended."""
+        stdio = {"stdout": out, "stderr": err}
+        if self.opts.call is not None:
+            return Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
+                        timeout=self.opts.timeout)
+        return Task(exec={"argv": words, "cwd": os.getcwd()}, stdio=stdio,
+                    timeout=self.opts.timeout)
+
+    def output(self, outcome: Outcome, out: int, err: int) -> tuple[bytes, bytes]:
+        """A finished try's stdout and stderr, with fiberctl run's line on why it ended."""
+        stdout, stderr = _read_all(out), _read_all(err)
         end = outcome.exit or {}
         line = None if self.opts.quiet else end_line(end)
         if line is not None:  # why fiberd ended it, or why its exec failed
@@ -284,7 +311,7 @@ class Map:
                 stderr += f"{error.get('type')}: {error.get('message')}\n".encode()
             elif not outcome.timed_out:
                 stdout += (json.dumps(end.get("result")) + "\n").encode()
-        return outcome, stdout, stderr
+        return stdout, stderr
 
     def abort_for(self, outcome: Outcome) -> bool:
         """A failure of fiberd itself (not of the task) stops the whole map."""
@@ -392,6 +419,14 @@ class Map:
                 "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
                 "jobs": self.opts.jobs, "exit": status,
                 "joblog": str(self.opts.joblog) if self.opts.joblog else None}
+
+
+def worker_slots(jobs: int, cpus: int) -> list[tuple[int, int]]:
+    """The ``jobs`` slots shared out to one worker thread per CPU (at most one per slot):
+    each worker's first slot number and how many it keeps."""
+    workers = max(1, min(jobs, cpus))
+    shares = [jobs // workers + (1 if w < jobs % workers else 0) for w in range(workers)]
+    return [(1 + sum(shares[:w]), n) for w, n in enumerate(shares)]
 
 
 def _read_all(fd: int) -> bytes:

@@ -40,6 +40,7 @@ from slurm_fiber.core.api.service import (
     JsonMap,
     Peer,
     Stdio,
+    page,
 )
 from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
@@ -180,6 +181,8 @@ class Core:
         self._grants: dict[str, _Grant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._fibers: dict[str, FiberView] = {}
+        self._listed: dict[str, int] = {}  # fiber id -> registration order (list pages)
+        self._registered = itertools.count(1)
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
         self._nudge = asyncio.Event()
@@ -331,7 +334,41 @@ class Core:
         resolved = await self._resolve(request)
         if isinstance(resolved, Miss):
             return self._miss(None, resolved, caller)
-        uid = resolved
+        return await self._clone_for(resolved, request, stdio, caller)
+
+    async def clone_batch(self, requests: Sequence[CloneRequest],
+                          stdios: Sequence[Stdio]) -> list[FiberView | Miss | Exception]:
+        """Clone once per request (all of one peer, grant and token): the grant resolved and
+        a carried token verified and admitted once; a miss of that step is audited once
+        (``batch``: how many it answers) and answers every item. Then each item is decided,
+        forked and audited (``clone``, with ``batch``) on its own: an item's miss, failed
+        fork (its CloneFailed, returned) or unwritable audit record leaves the rest going."""
+        if not requests:
+            return []
+        first = requests[0]
+        caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
+                  "batch": len(requests)}
+        try:
+            resolved = closed_miss() if self.closing else await self._resolve(first)
+            if isinstance(resolved, Miss):
+                return [self._miss(None, resolved, caller)] * len(requests)
+        except AuditWriteFailed as err:
+            log.error("clone batch refused: %s", err)
+            return [_audit_failed(err)] * len(requests)
+        out: list[FiberView | Miss | Exception] = []
+        for request, stdio in zip(requests, stdios, strict=True):
+            try:
+                out.append(await self._clone_for(resolved, request, stdio, caller))
+            except AuditWriteFailed as err:
+                log.error("clone refused: %s", err)
+                out.append(_audit_failed(err))
+            except CloneFailed as err:
+                out.append(err)
+        return out
+
+    async def _clone_for(self, uid: str, request: CloneRequest, stdio: Stdio,
+                         caller: dict[str, int]) -> FiberView | Miss:
+        """A Clone whose grant is resolved: the book's decision, then the fork."""
         grant = self._grants.get(uid)
         if grant is None and uid in self._unenforceable:
             return self._miss(uid, self._unenforceable[uid], caller)
@@ -342,8 +379,13 @@ class Core:
         assert grant is not None
         return await self._start(grant, decision, request, stdio, caller)
 
-    def list_fibers(self) -> Sequence[JsonMap]:
-        return [f.to_json() for f in self._fibers.values()]
+    def list_fibers(self, after: str | None = None,
+                    limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
+        """A page of the fibers by registration order (``page``); records are built for
+        that page only."""
+        ordered = ((self._listed.get(fid, 0), view) for fid, view in self._fibers.items())
+        views, cursor = page(ordered, after, limit)
+        return [v.to_json() for v in views], cursor
 
     def inspect_fiber(self, fiber_id: str) -> JsonMap:
         return self._fiber(fiber_id).to_json()
@@ -653,9 +695,15 @@ class Core:
             await self._unstart(fiber)
             raise
         self._fibers[fiber_id] = view
+        self._listed[fiber_id] = next(self._registered)
+        fiber.on_done(self._unlist)
         self._spawn(self._bound(fiber, decision))
         fiber.on_done(self._fiber_done)
         return view
+
+    def _unlist(self, fiber: Fiber) -> None:
+        """A fiber gone leaves the listing order (just before ``_fiber_done`` runs)."""
+        self._listed.pop(fiber.id, None)
 
     async def _unstart(self, fiber: Fiber) -> None:
         """Kill a fiber whose Clone could not be audited and wait until it is gone (it was

@@ -35,6 +35,7 @@ from slurm_fiber.core.api.service import (
     FiberNotFound,
     Peer,
     Stdio,
+    page,
 )
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.misses import Miss, MissCode
@@ -121,6 +122,17 @@ class ProcService:
         loop.add_reader(pidfd, self._reap, fiber, pidfd)
         return fiber
 
+    async def clone_batch(self, requests: list[CloneRequest],
+                          stdios: list[Stdio]) -> list[ProcFiber | Miss | Exception]:
+        """Each item as ``clone``; an item that raises fails alone."""
+        out: list[ProcFiber | Miss | Exception] = []
+        for request, stdio in zip(requests, stdios, strict=True):
+            try:
+                out.append(await self.clone(request, stdio))
+            except Exception as err:
+                out.append(err)
+        return out
+
     def _reap(self, fiber: ProcFiber, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
@@ -147,8 +159,11 @@ class ProcService:
             raise FiberNotFound(fiber_id)
         return self.fibers[fiber_id]
 
-    def list_fibers(self) -> list[dict[str, object]]:
-        return [f.to_json() for f in self.fibers.values()]
+    def list_fibers(self, after: str | None = None,
+                    limit: int | None = None) -> tuple[list[dict[str, object]], str | None]:
+        ordered = ((int(fid[1:]), f) for fid, f in self.fibers.items())
+        fibers, cursor = page(ordered, after, limit)
+        return [f.to_json() for f in fibers], cursor
 
     def inspect_fiber(self, fiber_id: str) -> dict[str, object]:
         return self._fiber(fiber_id).to_json()

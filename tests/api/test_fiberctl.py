@@ -162,6 +162,8 @@ def test_every_command_help_states_the_exit_codes() -> None:
         done = subprocess.run([FIBERCTL, command, "--help"], capture_output=True, text=True,
                               timeout=30)
         assert "1 refused or failed" in " ".join(done.stdout.split()), command
+    top = subprocess.run([FIBERCTL, "--help"], capture_output=True, text=True, timeout=30)
+    assert top.returncode == 0 and "run" in top.stdout and "map" in top.stdout
 
 
 def test_socket_discovery_from_the_environment(served) -> None:
@@ -169,3 +171,47 @@ def test_socket_discovery_from_the_environment(served) -> None:
     done = subprocess.run([FIBERCTL, "status"], capture_output=True, text=True, env=env,
                           timeout=30)
     assert done.returncode == 0 and "ready: True" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--", "true"],
+    ["run", "-q", "-S", "/s", "-g", "g1", "-e", "A=1", "--env=B=2", "--", "sh", "-c", "a -- b"],
+    ["run", "--socket=/s", "--token", "/tok", "true", "x"],
+    ["run", "--quiet", "--grant=g", "--", "-x", "--", "-q"],
+    ["call", "m:f"],
+    ["call", "-q", "m:f", "[1, 2]"],
+    ["call", "--grant", "g", "-t", "/tok", "m:f", "{}"],
+    ["call", "m:f", "{}", "--grant", "g"],
+    ["run", "a", "-q", "--", "b"],
+])
+def test_quick_parse_means_what_argparse_means(argv: list[str]) -> None:
+    from slurm_fiber.cli.fiberctl import parse, quick_parse
+
+    quick = quick_parse(argv)
+    assert quick is not None and vars(quick) == vars(parse(argv))
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "-h"], ["run", "--json", "--", "x"], ["run", "-e"], ["run", "-e", "-q", "x"],
+    ["run", "-q=1", "x"], ["call"], ["call", "a", "b", "c"], ["call", "m:f", "--", "x"],
+    ["status"], ["ls", "--json"], ["call", "m:f", "--grant", "g", "{}"], ["run", "a", "-q", "b"],
+])
+def test_anything_not_plain_is_left_to_argparse(argv: list[str]) -> None:
+    from slurm_fiber.cli.fiberctl import quick_parse
+
+    assert quick_parse(argv) is None
+
+
+def test_run_and_call_import_only_what_one_request_needs() -> None:
+    code = ("import sys\nfrom slurm_fiber.cli.fiberctl import main\n"
+            "for argv in (['run', '-S', '/nonexistent', '--', 'true'], "
+            "['call', '-S', '/nonexistent', 'm:f', '[1]']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n"
+            "        assert e.code == 69, e.code\n"
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "slurm_fiber.core.api.client" in loaded
+    heavy = {"argparse", "dataclasses", "inspect", "typing", "shutil",
+             "slurm_fiber.core.api.protocol", "slurm_fiber.core.api.service"}
+    assert not heavy & loaded

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
 from slurm_fiber.core.api.protocol import (
     ApiError,
+    BatchOp,
     CloneOp,
     PlainOp,
     SignalOp,
@@ -96,7 +97,7 @@ def test_valid_requests_parse() -> None:
     ({"op": "inspect_fiber", "fiber": "../x"}, 0, "bad_request", "fiber"),
     ({"op": "status", "id": [1]}, 0, "bad_request", "id"),
     ({"op": "status", "v": True}, 0, "unsupported_version", None),
-    ({"op": "status", "v": 3}, 0, "unsupported_version", None),
+    ({"op": "status", "v": 4}, 0, "unsupported_version", None),
     # a pickled call is a v2 feature, checked only for shape (fiberd never unpickles)
     ({"op": "clone", "call": {"pickled": "gAR9lC4="}}, 0, "bad_request", "call"),
     ({"op": "clone", "v": 2, "call": {"pickled": "not base64!"}}, 0, "bad_request", "call"),
@@ -105,6 +106,26 @@ def test_valid_requests_parse() -> None:
      "bad_request", "call"),
     ({"op": "clone", "v": 2, "call": {"pickled": "gAR9lC4=", "target": "os.system"}}, 0,
      "bad_request", "call"),
+    # clone_batch (v3): what is wrong with the request as a whole refuses all of it
+    ({"op": "clone_batch", "items": [{"key": "a", "exec": {"argv": ["x"]}}]}, 0,
+     "bad_request", "v"),
+    ({"op": "clone_batch", "v": 3, "items": []}, 0, "bad_request", "items"),
+    ({"op": "clone_batch", "v": 3}, 0, "bad_request", "items"),
+    ({"op": "clone_batch", "v": 3, "items": [{"key": "a", "exec": {"argv": ["x"]}}] * 65}, 0,
+     "bad_request", "items"),
+    ({"op": "clone_batch", "v": 3, "grant": "../g", "items": [{"key": "a"}]}, 0,
+     "bad_request", "grant"),
+    ({"op": "clone_batch", "v": 3, "items": [{"key": "a", "stdio": ["stdout", "stdout"]}]},
+     2, "bad_request", "stdio"),
+    ({"op": "clone_batch", "v": 3, "items": [{"key": "a", "stdio": ["stdout"]}]}, 2,
+     "bad_fds", None),
+    ({"op": "clone_batch", "v": 3, "items": [{"key": "a"}]}, 193, "bad_fds", None),
+    ({"op": "clone_batch", "v": 3, "items": [{"key": "a"}], "stdio": ["stdin"]}, 0,
+     "bad_request", "stdio"),
+    # list_fibers' paging is v3
+    ({"op": "list_fibers", "limit": 10}, 0, "bad_request", "v"),
+    ({"op": "list_fibers", "v": 3, "after": "abc"}, 0, "bad_request", "after"),
+    ({"op": "list_fibers", "v": 3, "limit": 0}, 0, "bad_request", "limit"),
     ({"op": 3}, 0, "bad_request", "op"),
     ({"op": "status"}, 1, "bad_fds", None),
     ({"op": "format_disk"}, 0, "unknown_op", None),
@@ -114,6 +135,19 @@ def test_invalid_requests_are_refused_with_a_code(body, nfds, code, field) -> No
         parse_request(body, nfds)
     assert (e.value.code, e.value.field) == (code, field)
     assert "\n" not in e.value.reason
+
+
+def test_a_bad_batch_item_is_refused_alone() -> None:
+    items = [{"key": "a", "exec": {"argv": ["x"]}}, {"key": "a", "exec": {"argv": ["y"]}},
+             {"key": "-b", "exec": {"argv": ["x"]}}, {"key": "c", "exec": {"argv": []}},
+             {"key": "d", "exec": {"argv": ["x"]}, "env": {"B": "2"}, "stdio": ["stdout"]}]
+    op = parse_request({"op": "clone_batch", "v": 3, "env": {"A": "1"}, "items": items}, 1).op
+    assert isinstance(op, BatchOp) and op.wait is False and op.hangup is True
+    assert [(i.key, i.error.field if i.error else None) for i in op.items] == [
+        ("a", None), ("a", "key"), (None, "key"), ("c", "exec"), ("d", None)]
+    last = op.items[-1].clone
+    assert last is not None and dict(last.env) == {"A": "1", "B": "2"}
+    assert last.stdio == ("stdout",) and op.items[-1].stdio == ("stdout",)
 
 
 def test_an_integer_past_the_digit_limit_is_refused_not_raised() -> None:

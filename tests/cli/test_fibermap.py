@@ -227,3 +227,34 @@ def test_ctrl_c_stops_the_running_fibers_and_exits_130(site: Site) -> None:
     err = proc.stderr.read()  # type: ignore[union-attr]
     assert "interrupted; running fibers were stopped" in err
     assert running() == []  # stopped before fiberctl exited, not left to fiberd's hang-up
+
+
+def test_slots_beyond_the_cpus_start_as_batch_clones_each_audited(site: Site,
+                                                                  tmp_path: Path) -> None:
+    log = tmp_path / "joblog"
+    before = len(site.audit_path.read_text().splitlines())
+    out = fmap(site, "-j6", "--range", "1-12", "--joblog", str(log), "--retries", "2", "--",
+               "sh", "-c", "echo {}:{%}; [ {} != 5 ] || [ -e " + str(tmp_path / "again")
+               + " ] || { touch " + str(tmp_path / "again") + "; exit 3; }")
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.split())
+    assert len(lines) == 12 and {int(x.split(":")[0]) for x in lines} == set(range(1, 13))
+    assert {int(x.split(":")[1]) for x in lines} <= set(range(1, 7))
+    assert len(joblog(log)) == 13 and all(row[6] == "0" for row in joblog(log)[1:])
+    records = [json.loads(line) for line in
+               site.audit_path.read_text().splitlines()[before:]]
+    clones = [r for r in records if r["event"] == "clone"]
+    assert len(clones) == 13  # twelve tasks, one of them tried twice: each its own record
+    assert len({r["fiber"] for r in clones}) == 13
+    from slurm_fiber.cli.fibermap import worker_slots
+
+    biggest = max(n for _, n in worker_slots(6, len(os.sched_getaffinity(0))))
+    assert max(r.get("batch", 1) for r in clones) == biggest  # on 2 CPUs: 2 workers of 3
+
+
+def test_worker_slots_share_the_jobs_out() -> None:
+    from slurm_fiber.cli.fibermap import worker_slots
+
+    assert worker_slots(2, 2) == [(1, 1), (2, 1)]
+    assert worker_slots(5, 2) == [(1, 3), (4, 2)]
+    assert worker_slots(1, 8) == [(1, 1)]

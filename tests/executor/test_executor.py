@@ -188,3 +188,17 @@ def test_it_finds_fiberd_as_fiberctl_does(site: Site, monkeypatch: pytest.Monkey
     monkeypatch.setenv("FIBERD_STATE_DIR", str(site.state))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert Executor().socket == site.socket  # a standalone fiberd's default place
+
+
+def test_calls_pending_together_start_as_one_batch_each_its_own_fiber(site: Site) -> None:
+    before = len(site.audit_path.read_text().splitlines())
+    with Executor(socket=site.socket, max_workers=6) as ex:
+        results = list(ex.map(fns.describe, range(12), timeout=60))
+        assert ex.submit(fns.square, 5).result(30) == 25  # a lone call afterwards: one clone
+    assert [r[0] for r in results] == [(i,) for i in range(12)]
+    assert len({r[2] for r in results}) == 12  # twelve processes
+    records = [json.loads(line) for line in site.audit_path.read_text().splitlines()[before:]]
+    clones = [r for r in records if r["event"] == "clone"]
+    assert len(clones) == 13 and len({r["fiber"] for r in clones}) == 13
+    assert clones[0].get("batch") == 6  # map queued all twelve: room for six at once
+    assert "batch" not in clones[-1]

@@ -1,8 +1,10 @@
 """A blocking client for fiberd's socket, for fiberctl, benchmarks and tests.
 
 ``FiberdClient`` speaks the protocol of docs/socket-protocol.md over one
-connection: ``request`` for one-reply ops, ``clone`` (optionally passing
-stdio descriptors) followed by ``wait_exit`` for a waited clone. Every
+connection: a typed method per op of the protocol's table (``protocol.TABLE``),
+named as the op and returning its reply type (``core/api/replies.py``);
+``clone`` (optionally passing stdio descriptors) followed by ``wait_exit``
+for a waited clone; ``request`` for any op by name (its raw result). Every
 failure is one of three exceptions a caller can act on: ``Unreachable``
 (no fiberd, or the stream broke), ``Refused`` (an error reply: code,
 reason) and ``Missed`` (a clone miss: code, reason, retryable). Not
@@ -16,11 +18,24 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
+from slurm_fiber.core.api.replies import (
+    BatchStarted,
+    Delivered,
+    Document,
+    Fiber,
+    FiberList,
+    GrantList,
+    Metrics,
+    Ready,
+)
 
 MAX_REPLY = 16 << 20
+BATCH_SINCE = 3  # protocol.BATCH_SINCE and PAGED_SINCE (not imported: the protocol module
+PAGED_SINCE = 3  # costs a per-task client too much to import)
+PAGE_SIZE = 1000  # fiber records per list_fibers page (protocol.MAX_PAGE at most)
 
 
 class Unreachable(Exception):
@@ -142,18 +157,105 @@ class FiberdClient:
         result = self.exchange({"op": op, "id": self._next_id, **fields})["result"]
         return result if isinstance(result, dict) else {}
 
+    # --- one typed method per op (protocol.TABLE); each raises Refused, Unreachable ---------
+
     def clone(self, *, stdio: Mapping[str, int] | None = None, wait: bool = False,
-              **fields: object) -> dict[str, object]:
-        """Start a fiber; returns the started fiber record. ``stdio`` maps "stdin",
-        "stdout", "stderr" to descriptors to pass. With ``wait``, follow with
-        ``wait_exit``. Raises Missed, Refused, Unreachable."""
+              **fields: object) -> Fiber:
+        """Start a fiber; its record as the ``started`` event gave it. ``stdio`` maps "stdin",
+        "stdout", "stderr" to descriptors to pass; ``fields`` are the clone's own
+        (``exec``/``call``, ``grant``/``token``, ``env``, ``hangup``, ``v``). With
+        ``wait``, follow with ``wait_exit``. Raises Missed, Refused, Unreachable."""
         stdio = dict(stdio or {})
         names = [n for n in STDIO_NAMES if n in stdio]
         message: dict[str, object] = {"op": "clone", "wait": wait, **fields}
         if names:
             message["stdio"] = names
-        fiber = self.exchange(message, [stdio[n] for n in names])["result"]
-        return fiber["fiber"] if isinstance(fiber, dict) else {}
+        result = self.exchange(message, [stdio[n] for n in names])["result"]
+        return Fiber.from_json(result if isinstance(result, dict) else {})
+
+    def clone_batch(self, items: Sequence[Mapping[str, object]], *,
+                    stdio: Sequence[Mapping[str, int]] = (), wait: bool = False,
+                    **fields: object) -> BatchStarted:
+        """Start one fiber per item (protocol v3) in one request: each item is
+        ``{"key": str, "exec"|"call": ..., "env"?: ...}``, ``stdio[i]`` the descriptors of
+        item i (as in ``clone``); ``fields`` hold for every item (``grant``/``token``,
+        ``env``, ``hangup``). The reply names each item's fiber, miss or error. With
+        ``wait``, follow with one ``wait_exit`` per started fiber. Raises Refused (a v2
+        fiberd: ``unsupported_version``), Unreachable."""
+        sent: list[dict[str, object]] = []
+        fds: list[int] = []
+        for n, item in enumerate(items):
+            given = stdio[n] if n < len(stdio) else {}
+            names = [name for name in STDIO_NAMES if name in given]
+            sent.append({**item, "stdio": names} if names else dict(item))
+            fds.extend(given[name] for name in names)
+        message: dict[str, object] = {"op": "clone_batch", "v": BATCH_SINCE, "wait": wait,
+                                      **fields, "items": sent}
+        result = self.exchange(message, fds)["result"]
+        return BatchStarted.from_json(result if isinstance(result, dict) else {})
+
+    def inspect_fiber(self, fiber: str) -> Fiber:
+        """One fiber's record. Refused ``not_found`` when fiberd does not know it."""
+        return Fiber.from_json(self.request("inspect_fiber", fiber=fiber))
+
+    def stop_fiber(self, fiber: str, grace: float | None = None) -> Fiber:
+        """Stop a fiber (SIGTERM, ``grace`` s, SIGKILL); its record once it is gone."""
+        fields: dict[str, object] = {"fiber": fiber}
+        if grace is not None:
+            fields["grace"] = grace
+        return Fiber.from_json(self.request("stop_fiber", **fields))
+
+    def signal_fiber(self, fiber: str, signal: int | str) -> Delivered:
+        """Send a signal (number or name); ``delivered`` False when it had exited."""
+        return Delivered.from_json(self.request("signal_fiber", fiber=fiber, signal=signal))
+
+    def list_fibers(self, after: str | None = None, limit: int | None = None) -> FiberList:
+        """The fibers fiberd tracks: all of them, or (protocol v3) the page of at most
+        ``limit`` after the cursor ``after`` (a previous page's ``next``)."""
+        if after is None and limit is None:
+            return FiberList.from_json(self.request("list_fibers"))
+        fields: dict[str, object] = {"v": PAGED_SINCE}
+        if after is not None:
+            fields["after"] = after
+        if limit is not None:
+            fields["limit"] = limit
+        return FiberList.from_json(self.request("list_fibers", **fields))
+
+    def iter_fibers(self, page_size: int = PAGE_SIZE) -> Iterator[dict[str, object]]:
+        """Every fiber's record, page by page (each fiber once; one that starts while the
+        pages are read comes too, one that ends before its page does not). From a fiberd
+        older than v3, its one whole list."""
+        try:
+            page = self.list_fibers(limit=page_size)
+        except Refused as refused:
+            if refused.code != "unsupported_version":
+                raise
+            page = self.list_fibers()
+        while True:
+            yield from page.fibers
+            if page.next is None:
+                return
+            page = self.list_fibers(after=page.next, limit=page_size)
+
+    def list_grants(self) -> GrantList:
+        """The grants fiberd holds."""
+        return GrantList.from_json(self.request("list_grants"))
+
+    def status(self) -> Document:
+        """fiberd's status document."""
+        return Document.from_json(self.request("status"))
+
+    def health(self) -> Document:
+        """The source's health document."""
+        return Document.from_json(self.request("health"))
+
+    def ready(self) -> Ready:
+        """Whether fiberd serves clones now."""
+        return Ready.from_json(self.request("ready"))
+
+    def metrics(self) -> Metrics:
+        """fiberd's metrics, Prometheus text."""
+        return Metrics.from_json(self.request("metrics"))
 
     def wait_exit(self, within: float | None = None) -> dict[str, object]:
         """After ``clone(wait=True)``: block until the exit event; returns it

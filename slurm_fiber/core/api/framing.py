@@ -20,7 +20,6 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate, count
 
 HEADER = struct.Struct(">I")
@@ -50,19 +49,23 @@ class FramingError(Exception):
         self.reason = reason
 
 
-@dataclass
 class Frame:
     """One received frame: its parsed JSON body, or why it did not parse, and its fds.
 
     ``fds`` are open descriptors now owned by whoever holds the frame; they
     must be closed (``close_fds``) or handed on. ``fds_truncated`` says the
-    kernel dropped descriptors because more arrived than fit.
+    kernel dropped descriptors because more arrived than fit. (A plain class,
+    not a dataclass: a client started per task does not pay for importing
+    dataclasses and inspect.)
     """
 
-    body: object = None
-    error: str | None = None
-    fds: list[int] = field(default_factory=list)
-    fds_truncated: bool = False
+    __slots__ = ("body", "error", "fds", "fds_truncated")
+
+    def __init__(self, body: object = None, error: str | None = None) -> None:
+        self.body = body
+        self.error = error
+        self.fds: list[int] = []
+        self.fds_truncated = False
 
     def close_fds(self) -> None:
         """Close every descriptor this frame carries (idempotent)."""

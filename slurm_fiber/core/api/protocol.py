@@ -1,14 +1,16 @@
 """The fiberd socket protocol: request shapes, their validation, error codes, replies.
 
 A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
-``v`` (optional: 1 or 2; versions are additive, so every v1 request means
-the same under v2; a v2 feature, such as a pickled call, needs ``"v": 2``,
-which an older fiberd refuses as ``unsupported_version``) and the op's own
-fields. Unknown fields are refused, so a typo never silently changes what a
-request means. Every refusal is an ``ApiError`` with a code from
-``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function
-of the decoded body and the number of descriptors that came with it. Reply
-builders give every reply the same envelope (see docs/socket-protocol.md).
+``v`` (optional: 1, 2 or 3; versions are additive, so every v1 request means
+the same under v3; a v2 feature, such as a pickled call, needs ``"v": 2``,
+a v3 one (``clone_batch``) ``"v": 3``, which an older fiberd refuses as
+``unsupported_version``) and the op's own fields. Unknown fields are
+refused, so a typo never silently changes what a request means. Every
+refusal is an ``ApiError`` with a code from ``ErrorCode`` and a one-line
+reason; ``parse_request`` is a pure function of the decoded body and the
+number of descriptors that came with it. ``TABLE`` holds every op (request
+type, reply type, handler). Reply builders give every reply the same
+envelope (see docs/socket-protocol.md).
 """
 
 from __future__ import annotations
@@ -17,18 +19,35 @@ import enum
 import re
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
+from slurm_fiber.core.api.replies import (
+    BatchStarted,
+    Delivered,
+    Document,
+    Fiber,
+    FiberList,
+    GrantList,
+    Metrics,
+    Ready,
+    Reply,
+)
 from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.misses import Miss
 
-VERSION = 2  # the newest this fiberd speaks
-VERSIONS = (1, 2)  # every one it accepts (docs/socket-protocol.md, "Versions")
+VERSION = 3  # the newest this fiberd speaks
+VERSIONS = (1, 2, 3)  # every one it accepts (docs/socket-protocol.md, "Versions")
 PICKLED_SINCE = 2  # call.pickled needs "v" >= this
+BATCH_SINCE = 3  # clone_batch needs "v" >= this
+PAGED_SINCE = 3  # list_fibers' "after" and "limit" need "v" >= this
+MAX_PAGE = 5000  # fiber records in one list_fibers page
+CURSOR_PATTERN = re.compile(r"\d{1,20}")
+MAX_BATCH = 64  # items in one clone_batch
+MAX_BATCH_FDS = MAX_BATCH * MAX_FDS  # descriptors with one clone_batch (SCM_MAX_FD is 253)
 MAX_PICKLED = 96 * 1024  # characters of base64: the template's order (128 KiB) must hold it
 PICKLED_PATTERN = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 MAX_ID_LEN = 64
@@ -102,6 +121,9 @@ class FiberOp:
 
     fiber: str
 
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return (self.fiber,)
+
 
 @dataclass(frozen=True)
 class StopOp:
@@ -109,6 +131,9 @@ class StopOp:
 
     fiber: str
     grace: float | None
+
+    def handler_args(self, peer: Peer) -> tuple[object, ...]:
+        return (self.fiber, self.grace, peer)
 
 
 @dataclass(frozen=True)
@@ -118,23 +143,64 @@ class SignalOp:
     fiber: str
     signum: int
 
+    def handler_args(self, peer: Peer) -> tuple[object, ...]:
+        return (self.fiber, self.signum, peer)
+
+
+@dataclass(frozen=True)
+class ListOp:
+    """``list_fibers``: one page (v3: ``after`` a cursor, ``limit`` records), or all."""
+
+    after: str | None
+    limit: int | None
+
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return (self.after, self.limit)
+
 
 @dataclass(frozen=True)
 class PlainOp:
-    """The ops that take no fields: list_fibers, list_grants, status, health, ready, metrics."""
+    """The ops that take no fields: list_grants, status, health, ready, metrics."""
 
     name: str
 
+    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
+        return ()
 
-Op = CloneOp | FiberOp | StopOp | SignalOp | PlainOp
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One item of a ``clone_batch``: the client's ``key`` for it and its clone, or the
+    ApiError that refuses this item alone (the others still run); ``stdio`` names the
+    descriptors that came for it, refused or not (the server closes those)."""
+
+    key: str | None
+    clone: CloneOp | None
+    stdio: tuple[str, ...] = ()
+    error: ApiError | None = None
+
+
+@dataclass(frozen=True)
+class BatchOp:
+    """``clone_batch``: many clones of one grant in one request. ``grant``, ``token`` and
+    ``env`` hold for every item (an item's ``env`` adds to it); descriptors come item by
+    item, each item's ``stdio`` naming its own."""
+
+    items: tuple[BatchItem, ...]
+    wait: bool
+    hangup: bool
+
+
+Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
 
 
 @dataclass(frozen=True)
 class Request:
-    """A validated request: the echoed id and the op."""
+    """A validated request: the echoed id, the op's row in ``TABLE`` and its fields."""
 
     id: int | str | None
     op: Op
+    spec: OpSpec
 
 
 # --- field readers ----------------------------------------------------------------------
@@ -274,11 +340,11 @@ def _stdio(names: list[Any] | None, nfds: int) -> tuple[str, ...]:
 _CLONE_FIELDS = frozenset({"call", "exec", "grant", "token", "env", "stdio", "wait", "hangup"})
 
 
-def _clone(f: _Fields, nfds: int) -> CloneOp:
+def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
     version = f.body.get("v", 1)
     call_raw = f.get("call", dict, "an object {target, args, kwargs}")
     exec_raw = f.get("exec", dict, "an object {argv, cwd}")
-    if (call_raw is None) == (exec_raw is None):
+    if need_target and (call_raw is None) == (exec_raw is None):
         raise ApiError(ErrorCode.BAD_REQUEST, "a clone needs exactly one of 'call' and 'exec'")
     grant = f.get("grant", str, "a grant UID")
     token = f.get("token", str, "a compact JWS string")
@@ -300,6 +366,71 @@ def _clone(f: _Fields, nfds: int) -> CloneOp:
     )
 
 
+_ITEM_FIELDS = frozenset({"key", "call", "exec", "env", "stdio"})
+_BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup"})
+
+
+def _batch(f: _Fields, nfds: int) -> BatchOp:
+    """Validate a batch: what is wrong with the whole request (its shared fields, the
+    descriptors) refuses it; what is wrong with one item refuses that item only."""
+    raw = f.get("items", list, f"an array of 1..{MAX_BATCH} objects", required=True)
+    if not 1 <= len(raw) <= MAX_BATCH:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'items' must hold 1..{MAX_BATCH} items", "items")
+    shared = {k: f.body[k] for k in ("grant", "token", "env", "v") if k in f.body}
+    _clone(_Fields(shared, _CLONE_FIELDS), 0, need_target=False)  # refuses bad shared fields
+    names = [_item_stdio(item) for item in raw]
+    if nfds != sum(len(n) for n in names):
+        raise ApiError(ErrorCode.BAD_FDS, f"{nfds} descriptors passed but the items' 'stdio' "
+                       f"name {sum(len(n) for n in names)}")
+    items: list[BatchItem] = []
+    seen: set[str] = set()
+    for item, stdio in zip(raw, names, strict=True):
+        key = item.get("key") if isinstance(item, dict) else None
+        try:
+            if not isinstance(item, dict):
+                raise ApiError(ErrorCode.BAD_REQUEST, "an item must be a JSON object", "items")
+            if not isinstance(key, str) or not FIBER_ID_PATTERN.fullmatch(key):
+                key = None
+                raise ApiError(ErrorCode.BAD_REQUEST, "item 'key' must be a string of 1..128 "
+                               "letters, digits and ._:- (not first)", "key")
+            if key in seen:
+                raise ApiError(ErrorCode.BAD_REQUEST, f"item key {key!r} is given twice", "key")
+            seen.add(key)
+            fields = _Fields(item, _ITEM_FIELDS)
+            own_env = _env(fields.get("env", dict, "an object of strings") or {})
+            body = {**shared, **{k: v for k, v in item.items() if k in ("call", "exec")},
+                    "env": {**shared.get("env", {}), **own_env}}
+            clone = _clone(_Fields(body, _CLONE_FIELDS), 0)
+            items.append(BatchItem(key, replace(clone, stdio=stdio), stdio))
+        except ApiError as err:
+            items.append(BatchItem(key, None, stdio, err))
+    return BatchOp(tuple(items), wait=bool(f.get("wait", bool, "true or false")),
+                   hangup=f.get("hangup", bool, "true or false") is not False)
+
+
+def _item_stdio(item: object) -> tuple[str, ...]:
+    """An item's descriptor names; a bad list refuses the whole batch (the descriptors
+    that follow could not be told apart)."""
+    names = item.get("stdio") if isinstance(item, dict) else None
+    if names is not None and not isinstance(names, list):
+        raise ApiError(ErrorCode.BAD_REQUEST, "an item's 'stdio' must be an array", "stdio")
+    return _stdio(names, len(names or []))
+
+
+def _list(f: _Fields) -> ListOp:
+    after = f.get("after", str, "a cursor from a previous page's 'next'")
+    limit = f.get("limit", int, f"1..{MAX_PAGE}")
+    if (after is not None or limit is not None) and f.body.get("v", 1) < PAGED_SINCE:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"paging (after, limit) needs \"v\": {PAGED_SINCE} in the request", "v")
+    if after is not None and not CURSOR_PATTERN.fullmatch(after):
+        raise ApiError(ErrorCode.BAD_REQUEST, "field 'after' is not a cursor this fiberd "
+                       "gave ('next' of a page)", "after")
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'limit' must be 1..{MAX_PAGE}", "limit")
+    return ListOp(after, limit)
+
+
 def _stop(f: _Fields) -> StopOp:
     grace = f.get("grace", (int, float), "seconds")
     if grace is not None and not 0 <= grace <= MAX_GRACE:
@@ -307,18 +438,65 @@ def _stop(f: _Fields) -> StopOp:
     return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
 
 
-_PLAIN_OPS = ("list_fibers", "list_grants", "status", "health", "ready", "metrics")
-_PARSERS: dict[str, tuple[frozenset[str], Callable[[_Fields, int], Op]]] = {
-    "clone": (_CLONE_FIELDS, _clone),
-    "inspect_fiber": (frozenset({"fiber"}), lambda f, _n: FiberOp(_fiber_id(f))),
-    "stop_fiber": (frozenset({"fiber", "grace"}), lambda f, _n: _stop(f)),
-    "signal_fiber": (
-        frozenset({"fiber", "signal"}),
-        lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
-            f.get("signal", (int, str), "a signal number or name", required=True))),
-    ),
-}
-OPS: tuple[str, ...] = (*_PARSERS, *_PLAIN_OPS)
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the protocol: its name, request and reply types, and who answers it.
+
+    ``handler`` names the ``Service`` method that answers it (``server_side``:
+    the ``ApiServer``'s own, for what the server keeps, such as metrics); the
+    server calls it with ``request.handler_args(peer)`` and sends
+    ``reply.of(its return value)``. ``streams``: the server's connection
+    answers it with its own method of the handler's name (``clone``,
+    ``clone_batch``: descriptors, then events), which calls the Service's. ``fields`` are the
+    request fields it takes, ``parse`` builds the request from them (and the
+    number of descriptors that came), ``since`` is the protocol version that
+    added it (a request for it must say ``"v"`` at least that).
+    """
+
+    name: str
+    request: type
+    reply: type[Reply]
+    handler: str
+    fields: frozenset[str]
+    parse: Callable[[_Fields, int], Op]
+    since: int = 1
+    descriptors: bool = False
+    streams: bool = False
+    server_side: bool = False
+
+
+def _plain(name: str, reply: type[Reply]) -> OpSpec:
+    """An op without fields answered by the Service method of the same name."""
+    return OpSpec(name, PlainOp, reply, name, frozenset(), lambda _f, _n: PlainOp(name))
+
+
+TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
+    OpSpec("clone", CloneOp, Fiber, "clone", _CLONE_FIELDS, _clone,
+           descriptors=True, streams=True),
+    OpSpec("clone_batch", BatchOp, BatchStarted, "clone_batch", _BATCH_FIELDS, _batch,
+           since=BATCH_SINCE, descriptors=True, streams=True),
+    OpSpec("inspect_fiber", FiberOp, Fiber, "inspect_fiber", frozenset({"fiber"}),
+           lambda f, _n: FiberOp(_fiber_id(f))),
+    OpSpec("stop_fiber", StopOp, Fiber, "stop_fiber", frozenset({"fiber", "grace"}),
+           lambda f, _n: _stop(f)),
+    OpSpec("signal_fiber", SignalOp, Delivered, "signal_fiber", frozenset({"fiber", "signal"}),
+           lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
+               f.get("signal", (int, str), "a signal number or name", required=True)))),
+    OpSpec("list_fibers", ListOp, FiberList, "list_fibers", frozenset({"after", "limit"}),
+           lambda f, _n: _list(f)),
+    _plain("list_grants", GrantList),
+    _plain("status", Document),
+    _plain("health", Document),
+    _plain("ready", Ready),
+    OpSpec("metrics", PlainOp, Metrics, "metrics_text", frozenset(),
+           lambda _f, _n: PlainOp("metrics"), server_side=True),
+)}
+OPS: tuple[str, ...] = tuple(TABLE)
+
+
+def max_fds(op: object) -> int:
+    """How many descriptors a request for ``op`` may carry."""
+    return MAX_BATCH_FDS if op == "clone_batch" else MAX_FDS
 
 
 def request_id(body: object) -> int | str | None:
@@ -338,7 +516,8 @@ def parse_request(body: object, nfds: int) -> Request:
 
     Pure; raises ApiError (bad_request, unknown_op, unsupported_version,
     bad_fds) for anything that does not fit. Descriptors are only accepted
-    on ``clone``, at most MAX_FDS, and must match its ``stdio`` list.
+    on ``clone`` (at most MAX_FDS, matching its ``stdio`` list) and
+    ``clone_batch`` (at most MAX_BATCH_FDS, matching its items' lists).
     """
     if not isinstance(body, dict):
         raise ApiError(ErrorCode.BAD_REQUEST, "a request must be a JSON object")
@@ -351,17 +530,19 @@ def parse_request(body: object, nfds: int) -> Request:
     op = body.get("op")
     if not isinstance(op, str):
         raise ApiError(ErrorCode.BAD_REQUEST, "field 'op' (a string) is required", "op")
-    if nfds > MAX_FDS:
-        raise ApiError(ErrorCode.BAD_FDS, f"{nfds} descriptors passed; at most {MAX_FDS}")
-    if nfds and op != "clone":
-        raise ApiError(ErrorCode.BAD_FDS, f"descriptors are only accepted on clone, not {op!r}")
-    if op in _PLAIN_OPS:
-        _Fields(body, frozenset())
-        return Request(request_id(body), PlainOp(op))
-    if op not in _PARSERS:
+    spec = TABLE.get(op)
+    if spec is None:
         raise ApiError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:40]!r}; known: {', '.join(OPS)}")
-    allowed, parse = _PARSERS[op]
-    return Request(request_id(body), parse(_Fields(body, allowed), nfds))
+    if nfds and not spec.descriptors:
+        raise ApiError(ErrorCode.BAD_FDS,
+                       f"descriptors are only accepted on clone and clone_batch, not {op!r}")
+    most = max_fds(op)
+    if nfds > most:
+        raise ApiError(ErrorCode.BAD_FDS, f"{nfds} descriptors passed; at most {most}")
+    if body.get("v", 1) < spec.since:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"op {op!r} needs \"v\": {spec.since} in the request",
+                       "v")
+    return Request(request_id(body), spec.parse(_Fields(body, spec.fields), nfds), spec)
 
 
 # --- replies ------------------------------------------------------------------------------

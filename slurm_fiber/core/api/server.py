@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import enum
 import errno
+import inspect
 import logging
 import math
 import os
@@ -46,33 +47,31 @@ from pathlib import Path
 
 from slurm_fiber.core.api.framing import (
     DEFAULT_MAX_FRAME,
-    MAX_FDS,
     Frame,
     FrameDecoder,
     FramingError,
     encode_frame,
 )
 from slurm_fiber.core.api.protocol import (
+    MAX_BATCH_FDS,
     ApiError,
+    BatchOp,
     CloneOp,
     ErrorCode,
-    FiberOp,
-    PlainOp,
     Request,
-    SignalOp,
-    StopOp,
     error_reply,
+    max_fds,
     miss_reply,
     ok_reply,
     parse_request,
     peer_allowed,
     request_id,
 )
+from slurm_fiber.core.api.replies import BatchStarted
 from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberHandle,
     FiberNotFound,
-    JsonMap,
     Peer,
     Service,
     Stdio,
@@ -86,7 +85,8 @@ log = logging.getLogger(__name__)
 
 MAX_REPLY = 16 << 20  # replies (fiber lists) may be larger than requests
 _RECV_SIZE = 65536
-_ANC_SIZE = socket.CMSG_SPACE(16 * array.array("i").itemsize)  # room to see "too many"
+_ANC_SIZE = socket.CMSG_SPACE((MAX_BATCH_FDS + 1) * array.array("i").itemsize)  # room to
+# see "too many" (each descriptor received is closed unless its frame may carry it)
 _PEERCRED = struct.Struct("3i")
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
@@ -383,7 +383,8 @@ class _Connection:
             if frame.error is not None:
                 raise ApiError(ErrorCode.BAD_FRAME, frame.error)
             if frame.fds_truncated:
-                raise ApiError(ErrorCode.BAD_FDS, f"too many descriptors; at most {MAX_FDS}")
+                raise ApiError(ErrorCode.BAD_FDS,
+                               f"too many descriptors; at most {max_fds(op_name)}")
             request = parse_request(frame.body, len(frame.fds))
             if self.server.closing:
                 raise ApiError(ErrorCode.CLOSED, "fiberd is shutting down")
@@ -405,21 +406,18 @@ class _Connection:
                 ErrorCode.INTERNAL, f"fiberd failed on this request: {type(e).__name__}: {e}"))
 
     async def dispatch(self, request: Request, frame: Frame) -> None:
-        service, op, rid = self.server.service, request.op, request.id
+        """Answer a validated request as its row in the op table says."""
+        spec, op, rid = request.spec, request.op, request.id
         assert self.peer is not None
-        result: JsonMap
-        if isinstance(op, CloneOp):
-            await self.clone(rid, op, frame)
+        if spec.streams:  # this connection's method of the handler's name (events, fds)
+            await getattr(self, spec.handler)(rid, op, frame)
             return
-        if isinstance(op, FiberOp):
-            result = {"fiber": dict(service.inspect_fiber(op.fiber))}
-        elif isinstance(op, StopOp):
-            result = {"fiber": dict(await service.stop_fiber(op.fiber, op.grace, self.peer))}
-        elif isinstance(op, SignalOp):
-            result = {"delivered": bool(service.signal_fiber(op.fiber, op.signum, self.peer))}
-        else:
-            result = self.server.plain_result(op)
-        await self.send(ok_reply(rid, result))
+        assert not isinstance(op, CloneOp | BatchOp)
+        owner: object = self.server if spec.server_side else self.server.service
+        answer = getattr(owner, spec.handler)(*op.handler_args(self.peer))
+        if inspect.isawaitable(answer):
+            answer = await answer
+        await self.send(ok_reply(rid, spec.reply.of(answer).to_json()))
 
     async def clone(self, rid: int | str | None, op: CloneOp, frame: Frame) -> None:
         server = self.server
@@ -440,22 +438,83 @@ class _Connection:
         server.metrics.clone_started(elapsed)
         await self.send(ok_reply(rid, {"fiber": outcome.to_json()}, "started", final=not op.wait))
         if op.wait:
-            await self.stream_exit(rid, outcome, op.hangup)
+            await self.stream_exits(rid, [outcome], op.hangup)
 
-    async def stream_exit(self, rid: int | str | None, fiber: FiberHandle, hangup: bool) -> None:
-        """Wait for the fiber's exit and send it; meanwhile answer stray frames with busy.
-
-        A client that disconnects first gets its fiber a SIGHUP when ``hangup``
-        (as a terminal hang-up would), and the wait is abandoned.
-        """
-        exited = asyncio.ensure_future(fiber.wait())
+    async def clone_batch(self, rid: int | str | None, op: BatchOp, frame: Frame) -> None:
+        """Start the batch's valid items through the Service in one call; answer one
+        ``started`` event with every item's outcome (fiber, miss or error) in order, then,
+        with ``wait``, each started fiber's ``exit`` event (the last one final)."""
+        server = self.server
+        assert self.peer is not None
+        started_at = server.clock.mono()
+        valid, requests, stdios = [], [], []
+        fds = iter(frame.fds)
+        for item in op.items:
+            passed = {name: next(fds) for name in item.stdio}  # a refused item's too
+            clone = item.clone
+            if clone is None:
+                continue
+            valid.append(item)
+            requests.append(CloneRequest(peer=self.peer, call=clone.call, exec=clone.exec,
+                                         grant=clone.grant, token=clone.token, env=clone.env))
+            stdios.append(Stdio(**passed))
         try:
-            while True:
+            outcomes = list(await server.service.clone_batch(requests, stdios)) if valid else []
+        finally:
+            frame.close_fds()
+        if len(outcomes) != len(valid):
+            raise RuntimeError(f"the runtime answered {len(outcomes)} of {len(valid)} items")
+        elapsed = server.clock.mono() - started_at
+        by_item = dict(zip((id(i) for i in valid), outcomes, strict=True))
+        entries: list[dict[str, object]] = []
+        fibers: list[FiberHandle] = []
+        for item in op.items:
+            entry: dict[str, object] = {"key": item.key}
+            outcome = by_item.get(id(item))
+            if item.error is not None:
+                server.refusal(Refusal(item.error.code.value, item.error.reason, self.peer,
+                                       "clone_batch", rid))
+                entry.update(ok=False, error=item.error.to_json())
+            elif isinstance(outcome, Miss):
+                server.metrics.clone_missed(outcome.code, elapsed)
+                entry.update(ok=False, miss=outcome.to_json())
+            elif isinstance(outcome, Exception):
+                error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
+                                 f"{type(outcome).__name__}: {outcome}")
+                server.refusal(Refusal(error.code.value, error.reason, self.peer,
+                                       "clone_batch", rid))
+                entry.update(ok=False, error=error.to_json())
+            elif outcome is not None:
+                server.metrics.clone_started(elapsed)
+                fibers.append(outcome)
+                entry.update(ok=True, fiber=outcome.to_json())
+            entries.append(entry)
+        streams = op.wait and bool(fibers)
+        await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                 final=not streams))
+        if streams:
+            await self.stream_exits(rid, fibers, op.hangup)
+
+    async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
+                           hangup: bool) -> None:
+        """Send each fiber's exit event as it ends (the last one final); meanwhile answer
+        stray frames with busy.
+
+        A client that disconnects first gets each fiber still running a SIGHUP
+        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned.
+        """
+        waiting = {asyncio.ensure_future(f.wait()): f for f in fibers}
+        try:
+            while waiting:
                 reading = self.next_frame()
-                await asyncio.wait({exited, reading}, return_when=asyncio.FIRST_COMPLETED)
-                if exited.done():
-                    await self.send(ok_reply(rid, exited.result().to_json(), "exit"))
-                    return
+                done, _ = await asyncio.wait({*waiting, reading},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for exited in [t for t in waiting if t in done]:
+                    del waiting[exited]
+                    await self.send(ok_reply(rid, exited.result().to_json(), "exit",
+                                             final=not waiting))
+                if reading not in done:
+                    continue
                 self.pending_read = None
                 try:
                     stray = reading.result()
@@ -463,13 +522,15 @@ class _Connection:
                     stray = None
                 if stray is None:
                     if hangup:
-                        self.hang_up(fiber)
-                    raise PeerGone("client left while its fiber ran")
+                        for fiber in waiting.values():
+                            self.hang_up(fiber)
+                    raise PeerGone("client left while its fibers ran")
                 stray.close_fds()
                 await self.refuse(request_id(stray.body), None, ApiError(
                     ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
         finally:
-            exited.cancel()
+            for task in waiting:
+                task.cancel()
 
     def hang_up(self, fiber: FiberHandle) -> None:
         assert self.peer is not None
@@ -544,22 +605,9 @@ class ApiServer:
         except Exception:
             log.exception("audit callback failed for %s", refusal)
 
-    def plain_result(self, op: PlainOp) -> JsonMap:
-        """The answer to an op that takes no fields."""
-        service = self.service
-        match op.name:
-            case "list_fibers":
-                return {"fibers": [dict(f) for f in service.list_fibers()]}
-            case "list_grants":
-                return {"grants": [dict(g) for g in service.list_grants()]}
-            case "status":
-                return service.status()
-            case "health":
-                return service.health()
-            case "ready":
-                return {"ready": bool(service.ready())}
-            case _:
-                return {"content_type": CONTENT_TYPE, "text": self.metrics.render()}
+    def metrics_text(self) -> tuple[str, str]:
+        """The ``metrics`` op's answer: the content type and the exposition."""
+        return CONTENT_TYPE, self.metrics.render()
 
     # --- accepting and admission ---------------------------------------------------------
 

@@ -10,13 +10,14 @@ the only way a clone that starts nothing answers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from slurm_fiber.core.misses import Miss
 
 JsonMap = Mapping[str, object]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,30 @@ class FiberHandle(Protocol):
         ...
 
 
+def page(ordered: Iterable[tuple[int, T]], after: str | None,
+         limit: int | None) -> tuple[list[T], str | None]:
+    """One page of ``ordered`` ((order, item) pairs by increasing order, e.g. fibers by when
+    they were registered): the items whose order is past the cursor ``after`` (None:
+    all), at most ``limit``; and the cursor of the next page, None when nothing follows.
+
+    The cursor is the last order returned, so a page never repeats an item of an earlier
+    one, an item gone between pages is simply not seen, and one that arrives between
+    pages (a higher order) comes on a later page: listing page by page misses nothing
+    that stays from the first page to the last. Raises ValueError on a cursor that is
+    not one (protocol validation refuses those first)."""
+    start = int(after) if after is not None else 0
+    out: list[T] = []
+    last = start
+    for order, item in ordered:
+        if order <= start:
+            continue
+        if limit is not None and len(out) >= limit:
+            return out, str(last)
+        out.append(item)
+        last = order
+    return out, None
+
+
 class FiberNotFound(LookupError):
     """Raised by a Service when a fiber id names no fiber it knows (reply: not_found)."""
 
@@ -174,8 +199,20 @@ class Service(Protocol):
         """Start a fiber or say why not. Returns once the fiber is running (or missed)."""
         ...
 
-    def list_fibers(self) -> Sequence[JsonMap]:
-        """Every fiber the runtime tracks, as records."""
+    async def clone_batch(self, requests: Sequence[CloneRequest],
+                          stdio: Sequence[Stdio]) -> Sequence[FiberHandle | Miss | Exception]:
+        """Start one fiber per request (same peer, grant and token in each), in order: the
+        grant resolved (a token verified and admitted) once; each fiber decided, started
+        and audited on its own, so one miss does not stop the others. One outcome per
+        request, in order: a fiber, a miss, or the exception that failed that item alone
+        (answered ``internal`` for it). Descriptors as in ``clone``."""
+        ...
+
+    def list_fibers(self, after: str | None = None,
+                    limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
+        """The fibers the runtime tracks, as records, in the order they were registered:
+        those after the cursor ``after`` (None: from the first), at most ``limit`` (None:
+        all), and the cursor of the next page (None: this was the last). See ``page``."""
         ...
 
     def inspect_fiber(self, fiber_id: str) -> JsonMap:
