@@ -216,6 +216,16 @@ def list_time(site: ScaleSite) -> tuple[float, int]:
     return round(took * 1000, 2), len(fibers) if isinstance(fibers, list) else 0
 
 
+def lost_fibers(site: ScaleSite) -> int:
+    """Fibers whose exit the audit log records as ``lost`` (a sleep never ends by itself)."""
+    lost = 0
+    for line in site.audit_path.read_text().splitlines():
+        record = json.loads(line)
+        end = record.get("exit") if record.get("event") == "fiber_exit" else None
+        lost += isinstance(end, dict) and end.get("state") == "lost"
+    return lost
+
+
 def clones(site: ScaleSite, n: int) -> dict[str, float]:
     return percentiles(clone_round_trips(site.socket, "exec", n, grant="g0", warmup=2))
 
@@ -246,8 +256,15 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
             point["list_ms"], point["listed"] = list_time(site)
             point["fiberd_pss_mb"] = pss_mb(site.pid)
             point["fiberd_fds"] = open_fds(site.pid)
+            point["running"] = site.request("status").get("fibers_running")
+            point["lost"] = lost_fibers(site)
             print(f"N={n}: {point}", file=sys.stderr)
             points.append(point)
+            if point["lost"]:
+                stopped_at = (f"at N={n}: {point['lost']} fibers ended as lost (killed by "
+                              f"fiberd), {point['running']} running")
+                print(stopped_at, file=sys.stderr)
+                break
     finally:
         end = stop(site)
     print(f"stop with {running} fibers: {end}", file=sys.stderr)
