@@ -248,7 +248,6 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
                 print(stopped_at, file=sys.stderr)
                 break
             started_s = time.monotonic() - t0
-            running = n
             time.sleep(min(2.0, opts.quiet))  # spares refilled, the starts settled
             point: dict[str, object] = {"n": n, "start_s": round(started_s, 1),
                                         "idle_cpu_pct": idle_cpu(site.pid, opts.quiet)}
@@ -258,6 +257,7 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
             point["fiberd_fds"] = open_fds(site.pid)
             point["running"] = site.request("status").get("fibers_running")
             point["lost"] = lost_fibers(site)
+            running = int(point["running"] or 0)
             print(f"N={n}: {point}", file=sys.stderr)
             points.append(point)
             if point["lost"]:
@@ -273,15 +273,15 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
 
 
 def grant_sweep(tmp: Path, gs: list[int], opts: argparse.Namespace) -> list[dict[str, object]]:
-    points = []
+    points: list[dict[str, object]] = []
     for g in gs:
         site = ScaleSite.with_grants(tmp / f"grants-{g}", DEFAULT_PRELOADS, g)
         site.start(opts.cgroup_root)
+        point = {"g": g}
         try:
             warm = site.wait_all_warm(g, 60 + 3 * g)
             time.sleep(min(2.0, opts.quiet))
-            point: dict[str, object] = {"g": g, "warm_s": round(warm, 1),
-                                        "idle_cpu_pct": idle_cpu(site.pid, opts.quiet)}
+            point.update({"warm_s": round(warm, 1), "idle_cpu_pct": idle_cpu(site.pid, opts.quiet)})
             point.update(clones(site, opts.clones))
             templates = children(site.pid)
             per = [pss_mb(t) + sum(pss_mb(s) for s in children(t)) for t in templates]
@@ -289,11 +289,15 @@ def grant_sweep(tmp: Path, gs: list[int], opts: argparse.Namespace) -> list[dict
             point["per_grant_pss_mb"] = round(sum(per) / len(per), 2) if per else None
             point["template_pss_mb"] = round(
                 sum(pss_mb(t) for t in templates) / len(templates), 2) if templates else None
+        except (SiteFailed, MeasureFailed) as err:
+            point["failed"] = str(err)
         finally:
             end = stop(site)
         point["stop"] = end.__dict__
         print(f"G={g}: {point}", file=sys.stderr)
         points.append(point)
+        if "failed" in point:
+            break
     return points
 
 
@@ -306,7 +310,8 @@ def plot(figures: dict[str, object], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, points in ((axes[0], "n", figures["fibers"]["points"]),  # type: ignore[index]
-                            (axes[1], "g", figures["grants"])):
+                            (axes[1], "g", [p for p in figures["grants"]  # type: ignore[attr-defined]
+                                            if "failed" not in p])):
         xs = [p[key] for p in points]
         ax.plot(xs, [p["idle_cpu_pct"] for p in points], "o-", label="idle CPU (% core)")
         ax.plot(xs, [p["p50_ms"] for p in points], "s-", label="Clone p50 (ms)")
