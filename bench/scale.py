@@ -266,6 +266,8 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
                 print(stopped_at, file=sys.stderr)
                 break
     finally:
+        if site.proc is not None and site.proc.poll() is None:
+            running = int(site.request("status").get("fibers_running") or 0)  # type: ignore[call-overload]
         end = stop(site)
     print(f"stop with {running} fibers: {end}", file=sys.stderr)
     return {"cgroups": mode, "points": points, "stopped_rising": stopped_at,

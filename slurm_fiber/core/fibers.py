@@ -268,8 +268,10 @@ class Fiber:
             self.kill()
 
     def kill(self) -> None:
-        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group."""
-        if self.cgroup is not None:
+        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group.
+        An emptied cgroup is left alone (``cgroup.kill`` waits on the kernel's cgroup lock,
+        which thousands of fibers ending at once contend for)."""
+        if self.cgroup is not None and cgroups.populated(self.cgroup):
             cgroups.kill(self.cgroup)
         if self.pidfd is not None and not pidfd_exited(self.pidfd):
             with contextlib.suppress(ProcessLookupError):
