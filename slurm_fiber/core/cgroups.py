@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -417,10 +418,19 @@ def mirrors(cgroup: Path) -> list[Path]:
 
 
 def _mirror(cgroup: Path, controller: str) -> Path | None:
-    for path in mirrors(cgroup):
-        if (path / f"{controller}.{_PROBE_FILE[controller]}").exists():
-            return path
+    """``cgroup``'s mirror in the v1 hierarchy of ``controller``, None without one."""
+    for root, roots in _MIRRORS.items():
+        if cgroup == root or root in cgroup.parents:
+            rel = cgroup.relative_to(root)
+            return next((m / rel for m in roots if _carries(m, controller)), None)
     return None
+
+
+@functools.cache
+def _carries(v1root: Path, controller: str) -> bool:
+    """Whether the v1 group ``v1root`` is of ``controller``'s hierarchy (asked once per
+    root: a fiber's end reads its memory mirror twice, and thousands end at a stop)."""
+    return (v1root / f"{controller}.{_PROBE_FILE[controller]}").exists()
 
 
 _PROBE_FILE = {"memory": "limit_in_bytes", "pids": "max", "cpu": "cfs_quota_us",

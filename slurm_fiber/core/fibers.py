@@ -31,8 +31,12 @@ Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
 and the fiber's process group), and returns once the fiber is gone.
 ``stop_all`` does it for many at once (grant removal, expiry, epoch bump).
-``enforce_deadline`` runs a fiber until a deadline given as a callable (the
-core's decision, which may move when a fence extends) and then stops it.
+``DeadlineTimer`` keeps every fiber's deadline, given as a callable (the
+core's decision, which may move when a lease or fence changes), on one heap
+and one timer task, and stops each fiber when its deadline comes;
+``enforce_deadline`` does it for one fiber. A fiber's end is learnt from
+events only (its pidfd on the loop, the template's report), so a running
+fiber costs fiberd no wake-up while nothing happens to it.
 
 Reasons: whoever makes fiberd end a fiber says why first (``note_reason``:
 a code and one line; the first note wins). The exit carries it as a
@@ -52,17 +56,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import heapq
+import itertools
 import json
+import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, zombie_exit
+
+log = logging.getLogger(__name__)
 
 
 class FiberState(enum.StrEnum):
@@ -240,19 +249,30 @@ class Fiber:
         """
         if self.exit is not None:
             return self.exit
+        self._terminate()
+        waiter = asyncio.ensure_future(self.wait())
+        if not await first_done(waiter, self.clock.sleep(grace)):
+            self._kill_after(grace)
+        return await waiter
+
+    def _terminate(self) -> None:
+        """The start of a stop: marked stopping, SIGTERM to it and its group."""
         self._stopped = True
         if self.state is FiberState.RUNNING:
             self.state = FiberState.STOPPING
         self.signal(signal.SIGTERM)
-        waiter = asyncio.ensure_future(self.wait())
-        if not await first_done(waiter, self.clock.sleep(grace)):
+
+    def _kill_after(self, grace: float) -> None:
+        """The end of a stop's grace: SIGKILL unless it has ended meanwhile."""
+        if self.exit is None:
             self._killed_after = grace
             self.kill()
-        return await waiter
 
     def kill(self) -> None:
-        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group."""
-        if self.cgroup is not None:
+        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group.
+        An emptied cgroup is left alone (``cgroup.kill`` waits on the kernel's cgroup lock,
+        which thousands of fibers ending at once contend for)."""
+        if self.cgroup is not None and cgroups.populated(self.cgroup):
             cgroups.kill(self.cgroup)
         if self.pidfd is not None and not pidfd_exited(self.pidfd):
             with contextlib.suppress(ProcessLookupError):
@@ -376,35 +396,185 @@ def _unless_empty(path: Path | None) -> Path | None:
 
 
 async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:
-    """Stop every fiber concurrently (one grace for all); returns once all are gone."""
-    return list(await asyncio.gather(*(f.stop(grace) for f in list(fibers))))
+    """Stop every fiber at once, as ``Fiber.stop`` does one: SIGTERM to each, one grace on
+    the clock for all (one timer, not one per fiber), SIGKILL to those still running;
+    returns their exits (in order) once all are gone."""
+    chosen = list(fibers)
+    running = [f for f in chosen if f.exit is None]
+    if running:
+        for fiber in running:
+            fiber._terminate()
+        everyone = asyncio.ensure_future(asyncio.gather(*(f.wait() for f in running)))
+        if not await first_done(everyone, running[0].clock.sleep(grace)):
+            for fiber in running:
+                fiber._kill_after(grace)
+        await everyone
+    return [f.exit for f in chosen if f.exit is not None]
 
 
-async def enforce_deadline(fiber: Fiber, deadline: Callable[[], float | None], clock: Clock,
-                           grace: float, *, nudge: asyncio.Event | None = None,
-                           recheck: float = 1.0) -> FiberExit:
-    """Let the fiber run until ``clock.mono() >= deadline()``, then ``stop(grace)``.
+Deadline = Callable[[], float | None]
 
-    ``deadline`` is asked again whenever the clock reaches the last answer,
-    every ``recheck`` clock seconds, and whenever ``nudge`` is set (set it
-    when a fence or lease changes, so a deadline that moved earlier takes
-    effect at once). None means no deadline now. Returns the fiber's exit,
-    whether it ended by itself or was stopped.
+
+@dataclass(eq=False)
+class _Bound:
+    """One fiber under a DeadlineTimer: its live deadline and its place in the heap."""
+
+    fiber: Fiber
+    deadline: Deadline
+    at: float | None = None  # the last answer (clock mono); None: none now
+    seq: int = -1  # the heap entry that is current (older ones are skipped)
+
+
+class DeadlineTimer:
+    """Every fiber's deadline kept by one timer: a heap on the injected clock and one task
+    that sleeps until the earliest deadline, so idle fibers cost no wake-ups.
+
+    ``add(fiber, deadline)`` bounds a running fiber by ``deadline``, a callable
+    (the core's decision) asked when the fiber is added, whenever the clock
+    reaches its last answer (a deadline moved later, by a renewal or a fence
+    extended by a sync, is found then), and for every fiber on ``rearm()``
+    (call it when a lease, fence or epoch changes in a way that may move a
+    deadline earlier). An answer at or before the clock's ``mono()`` stops the
+    fiber (``Fiber.stop(grace)``, on its own task); None means no deadline
+    until the next ``rearm()``. An ended fiber is dropped without a wake-up.
+    ``close()`` cancels the timer and the stops it started. Runs on the event
+    loop that called ``add`` first; never raises into it (a failed stop is
+    logged).
     """
-    waiter = asyncio.ensure_future(fiber.wait())
-    while not waiter.done():
-        due = deadline()
-        now = clock.mono()
-        if due is not None and now >= due:
-            return await fiber.stop(grace)
-        pause = recheck if due is None else min(recheck, due - now)
-        wakers: list[Awaitable[object]] = [clock.sleep(pause)]
-        if nudge is not None:
-            wakers.append(nudge.wait())
-        await first_done(waiter, *wakers)
-        if nudge is not None:
-            nudge.clear()
-    return waiter.result()
+
+    def __init__(self, clock: Clock, grace: float) -> None:
+        self.clock = clock
+        self.grace = grace
+        self._bounds: dict[int, _Bound] = {}  # id(fiber) -> its bound, while it runs
+        self._heap: list[tuple[float, int, _Bound]] = []
+        self._order = itertools.count()
+        self._changed: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stops: set[asyncio.Task[FiberExit]] = set()
+
+    def __len__(self) -> int:
+        """Fibers bounded now."""
+        return len(self._bounds)
+
+    def add(self, fiber: Fiber, deadline: Deadline) -> None:
+        """Bound ``fiber`` (running, attached) by ``deadline``; asks it now."""
+        if not fiber.running:
+            return
+        bound = _Bound(fiber, deadline)
+        self._bounds[id(fiber)] = bound
+        fiber.on_done(self._drop)
+        self._ask(bound)
+        self._start()
+
+    def rearm(self) -> None:
+        """Ask every bounded fiber's deadline again now (a lease, fence or epoch changed)."""
+        for bound in list(self._bounds.values()):
+            self._ask(bound)
+        self._compact()
+
+    def close(self) -> None:
+        """Stop keeping deadlines; cancel the timer and the stops it started."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for task in list(self._stops):
+            task.cancel()
+        self._bounds.clear()
+        self._heap.clear()
+
+    async def wait_closed(self) -> None:
+        """Return once the stops it started have ended (after ``close()``)."""
+        await asyncio.gather(*self._stops, return_exceptions=True)
+
+    # ------------------------------------------------------------ internals
+
+    def _ask(self, bound: _Bound) -> None:
+        """Ask ``bound``'s deadline: stop its fiber when due, else (re)place it in the heap."""
+        if id(bound.fiber) not in self._bounds:
+            return
+        at = bound.deadline()
+        bound.at = at
+        bound.seq = next(self._order)
+        if at is not None and at <= self.clock.mono():
+            self._due(bound)
+            return
+        if at is not None:
+            earliest = self._heap[0][0] if self._heap else None
+            heapq.heappush(self._heap, (at, bound.seq, bound))
+            if (earliest is None or at < earliest) and self._changed is not None:
+                self._changed.set()
+
+    def _due(self, bound: _Bound) -> None:
+        self._bounds.pop(id(bound.fiber), None)
+        task = asyncio.ensure_future(bound.fiber.stop(self.grace))
+        self._stops.add(task)
+        task.add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Task[FiberExit]) -> None:
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a deadline stop failed: %s", task.exception())
+
+    def _drop(self, fiber: Fiber) -> None:
+        """An ended fiber: forget it (its heap entry is skipped when it comes up)."""
+        self._bounds.pop(id(fiber), None)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heap once most of its entries are stale (fibers that ended long
+        before their deadline), so it stays proportional to the running fibers."""
+        if len(self._heap) > 64 and len(self._heap) > 2 * len(self._bounds):
+            self._heap = [e for e in self._heap if e[2].seq == e[1]
+                          and id(e[2].fiber) in self._bounds]
+            heapq.heapify(self._heap)
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._changed = asyncio.Event()
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        """The one timer: sleep until the earliest deadline or a change, ask the due ones."""
+        assert self._changed is not None
+        changed = self._changed
+        while True:
+            now = self.clock.mono()
+            while self._heap and self._heap[0][0] <= now:
+                _, seq, bound = heapq.heappop(self._heap)
+                if seq == bound.seq:
+                    self._ask(bound)
+            changed.clear()
+            if not self._heap:
+                await changed.wait()
+                continue
+            await first_done(asyncio.ensure_future(changed.wait()),
+                             self.clock.sleep(self._heap[0][0] - now))
+
+
+async def enforce_deadline(fiber: Fiber, deadline: Deadline, clock: Clock, grace: float, *,
+                           nudge: asyncio.Event | None = None) -> FiberExit:
+    """Let one fiber run until ``clock.mono() >= deadline()``, then ``stop(grace)``.
+
+    A DeadlineTimer of its own (see there for when ``deadline`` is asked);
+    ``nudge``, when set, rearms it. Returns the fiber's exit, whether it
+    ended by itself or was stopped.
+    """
+    timer = DeadlineTimer(clock, grace)
+    timer.add(fiber, deadline)
+    nudged = asyncio.ensure_future(_rearm_on(nudge, timer)) if nudge is not None else None
+    try:
+        return await fiber.wait()
+    finally:
+        if nudged is not None:
+            nudged.cancel()
+        timer.close()
+
+
+async def _rearm_on(nudge: asyncio.Event, timer: DeadlineTimer) -> None:
+    while True:
+        await nudge.wait()
+        nudge.clear()
+        timer.rearm()
 
 
 class _ResultReader:

@@ -62,7 +62,7 @@ from slurm_fiber.core.enforcement import (
     host_devices,
     host_enforcement,
 )
-from slurm_fiber.core.fibers import Fiber, enforce_deadline
+from slurm_fiber.core.fibers import DeadlineTimer, Fiber
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
@@ -185,7 +185,7 @@ class Core:
         self._registered = itertools.count(1)
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
-        self._nudge = asyncio.Event()
+        self._deadlines = DeadlineTimer(clock, grace)  # every fiber's, on one timer
         self._released: set[str] = set()  # fiber ids whose release is audited
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
@@ -238,7 +238,7 @@ class Core:
                 await self._provision(vt, spec)
             elif grant.spec != spec:
                 await self._replace_template(grant, spec)
-        self._nudge.set()  # a renewal may move deadlines later
+        self._deadlines.rearm()  # a renewal may move deadlines
         return outcome
 
     async def remove(self, uid: str) -> None:
@@ -257,7 +257,7 @@ class Core:
         epoch = self.book.bump_epoch(reason)
         self._epoch_reason = reason
         self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
-        self._nudge.set()
+        self._deadlines.rearm()
         for grant in list(self._grants.values()):
             for fiber in grant.template.fibers.values():
                 if fiber.epoch < epoch:
@@ -309,6 +309,8 @@ class Core:
         self.closing = True
         await asyncio.gather(*(self._retire(uid, "shutdown") for uid in list(self._grants)))
         await asyncio.gather(*list(self._retiring), return_exceptions=True)
+        self._deadlines.close()
+        await self._deadlines.wait_closed()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -697,7 +699,7 @@ class Core:
         self._fibers[fiber_id] = view
         self._listed[fiber_id] = next(self._registered)
         fiber.on_done(self._unlist)
-        self._spawn(self._bound(fiber, decision))
+        self._bound(fiber, decision)
         fiber.on_done(self._fiber_done)
         return view
 
@@ -714,18 +716,17 @@ class Core:
             self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
                         cause="audit_failed", exit=fiber.exit.to_json() if fiber.exit else None)
 
-    async def _bound(self, fiber: Fiber, decision: Start) -> None:
-        """Stop the fiber at its live deadline (the book's answer, re-asked as it moves)."""
-        last = decision.deadline
+    def _bound(self, fiber: Fiber, decision: Start) -> None:
+        """Stop the fiber at its live deadline (the book's answer, asked again by the one
+        deadline timer when it comes and on every rearm)."""
 
         def due() -> float:
-            nonlocal last
             last = self.book.deadline(fiber.uid, decision.epoch, decision.started)
             if self.clock.mono() >= last.at:
                 self._note_release(fiber, last.cause.value)
             return last.at
 
-        await enforce_deadline(fiber, due, self.clock, self.grace, nudge=self._nudge)
+        self._deadlines.add(fiber, due)
 
     def _fiber_done(self, fiber: Fiber) -> None:
         self._fibers.pop(fiber.id, None)
