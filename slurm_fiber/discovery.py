@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
-from slurm_fiber.homes.select import builtin_entries
 
 
 def home_socket_path(environ: Mapping[str, str]) -> Path | None:
@@ -30,6 +29,10 @@ def home_socket_path(environ: Mapping[str, str]) -> Path | None:
     Blocks on what that home reads (the Slurm home: the site config's ``state_root``);
     raises ValueError for a relative ``$SLURM_FIBER_STATE_ROOT``.
     """
+    # Imported here: a client given its socket (--socket, $FIBERD_SOCKET) never pays for
+    # the registry's imports.
+    from slurm_fiber.homes.select import builtin_entries
+
     for entry in builtin_entries():
         path = entry.socket(environ)
         if path is not None:
