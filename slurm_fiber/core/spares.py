@@ -2,8 +2,11 @@
 
 A *spare* is a process made ahead of a Clone, already in its cgroup leaf
 (core/leaves.py), tied to the template by its death signal and blocked on
-its order channel, whose other end fiberd holds (``Spare.orders``).
-``SparePool`` holds one kind's spares through their life: *asked* of the template (``asked``,
+its order channel, whose other end fiberd holds (``Spare.orders``). Two
+kinds exist: a *fiber* spare, forked from the warm template (it runs call
+and exec orders), and an *exec stub*, a small interpreter the template
+spawns (it runs exec orders only; core/exec_stub.py). ``SparePool`` holds
+one kind's spares through their life: *asked* of the template (``asked``,
 until its ``spared`` answer), *idle* (spared, waiting for an order), *in
 use* (handed an order: the fiber it became, by spare id, until that fiber
 ends). It does the bookkeeping and no I/O; ``Template`` sends, kills and
@@ -26,6 +29,7 @@ from slurm_fiber.core.fibers import Fiber
 
 class Kind(enum.StrEnum):
     FIBER = "spare"  # forked from the warm template (the wire's "spare" order)
+    STUB = "stub"  # an exec stub spawned by the template (the wire's "stub" order)
 
 
 @dataclass

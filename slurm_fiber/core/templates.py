@@ -183,7 +183,8 @@ class Template:
     def __init__(self, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
-                 spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                 exec_stubs: int | None = None) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -201,20 +202,25 @@ class Template:
         self._pidfd: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
-        self._pools = {Kind.FIBER: SparePool(Kind.FIBER, spares)}
+        self._pools = {Kind.FIBER: SparePool(Kind.FIBER, spares),
+                       Kind.STUB: SparePool(Kind.STUB, spares if exec_stubs is None
+                                            else exec_stubs)}
         self._leaves = LeafPool(cgroup)
 
     @classmethod
     async def start(cls, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
-                    spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> Template:
+                    spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                    exec_stubs: int | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
-        ``spares`` spare processes. ``timeout``: seconds it and its spares may take to
-        answer (module doc). Raises OSError if the process cannot be started
-        (e.g. ``state_dir`` not writable)."""
+        ``spares`` spare processes and ``exec_stubs`` exec stubs (default: as many as
+        spares). ``timeout``: seconds it and its spares may take to answer (module doc).
+        Raises OSError if the process cannot be started (e.g. ``state_dir`` not
+        writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
-                       python=python, backoff=backoff, spares=spares, timeout=timeout)
+                       python=python, backoff=backoff, spares=spares, timeout=timeout,
+                       exec_stubs=exec_stubs)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -261,13 +267,21 @@ class Template:
     async def fork(self, request: FiberRequest) -> Fiber:
         """Start one fiber and return it running (its pid known, its pidfd open).
 
-        Uses an idle spare, else makes one (waiting at most ``timeout`` for
-        it). Raises TemplateNotReady unless ``ready``, also when the template
+        An exec request uses an idle exec stub when there is one; otherwise (and
+        for a call) an idle spare, else one made now (waiting at most ``timeout``
+        for it). Raises TemplateNotReady unless ``ready``, also when the template
         dies, stops answering or is stopped meanwhile; ValueError for a
         malformed request; ForkFailed when the template cannot fork or the
         fiber's cgroup cannot be made.
         """
         request.check()
+        stub = self._pools[Kind.STUB].take() if request.mode == "exec" else None
+        if stub is not None and self.life.ready and request.id not in self.fibers:
+            self._refill()
+            with contextlib.suppress(_SpareGone):  # it died unseen: a spare, as below
+                return await self._hand_over(stub, request)
+        elif stub is not None:
+            self._pools[Kind.STUB].keep(stub)
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
             if not self.life.ready or self._sock is None:
@@ -322,15 +336,20 @@ class Template:
 
     @property
     def idle_spares(self) -> list[int]:
-        """Pids of the spares waiting for an order now."""
-        return [s.spared.result() for pool in self._pools.values() for s in pool.idle]
+        """Pids of the (fiber) spares waiting for an order now."""
+        return [s.spared.result() for s in self._pools[Kind.FIBER].idle]
+
+    @property
+    def idle_stubs(self) -> list[int]:
+        """Pids of the exec stubs waiting for an order now."""
+        return [s.spared.result() for s in self._pools[Kind.STUB].idle]
 
     def to_json(self) -> dict[str, object]:
         return {"uid": self.uid, "state": self.state.value, "pid": self.pid,
                 "warm_error": self.warm_error.to_json() if self.warm_error else None,
                 "restarts": self.restarts, "last_fault": self.last_fault,
-                "fibers": len(self.fibers),
-                "spares": sum(len(pool.idle) for pool in self._pools.values()),
+                "fibers": len(self.fibers), "spares": len(self._pools[Kind.FIBER].idle),
+                "exec_stubs": len(self._pools[Kind.STUB].idle),
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
 
     # ------------------------------------------------------------ lifecycle
