@@ -34,12 +34,14 @@ root could write. In order, the template:
    of file on the order channel dismisses the spare (exit 0). So the fork
    and the cgroup move, which costs an RCU grace period when moves are
    spaced out, are paid before the Clone, not during it;
-3a. serves ``stub`` orders: each spawns one *exec stub* (core/exec_stub.py)
-   with ``posix_spawn``, which costs no copy of this big process: a small
-   interpreter that confines itself as a spare does, then waits for an exec
-   order. fiberd hands exec Clones to an idle stub when it has one. Unless
-   this package's directory is safe (``dirtrust``), stubs are refused
-   (``fork_failed``) and exec fibers fork as before;
+3a. serves ``stub`` orders: each makes one *exec stub* (core/exec_stub.py)
+   without copying this big process: a small maker process (spawned once,
+   with ``posix_spawn``) clones itself as this process's child, which
+   confines itself as a spare does, then waits for an exec order. fiberd
+   asks for stubs once the grant has run an exec fiber and hands exec Clones
+   to an idle stub when it has one. Unless this package's
+   directory is safe (``dirtrust``) and the machine supported, stubs are
+   refused (``fork_failed``) and exec fibers fork as before;
 4. reaps its children, spares and stubs alike (``wait4``) and reports each exit, by spare id, with
    wait status and rusage; it exits when fiberd closes the socket, sends
    ``stop`` or SIGTERM, or dies (its death signal is SIGTERM). On the way
@@ -98,6 +100,7 @@ from slurm_fiber.core.prctl import die_with_parent
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+STUB_TIMEOUT = 10.0  # seconds the stub maker may take to clone one stub
 # Around each fork and in each spare, signal masks and dispositions are set with the C
 # module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
 # Python code whose reference counting copies pages of the shared heap (~5 µs each here).
@@ -184,9 +187,9 @@ class Server:
         self.sock = sock
         self.pid = os.getpid()
         self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
-        self.sock.set_inheritable(False)  # an exec stub must not hold it
+        self.sock.set_inheritable(False)  # the stub maker must not hold it
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.stub_lib, self.no_stubs = _stub_lib()
+        self.stubs, self.no_stubs = _stub_maker()
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
         signal.signal(signal.SIGTERM, self._terminate)
@@ -207,6 +210,8 @@ class Server:
     def close(self) -> None:
         """Drop the template's fds (in a fiber, before user code)."""
         self.sock.close()
+        if self.stubs is not None:
+            self.stubs.forget()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -299,36 +304,37 @@ class Server:
 
 
     def stub(self, msg: dict[str, object], order_fd: int) -> None:
-        """Spawn one exec stub (core/exec_stub.py); answer ``spared`` or ``fork_failed``.
-        It is a child like a spare: ``reap`` collects and reports it."""
+        """Have the stub maker clone one exec stub (core/exec_stub.py); answer ``spared``
+        or ``fork_failed``. The stub is a child of this process, as a spare is: ``reap``
+        collects and reports it."""
         spare_id = str(msg.get("id"))
         try:
-            if self.no_stubs is not None:
+            if self.stubs is None:
                 raise OSError(self.no_stubs)
-            os.set_inheritable(order_fd, True)
-            argv = exec_stub.command(sys.executable, self.stub_lib, self.pid, msg, order_fd)
-            # Its mask and ignored signals are the template's, as a forked spare's are;
-            # exec resets the template's handlers to default.
-            pid = os.posix_spawn(sys.executable, argv, os.environ, setpgroup=0)
-        except OSError as e:
+            pid = self.stubs.make(msg, order_fd)
+        except (OSError, wire.WireError) as e:
             _send(self.sock, {"t": "fork_failed", "id": spare_id,
                               "error": type(e).__name__, "message": wire.one_line(e)})
             return
         finally:
             os.close(order_fd)
+        with contextlib.suppress(OSError):  # as for a spare: it leads its group once spared
+            os.setpgid(pid, pid)
         cgroup = msg.get("cgroup")
         self.children[pid] = (spare_id, cgroup if isinstance(cgroup, str) else None)
         _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
 
 
-def _stub_lib() -> tuple[str, str | None]:
-    """The directory exec stubs import slurm_fiber from (this one's), and why it may not be
-    used (None when it is safe: ``dirtrust``)."""
+def _stub_maker() -> tuple[exec_stub.StubMaker | None, str | None]:
+    """The template's exec stub maker (started on first use), or why there is none: the
+    machine is not supported, or this package's directory is not safe (``dirtrust``)."""
     lib = str(Path(exec_stub.__file__).resolve().parents[2])
     if not exec_stub.SUPPORTED:
-        return lib, f"exec stubs are off: no rt_sigaction number for {os.uname().machine}"
+        return None, f"exec stubs are off: no system call numbers for {os.uname().machine}"
     why = safe_path_entry(lib)
-    return lib, None if why is None else f"exec stubs are off: {lib}: {why}"
+    if why is not None:
+        return None, f"exec stubs are off: {lib}: {why}"
+    return exec_stub.StubMaker(sys.executable, lib, STUB_TIMEOUT), None
 
 
 def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:

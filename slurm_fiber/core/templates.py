@@ -202,9 +202,10 @@ class Template:
         self._pidfd: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
+        self.exec_stubs = spares if exec_stubs is None else exec_stubs
+        # Stubs are kept once the grant has run an exec fiber (a call-only grant pays none).
         self._pools = {Kind.FIBER: SparePool(Kind.FIBER, spares),
-                       Kind.STUB: SparePool(Kind.STUB, spares if exec_stubs is None
-                                            else exec_stubs)}
+                       Kind.STUB: SparePool(Kind.STUB, 0)}
         self._leaves = LeafPool(cgroup)
 
     @classmethod
@@ -214,10 +215,10 @@ class Template:
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
                     exec_stubs: int | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
-        ``spares`` spare processes and ``exec_stubs`` exec stubs (default: as many as
-        spares). ``timeout``: seconds it and its spares may take to answer (module doc).
-        Raises OSError if the process cannot be started (e.g. ``state_dir`` not
-        writable)."""
+        ``spares`` spare processes and, from its first exec fiber on, ``exec_stubs``
+        exec stubs (default: as many as spares). ``timeout``: seconds it and its spares
+        may take to answer (module doc). Raises OSError if the process cannot be started
+        (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
                        exec_stubs=exec_stubs)
@@ -275,13 +276,16 @@ class Template:
         fiber's cgroup cannot be made.
         """
         request.check()
-        stub = self._pools[Kind.STUB].take() if request.mode == "exec" else None
+        stubs = self._pools[Kind.STUB]
+        if request.mode == "exec" and stubs.target != self.exec_stubs:
+            stubs.target = self.exec_stubs  # the first exec: keep stubs from now on
+        stub = stubs.take() if request.mode == "exec" else None
         if stub is not None and self.life.ready and request.id not in self.fibers:
             self._refill()
             with contextlib.suppress(_SpareGone):  # it died unseen: a spare, as below
                 return await self._hand_over(stub, request)
         elif stub is not None:
-            self._pools[Kind.STUB].keep(stub)
+            stubs.keep(stub)
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
             if not self.life.ready or self._sock is None:

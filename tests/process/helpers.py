@@ -77,9 +77,12 @@ EXEC_STARTS = ("forked", "stub")  # how an exec fiber may start: a forked spare,
 
 async def exec_template(tmp: Path, mark: str, start: str, **kwargs: Any) -> Template:
     """A ready template whose next exec fiber starts as ``start`` says: from a forked
-    spare (no exec stubs), or from an exec stub (one is idle when this returns)."""
+    spare (no exec stubs), or from an exec stub (a first exec fiber, which turns stubs on,
+    has run; a stub is idle when this returns)."""
     t = await warm_template(tmp, mark, exec_stubs=int(start == "stub"), **kwargs)
     if start == "stub":
+        first = await t.fork(FiberRequest(id="first-exec", mode="exec", argv=("true",)))
+        assert (await first.wait()).exit_code == 0
         await idle_stub(t)
     return t
 
@@ -90,6 +93,19 @@ async def fork_as(t: Template, start: str, request: FiberRequest) -> Fiber:
     fiber = await t.fork(request)
     assert stub is None or fiber.pid == stub
     return fiber
+
+
+def stub_makers(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that run a template's exec stub maker's code (core/exec_stub.py):
+    the maker, and its clones not yet exec'd (idle stubs)."""
+    out = []
+    for pid in pids:
+        try:
+            if b"exec_stub import serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return out
 
 
 async def idle_stub(t: Template, within: float = 10.0) -> int:

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.cgroups import CgroupManager, mirrors
+from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device, DeviceChannel
+from slurm_fiber.core.fibers import FiberState
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
 from tests.process.helpers import (
@@ -26,9 +28,17 @@ from tests.process.helpers import (
     aio,
     exec_template,
     fork_as,
+    idle_spares,
+    idle_stub,
     marked_procs,
     read_line,
+    stop_on_fake_clock,
+    stub_makers,
+    wait_marked,
+    warm_template,
 )
+
+T = "tests.process.targets"
 
 # Prints, as JSON, what an exec'd program inherits: its env, cwd, process group, parent,
 # death signal and cgroup.
@@ -124,3 +134,36 @@ async def test_an_exec_fiber_takes_passed_stdio_and_reports_its_exit(
     assert (end.exit_code, end.result, fiber.stdout_path) == (5, None, None)
     assert fiber.stderr_path is not None and fiber.stderr_path.read_text() == ""
     await t.stop(1.0)
+
+
+@aio
+async def test_a_killed_template_takes_its_stubs_their_fibers_and_the_maker_with_it(
+        tmp_path: Path, mark: str) -> None:
+    clock = FakeClock()  # no re-warm meanwhile: what is left is what survived
+    t = await exec_template(tmp_path, mark, "stub", clock=clock)
+    fiber = await fork_as(t, "stub", FiberRequest(id="long", mode="exec",
+                                                  argv=("sleep", "60")))
+    await idle_stub(t)  # the one made to replace it
+    assert len(stub_makers(marked_procs(mark))) == 2  # the maker and the idle stub
+    os.kill(t.pid, signal.SIGKILL)
+    end = await fiber.wait()
+    assert end.state is FiberState.LOST and end.reason is not None
+    assert end.reason.code == "template_lost"
+    assert wait_marked(mark, 0) == []  # all by their death signal
+    await stop_on_fake_clock(t, clock)
+
+
+@aio
+async def test_stubs_are_kept_from_the_first_exec_fiber_on(tmp_path: Path, mark: str) -> None:
+    t = await warm_template(tmp_path, mark, preload=(T,), exec_stubs=1)
+    call = await t.fork(FiberRequest(id="c", target=f"{T}:add", args=(1, 2)))
+    assert (await call.wait()).exit_code == 0
+    await idle_spares(t)
+    assert t.idle_stubs == [] and stub_makers(marked_procs(mark)) == []  # call-only: none
+    first = await t.fork(FiberRequest(id="x", mode="exec", argv=("true",)))
+    assert first.pid not in t.idle_stubs and (await first.wait()).exit_code == 0
+    stub = await idle_stub(t)
+    assert (await fork_as(t, "stub", FiberRequest(id="y", mode="exec", argv=("true",)))).pid \
+        == stub
+    await t.stop(1.0)
+    assert marked_procs(mark) == []
