@@ -22,7 +22,11 @@ machine falls on all of them alike:
       information (no target), call mode paced: one Clone every ``--pace-ms``
       (n/5 samples), as a caller that is not hammering fiberd sees it. Paced,
       any cgroup move on a Clone's path would cost an RCU grace period; the
-      template's spare (fiberd ``--spares``) keeps it off.
+      template's spare (fiberd ``--spares``) keeps it off;
+  (f) for exec mode's baseline: ``subprocess.run(["true"])`` from this process, and
+      the CPU an exec Clone costs in all (fiberd, its template, the fiber and the
+      spare or exec stub made to replace the one used: the CPU of fiberd's process
+      tree, children reaped included, over the exec samples, per Clone).
 
 Targets: Clone p50 ≤ 1.5x the floor's p50, and ≥ 20x faster than (a) when
 (a) takes ≥ 200 ms. The report says for each mode whether they were met.
@@ -36,9 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from fork_floor import fork_floor, forkserver_start, spare_pipeline
@@ -64,12 +71,41 @@ def split(total: int, rounds: int) -> list[int]:
     return [max(1, total // rounds + (i < total % rounds)) for i in range(rounds)]
 
 
+def spawn_true(n: int) -> list[float]:
+    """Wall seconds of ``subprocess.run(["true"])``, n times: exec mode's plain baseline."""
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants, each with its reaped children's."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    return total
+
+
 def measure(site: Site, n: int, cold_runs: int, rounds: int,
             pace: float) -> dict[str, list[float]]:
-    """Samples (seconds) of every path, taken in interleaved rounds."""
+    """Samples (seconds) of every path, taken in interleaved rounds; ``exec_cpu`` holds
+    one figure per round: CPU seconds per exec Clone."""
     samples: dict[str, list[float]] = {k: [] for k in ("cold_start", "fork_floor",
                                                        "forkserver", "pipeline", "clone_call",
-                                                       "clone_exec", "clone_call_paced")}
+                                                       "clone_exec", "clone_call_paced",
+                                                       "spawn_true", "exec_cpu")}
+    assert site.proc is not None
     for k, (cold_n, n_i) in enumerate(zip(split(cold_runs, rounds), split(n, rounds),
                                           strict=True)):
         print(f"round {k + 1}/{rounds}: {cold_n} cold starts, {n_i} samples of each other path",
@@ -78,9 +114,14 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int,
         samples["fork_floor"] += fork_floor(list(site.preloads), n_i)
         samples["forkserver"] += forkserver_start(list(site.preloads), n_i)
         samples["pipeline"] += spare_pipeline(list(site.preloads), n_i)
+        samples["spawn_true"] += spawn_true(n_i)
         for mode in MODES:
+            warmup = 3 if k == 0 else 0
+            cpu = tree_cpu(site.proc.pid)
             samples[f"clone_{mode}"] += clone_round_trips(site.socket, mode, n_i, grant=GRANT,
-                                                          warmup=3 if k == 0 else 0)
+                                                          warmup=warmup)
+            if mode == "exec":
+                samples["exec_cpu"].append((tree_cpu(site.proc.pid) - cpu) / (n_i + warmup))
         samples["clone_call_paced"] += clone_round_trips(site.socket, "call", max(1, n_i // 5),
                                                          grant=GRANT, warmup=0, pause=pace)
     return samples
@@ -105,6 +146,9 @@ def report(samples: dict[str, list[float]]) -> dict[str, object]:
     targets["clone_call_over_pipeline"] = ratio(statistics.median(samples["clone_call"]), bound)
     targets["cold_over_floor"] = ratio(cold, floor)
     targets["cold_start_is_slow_enough"] = cold * 1000 >= COLD_MIN_MS
+    targets["clone_exec_over_spawn_true"] = ratio(statistics.median(samples["clone_exec"]),
+                                                  statistics.median(samples["spawn_true"]))
+    targets["exec_clone_cpu_ms"] = round(statistics.median(samples["exec_cpu"]) * 1000, 2)
     figures["targets"] = targets
     return figures
 
@@ -114,7 +158,8 @@ def print_table(figures: dict[str, object]) -> None:
              "forkserver": "(c) mp forkserver Process",
              "pipeline": "(e) bound: minimal pipeline", "clone_call": "(d) Clone, call mode",
              "clone_exec": "(d) Clone, exec mode",
-             "clone_call_paced": "(d) Clone, call mode, paced"}
+             "clone_call_paced": "(d) Clone, call mode, paced",
+             "spawn_true": "(f) subprocess.run(true)"}
     floor = figures["fork_floor"]["p50_ms"]  # type: ignore[index]
     cold = figures["cold_start"]["p50_ms"]  # type: ignore[index]
     print(f"{'path':30}{'p50 ms':>10}{'p99 ms':>10}{'x floor':>10}{'cold /':>10}")
@@ -130,6 +175,9 @@ def print_table(figures: dict[str, object]) -> None:
               f"({'meets' if t['floor_target_met'] else 'MISSES'} <= {FLOOR_FACTOR}x); "
               f"{t['faster_than_cold']}x faster than cold "
               f"({'meets' if t['cold_target_met'] else 'MISSES'} >= {COLD_FACTOR:g}x)")
+    print(f"Clone exec (true): p50 = {targets['clone_exec_over_spawn_true']}x "  # type: ignore[index]
+          f"subprocess.run(true)'s; CPU per exec Clone (fiberd's tree) "
+          f"{targets['exec_clone_cpu_ms']} ms")  # type: ignore[index]
     if not targets["cold_start_is_slow_enough"]:  # type: ignore[index]
         print(f"note: the cold start took under {COLD_MIN_MS:g} ms here; add preloads")
 
@@ -143,6 +191,8 @@ def plot(samples: dict[str, list[float]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for key, values in samples.items():
+        if key == "exec_cpu":
+            continue  # CPU per Clone, not a latency
         xs = sorted(v * 1000 for v in values)
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=f"{key} (p50 {statistics.median(xs):.1f} ms)")

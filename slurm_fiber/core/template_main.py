@@ -34,8 +34,16 @@ root could write. In order, the template:
    of file on the order channel dismisses the spare (exit 0). So the fork
    and the cgroup move, which costs an RCU grace period when moves are
    spaced out, are paid before the Clone, not during it;
-4. reaps its children (``wait4``) and reports each exit, by spare id, with
-   wait status and rusage. Before reaping a fiber it SIGKILLs what the fiber
+3a. serves ``stub`` orders: each makes one *exec stub* (core/exec_stub.py)
+   without copying this big process: a small maker process (spawned once,
+   with ``posix_spawn``) clones itself as this process's child, which
+   confines itself as a spare does, then waits for an exec order. fiberd
+   asks for stubs once the grant has run an exec fiber and hands exec Clones
+   to an idle stub when it has one. Unless this package's
+   directory is safe (``dirtrust``) and the machine supported, stubs are
+   refused (``fork_failed``) and exec fibers fork as before;
+4. reaps its children, spares and stubs alike (``wait4``) and reports each exit, by spare
+   id, with wait status and rusage. Before reaping a fiber it SIGKILLs what the fiber
    left running in its process group (while the unreaped leader holds the
    group's id, so the signal cannot reach a stranger that reused it): a
    fiber ends with its leader, uncarved as carved (where its cgroup is
@@ -65,7 +73,6 @@ import _signal
 import argparse
 import base64
 import contextlib
-import errno
 import gc
 import importlib
 import json
@@ -77,20 +84,30 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from slurm_fiber.core import exec_stub
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.dirtrust import safe_path_entry, trusted_owners
+from slurm_fiber.core.fiber_setup import (
+    EXIT_SETUP,
+    ResultChannel,
+    await_order,
+    error_record,
+    exec_argv,
+    join,
+    take_order,
+    try_join,
+    write_control,
+)
 from slurm_fiber.core.prctl import die_with_parent
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+STUB_TIMEOUT = 10.0  # seconds the stub maker may take to clone one stub
 # Around each fork and in each spare, signal masks and dispositions are set with the C
 # module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
 # Python code whose reference counting copies pages of the shared heap (~5 µs each here).
-EXIT_CGROUP = 71
-EXIT_SETUP = 72
-EXIT_EXEC = 127  # not found, as a shell's "command not found"
-EXIT_NOT_RUNNABLE = 126  # found but not runnable, as a shell's
 
 
 def command(python: str, env: Mapping[str, str], fd: int,
@@ -149,34 +166,11 @@ def _send(sock: socket.socket, msg: dict[str, object]) -> None:
     sock.sendall(wire.encode(msg))
 
 
-def _write_control(cgroup: str, name: str, value: bytes) -> None:
-    """Write ``value`` to the control file ``name`` of ``cgroup`` (a directory path), e.g.
-    ``cgroup.procs`` ``0`` to join it. Raises OSError."""
-    fd = os.open(f"{cgroup}/{name}", os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value)
-    finally:
-        os.close(fd)
-
-
-def _join(msg: wire.Message) -> None:
-    """Join the message's ``also`` groups (cgroup v1 mirrors: limits, devices), then its
-    ``cgroup``. Raises OSError naming the group that refused."""
-    also = msg.get("also")
-    cgroup = msg.get("cgroup")
-    for path in [*(also if isinstance(also, list) else []), cgroup]:
-        if isinstance(path, str):
-            try:
-                _write_control(path, "cgroup.procs", b"0")
-            except OSError as e:
-                raise OSError(e.errno, f"{path}: {e.strerror}") from None
-
-
 def _warm(order: wire.Message) -> None:
     cgroup = order.get("cgroup")
     if isinstance(cgroup, str):
         try:
-            _join(order)
+            join(order)
         except OSError as e:
             raise RuntimeError(f"cannot join cgroup {cgroup}: {e.strerror}") from None
     for name in order.get("preload") or []:
@@ -197,7 +191,9 @@ class Server:
         self.sock = sock
         self.pid = os.getpid()
         self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
+        self.sock.set_inheritable(False)  # the stub maker must not hold it
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.stubs, self.no_stubs = _stub_maker()
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
         signal.signal(signal.SIGTERM, self._terminate)
@@ -211,13 +207,15 @@ class Server:
         for pid, (_, cgroup) in self.children.items():
             if cgroup is not None:
                 with contextlib.suppress(OSError):
-                    _write_control(cgroup, "cgroup.kill", b"1")
+                    write_control(cgroup, "cgroup.kill", b"1")
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Drop the template's fds (in a fiber, before user code)."""
         self.sock.close()
+        if self.stubs is not None:
+            self.stubs.forget()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -270,6 +268,8 @@ class Server:
             return False
         if msg["t"] == "spare" and len(fds) == 1:
             self.spare(msg, fds[0])
+        elif msg["t"] == "stub" and len(fds) == 1:
+            self.stub(msg, fds[0])
         else:
             for fd in fds:
                 os.close(fd)
@@ -311,17 +311,45 @@ class Server:
         _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
 
 
+    def stub(self, msg: dict[str, object], order_fd: int) -> None:
+        """Have the stub maker clone one exec stub (core/exec_stub.py); answer ``spared``
+        or ``fork_failed``. The stub is a child of this process, as a spare is: ``reap``
+        collects and reports it."""
+        spare_id = str(msg.get("id"))
+        try:
+            if self.stubs is None:
+                raise OSError(self.no_stubs)
+            pid = self.stubs.make(msg, order_fd)
+        except (OSError, wire.WireError) as e:
+            _send(self.sock, {"t": "fork_failed", "id": spare_id,
+                              "error": type(e).__name__, "message": wire.one_line(e)})
+            return
+        finally:
+            os.close(order_fd)
+        with contextlib.suppress(OSError):  # as for a spare: it leads its group once spared
+            os.setpgid(pid, pid)
+        cgroup = msg.get("cgroup")
+        self.children[pid] = (spare_id, cgroup if isinstance(cgroup, str) else None)
+        _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
+
+
+def _stub_maker() -> tuple[exec_stub.StubMaker | None, str | None]:
+    """The template's exec stub maker (started on first use), or why there is none: the
+    machine is not supported, or this package's directory is not safe (``dirtrust``)."""
+    lib = str(Path(exec_stub.__file__).resolve().parents[2])
+    if not exec_stub.SUPPORTED:
+        return None, f"exec stubs are off: no system call numbers for {os.uname().machine}"
+    why = safe_path_entry(lib)
+    if why is not None:
+        return None, f"exec stubs are off: {lib}: {why}"
+    return exec_stub.StubMaker(sys.executable, lib, STUB_TIMEOUT), None
+
+
 def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     """In the forked child: confine, wait for the order, run it. Returns the exit code
     (never user code's)."""
     die_with_parent(server.pid)
-    joined: OSError | None = None
-    cgroup = msg.get("cgroup")
-    if isinstance(cgroup, str):
-        try:
-            _join(msg)  # its v1 groups too: a spare pays these moves, not a Clone
-        except OSError as e:
-            joined = e
+    joined = try_join(msg)  # its v1 groups too: a spare pays these moves, not a Clone
     os.setpgid(0, 0)
     _signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
@@ -330,127 +358,22 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
     server.close()
     _reseed()
-    channel = socket.socket(fileno=order_fd)
-    channel.setblocking(True)
-    channel.set_inheritable(False)
-    data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
-    if not data:
-        return 0  # dismissed before it was used
-    try:
-        order = wire.decode(data)
-    except wire.WireError:
-        order = {}
-    result = ResultChannel(channel)
-    if order.get("t") != "run":
-        for fd in fds:
-            os.close(fd)
-        _write_error(result, ValueError("the spare's order was unreadable or not a run order"))
-        return EXIT_SETUP
-    if joined is not None:
-        _write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup}: "
-                                                   f"{joined.strerror}"))
-        return EXIT_CGROUP
-    return run_fiber(order, fds, result)
-
-
-class ResultChannel:
-    """A fiber's end of its order channel, which then carries its result record back.
-
-    ``write`` sends the text in datagrams of at most ``CHUNK`` bytes
-    (SEQPACKET keeps each whole; fiberd joins them until end of file), and
-    blocks while fiberd's side is full. Closed when the fiber exits, or at
-    exec (close-on-exec).
-    """
-
-    CHUNK = 32 * 1024
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def write(self, text: str) -> None:
-        data = text.encode()
-        for start in range(0, len(data), self.CHUNK):
-            self.sock.sendall(data[start:start + self.CHUNK])
+    return await_order(order_fd, msg, joined, run_fiber)
 
 
 def run_fiber(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
     """Take the order's stdio, env and cwd, then run it. Returns the exit code."""
-    try:
-        _setup_stdio(order, stdio)
-        env = order.get("env") or {}
-        os.environ.update({str(k): str(v) for k, v in dict(env).items()})
-        os.environ["SLURM_FIBER_ID"] = str(order.get("id"))
-        if order.get("cwd"):
-            os.chdir(str(order["cwd"]))
-    except OSError as e:
-        _write_error(result, e)
+    if not take_order(order, stdio, result):
         return EXIT_SETUP
     if order.get("mode") == "exec":
-        return _exec(order, result)
+        return exec_argv(order, result)
     return _call(order, result)
-
-
-def _setup_stdio(msg: wire.Message, passed: list[int]) -> None:
-    """Make fds 0/1/2 the passed fds, else /dev/null and files under ``out_dir``."""
-    flags = msg.get("stdio") or [False, False, False]
-    out_dir = msg.get("out_dir")
-    passed_iter = iter(passed)
-    for target, given in enumerate(list(flags)[:3]):
-        if given:
-            fd = next(passed_iter)
-        elif target == 0 or not isinstance(out_dir, str):
-            fd = os.open(os.devnull, os.O_RDWR)
-        else:
-            suffix = "out" if target == 1 else "err"
-            path = f"{out_dir}/fiber-{msg.get('id')}.{suffix}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(fd, target)
-        os.close(fd)
 
 
 def _reseed() -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
-
-
-def _exec(msg: wire.Message, result: ResultChannel) -> int:
-    argv = [str(a) for a in msg.get("argv") or []]
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    try:
-        os.execvpe(argv[0], argv, os.environ)
-    except OSError as e:
-        failure = exec_failure(argv[0], e)
-        result.write(json.dumps({"ok": False, "exec_failed": failure}))
-        return EXIT_EXEC if failure["code"] == EXIT_EXEC else EXIT_NOT_RUNNABLE
-    except IndexError as e:
-        _write_error(result, e)
-    return EXIT_EXEC
-
-
-def exec_failure(name: str, err: OSError) -> dict[str, object]:
-    """What an exec of ``name`` that raised ``err`` tells: errno, its symbolic name, the
-    path (as given), the system's message, the shell's exit ``code`` (127 not found, else
-    126) and, when ``name`` exists but its ``#!`` interpreter does not, ``interpreter``."""
-    number = err.errno or 0
-    out: dict[str, object] = {"errno": number, "name": errno.errorcode.get(number, "?"),
-                              "path": name, "message": os.strerror(number) if number else
-                              str(err), "code": EXIT_NOT_RUNNABLE}
-    if number not in (errno.ENOENT, errno.ENOTDIR):
-        return out
-    found = name if "/" in name else next(
-        (p for d in os.get_exec_path() if os.path.isfile(p := os.path.join(d, name))), None)
-    if found is None or not os.path.isfile(found):
-        out["code"] = EXIT_EXEC
-        return out
-    with contextlib.suppress(OSError), open(found, "rb") as f:
-        line = f.readline(256)
-        if line.startswith(b"#!"):
-            words = line[2:].split()
-            if words:
-                out["interpreter"] = words[0].decode(errors="replace")
-    return out
 
 
 def _call(msg: wire.Message, result: ResultChannel) -> int:
@@ -515,11 +438,9 @@ def _pickle(value: object) -> str:
 
 
 def _write_error(result: ResultChannel, exc: BaseException, pickled: bool = False) -> None:
-    tb = "".join(traceback.format_exception(exc))[-4000:]
-    error: dict[str, object] = {"type": type(exc).__name__, "message": wire.one_line(exc),
-                                "traceback": tb}
+    error = error_record(exc)
     if pickled:
-        exc.__traceback__ = None  # the text above carries it; frames do not pickle
+        exc.__traceback__ = None  # the record carries it as text; frames do not pickle
         with contextlib.suppress(Exception):
             error["pickled"] = _pickle(exc)
     result.write(json.dumps({"ok": False, "error": error}))

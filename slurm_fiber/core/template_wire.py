@@ -5,7 +5,9 @@ whole or not at all and file descriptors ride along with SCM_RIGHTS.
 Messages are dicts with a ``t`` (type):
 
 parent → template: ``warm`` (first, once: preload, warm, cgroup), ``spare``
-(fork one spare; its order channel rides along), ``stop``.
+(fork one spare; its order channel rides along), ``stub`` (spawn one exec
+stub, core/exec_stub.py; same fields, its order channel rides along; it is
+answered and reaped as a spare is), ``stop``.
 template → parent: ``ready``, ``warm_failed`` (error class, one line),
 ``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``exit``
 (a reaped spare or fiber, by spare ``id``: wait status and rusage).
@@ -21,8 +23,11 @@ Both ends import this module; it holds no state and never blocks.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: an exec stub starts lean
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 MAX_MESSAGE = 128 * 1024
 MAX_FDS = 3  # a spare's order channel; a fiber's stdin, stdout, stderr
@@ -30,7 +35,7 @@ MAX_FDS = 3  # a spare's order channel; a fiber's stdin, stdout, stderr
 
 # A decoded message: JSON from the peer, its fields unchecked (each reader converts what it
 # takes, as template_main does with str(), list() and dict()).
-Message = dict[str, Any]
+Message = dict[str, "Any"]
 
 
 class WireError(ValueError):

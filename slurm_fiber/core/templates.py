@@ -35,6 +35,11 @@ SIGKILL takes its templates, and through their death signal their fibers,
 with it. Start templates from the event-loop thread: the death signal
 follows the thread that forked.
 
+The parts: this module does the process I/O (start, watch, guard, kill,
+the wire); ``core/lifecycle.py`` decides, as a pure transition table, what
+each event does (states, backoff); ``core/spares.py`` keeps the spares'
+bookkeeping and ``core/leaves.py`` the slot leaves.
+
 States: ``warming`` → ``ready`` | ``warm_failed``; a ready template that
 dies is ``rewarming`` (after a backoff on the injected Clock, doubling from
 0.5 s to 30 s, reset on ready) and its running fibers are accounted as
@@ -62,7 +67,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import logging
 import os
@@ -71,7 +75,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,31 +87,25 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
 from slurm_fiber.core.fibers import Fiber, FiberExit, stop_all
 from slurm_fiber.core.grant import TemplateSpec
+from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
+from slurm_fiber.core.lifecycle import (
+    Action,
+    Backoff,
+    Event,
+    Lifecycle,
+    Phase,
+    TemplateState,
+    WarmError,
+)
+from slurm_fiber.core.spares import Kind, Spare, SparePool
 from slurm_fiber.core.waiting import first_done, pidfd_wait, set_done, stopped
+
+__all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template",
+           "TemplateNotReady", "TemplateState", "WarmError", "template_env"]
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_TIMEOUT = 10.0  # seconds a template or a spare may take to answer (template_timeout)
-_WARM_GUESS = 1.0  # seconds a warm is expected to take before one has been measured
 log = logging.getLogger(__name__)
-
-
-class TemplateState(enum.StrEnum):
-    WARMING = "warming"
-    READY = "ready"
-    WARM_FAILED = "warm_failed"
-    REWARMING = "rewarming"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class WarmError:
-    """Why a template failed to warm: the exception class and one line."""
-
-    error: str
-    message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"error": self.error, "message": self.message}
 
 
 class TemplateNotReady(Exception):
@@ -165,43 +162,11 @@ class FiberRequest:
             raise ValueError(f"mode {self.mode!r} is not 'call' or 'exec'")
 
 
-class Backoff:
-    """Delays between re-warms: ``initial`` doubling up to ``cap``; ``reset()`` on success."""
-
-    def __init__(self, initial: float = 0.5, factor: float = 2.0, cap: float = 30.0) -> None:
-        self.initial, self.factor, self.cap = initial, factor, cap
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.cap, self._next * self.factor)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-    def peek(self) -> float:
-        """The delay ``next()`` would give, without taking it."""
-        return self._next
-
-
 def template_env(base: Mapping[str, str], spec: TemplateSpec,
                  channel: DeviceChannel) -> dict[str, str]:
     """The environment a template starts with: ``base``, the grant's env, then the
     channel's visibility variables, which always win (a grant cannot widen its devices)."""
     return {**base, **spec.env, **channel.env()}
-
-
-@dataclass
-class _Spare:
-    """A spare fiber process: asked of the template, then (``spared``) waiting for its order."""
-
-    id: str
-    cgroup: Path | None
-    orders: socket.socket  # fiberd's end of the spare's order channel
-    spared: asyncio.Future[int]  # its pid, once the template has forked it
-    asked: float = 0.0  # when it was asked of the template (clock mono)
-    pidfd: int | None = None
 
 
 class Template:
@@ -210,13 +175,16 @@ class Template:
     Build with ``await Template.start(...)``. Read ``state``, ``warm_error``,
     ``pid``, ``fibers`` (id → running Fiber), ``restarts``, ``last_fault``
     (why the last process was given up on, one line; None if none was).
-    Not thread-safe.
+    The process I/O is here; what happens when is ``core/lifecycle.py``'s
+    table, the spares' bookkeeping ``core/spares.py``'s and the leaves'
+    ``core/leaves.py``'s. Not thread-safe.
     """
 
     def __init__(self, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
-                 spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                 exec_stubs: int | None = None) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -224,48 +192,65 @@ class Template:
         self.state_dir = state_dir
         self.clock = clock
         self.python = python
-        self.backoff = backoff or Backoff()
         self.spares = spares
         self.timeout = timeout
-        self.state = TemplateState.WARMING
-        self.warm_error: WarmError | None = None
         self.pid: int | None = None
-        self.restarts = 0
-        self.last_fault: str | None = None
         self.fibers: dict[str, Fiber] = {}
+        self.life = Lifecycle(backoff)
         self._changed = asyncio.Event()
         self._sock: socket.socket | None = None
         self._pidfd: int | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
-        self._forking: dict[str, _Spare] = {}  # asked of the template, not yet spared
-        self._idle: deque[_Spare] = deque()  # spared, waiting for an order
-        self._in_use: dict[str, Fiber] = {}  # spare id -> the fiber it became
-        self._filling: asyncio.Task[None] | None = None
-        self._free_leaves: list[Path] = []  # empty slot leaves, for the next spares
-        self._burying: set[asyncio.Future[None]] = set()  # leaves being removed
-        self._lost = False  # the current process was given up on (it is being killed)
-        self._spawned_at = 0.0  # clock mono of the current process's start
-        self._warm_took: float | None = None  # seconds the last warm took
-        self._respawn_at: float | None = None  # clock mono the next re-warm starts at
+        self.exec_stubs = spares if exec_stubs is None else exec_stubs
+        # Stubs are kept once the grant has run an exec fiber (a call-only grant pays none).
+        self._pools = {Kind.FIBER: SparePool(Kind.FIBER, spares),
+                       Kind.STUB: SparePool(Kind.STUB, 0)}
+        self._leaves = LeafPool(cgroup)
 
     @classmethod
     async def start(cls, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
-                    spares: int = 1, timeout: float = DEFAULT_TIMEOUT) -> Template:
+                    spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                    exec_stubs: int | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
-        ``spares`` spare processes. ``timeout``: seconds it and its spares may take to
-        answer (module doc). Raises OSError if the process cannot be started
+        ``spares`` spare processes and, from its first exec fiber on, ``exec_stubs``
+        exec stubs (default: as many as spares). ``timeout``: seconds it and its spares
+        may take to answer (module doc). Raises OSError if the process cannot be started
         (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
-                       python=python, backoff=backoff, spares=spares, timeout=timeout)
+                       python=python, backoff=backoff, spares=spares, timeout=timeout,
+                       exec_stubs=exec_stubs)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
 
     # ------------------------------------------------------------ public
+
+    @property
+    def state(self) -> TemplateState:
+        return self.life.shown
+
+    @property
+    def warm_error(self) -> WarmError | None:
+        return self.life.warm_error
+
+    @property
+    def last_fault(self) -> str | None:
+        return self.life.last_fault
+
+    @property
+    def restarts(self) -> int:
+        return self.life.restarts
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.life.backoff
+
+    @backoff.setter
+    def backoff(self, backoff: Backoff) -> None:
+        self.life.backoff = backoff
 
     async def wait_warm(self) -> TemplateState:
         """Block until the template is ready, failed to warm, or stopped; that state."""
@@ -283,21 +268,32 @@ class Template:
     async def fork(self, request: FiberRequest) -> Fiber:
         """Start one fiber and return it running (its pid known, its pidfd open).
 
-        Uses an idle spare, else makes one (waiting at most ``timeout`` for
-        it). Raises TemplateNotReady unless ``ready``, also when the template
+        An exec request uses an idle exec stub when there is one; otherwise (and
+        for a call) an idle spare, else one made now (waiting at most ``timeout``
+        for it). Raises TemplateNotReady unless ``ready``, also when the template
         dies, stops answering or is stopped meanwhile; ValueError for a
         malformed request; ForkFailed when the template cannot fork or the
         fiber's cgroup cannot be made.
         """
         request.check()
+        stubs = self._pools[Kind.STUB]
+        if request.mode == "exec" and stubs.target != self.exec_stubs:
+            stubs.target = self.exec_stubs  # the first exec: keep stubs from now on
+        stub = stubs.take() if request.mode == "exec" else None
+        if stub is not None and self.life.ready and request.id not in self.fibers:
+            self._refill()
+            with contextlib.suppress(_SpareGone):  # it died unseen: a spare, as below
+                return await self._hand_over(stub, request)
+        elif stub is not None:
+            stubs.keep(stub)
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
-            if self.state is not TemplateState.READY or self._sock is None or self._lost:
+            if not self.life.ready or self._sock is None:
                 raise self._not_ready()
             if request.id in self.fibers:
                 raise ForkFailed(f"fiber id {request.id} is in use")
             try:
-                spare = await self._take_spare()
+                spare = await self._take_spare(self._pools[Kind.FIBER])
             except _NoAnswer:
                 raise self._not_ready() from None
             self._refill()
@@ -305,20 +301,14 @@ class Template:
                 return await self._hand_over(spare, request)
             except _SpareGone as err:
                 gone = str(err)
-        if self.state is not TemplateState.READY or self._lost:
+        if not self.life.ready:
             raise self._not_ready()
         raise ForkFailed(gone)
 
     def retry_after(self) -> float:
         """Seconds until this template is expected ready again: the rest of its backoff and
         the last warm's duration (a guess of 1 s before any was measured)."""
-        now = self.clock.mono()
-        warm = self._warm_took if self._warm_took is not None else _WARM_GUESS
-        if self.state is TemplateState.WARMING:
-            return max(0.1, self._spawned_at + warm - now)
-        if self._respawn_at is not None:
-            return max(0.1, self._respawn_at - now + warm)
-        return self.backoff.peek() + warm  # the process is still going: no backoff yet
+        return self.life.retry_after(self.clock.mono())
 
     async def stop_fibers(self, grace: float, *,
                           before_epoch: int | None = None) -> list[FiberExit]:
@@ -331,7 +321,7 @@ class Template:
     async def stop(self, grace: float) -> None:
         """Stop every fiber (SIGTERM, grace, SIGKILL), the spares, then the template;
         returns once all are gone. The template is ``stopped`` for good (no re-warm)."""
-        self._stopping = True
+        self._on(Event.STOP)
         await self.stop_fibers(grace)
         self._dismiss_spares()
         if self._sock is not None:
@@ -345,127 +335,149 @@ class Template:
                 self._kill_process()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while self._burying:
-            await asyncio.gather(*list(self._burying))
-        self._set_state(TemplateState.STOPPED)
+        await self._leaves.settle()
+        self._on(Event.STOPPED)
 
     @property
     def idle_spares(self) -> list[int]:
-        """Pids of the spares waiting for an order now."""
-        return [s.spared.result() for s in self._idle]
+        """Pids of the (fiber) spares waiting for an order now."""
+        return [s.spared.result() for s in self._pools[Kind.FIBER].idle]
+
+    @property
+    def idle_stubs(self) -> list[int]:
+        """Pids of the exec stubs waiting for an order now."""
+        return [s.spared.result() for s in self._pools[Kind.STUB].idle]
 
     def to_json(self) -> dict[str, object]:
         return {"uid": self.uid, "state": self.state.value, "pid": self.pid,
                 "warm_error": self.warm_error.to_json() if self.warm_error else None,
                 "restarts": self.restarts, "last_fault": self.last_fault,
-                "fibers": len(self.fibers), "spares": len(self._idle),
+                "fibers": len(self.fibers), "spares": len(self._pools[Kind.FIBER].idle),
+                "exec_stubs": len(self._pools[Kind.STUB].idle),
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _on(self, event: Event, detail: str = "", *, status: int = 0,
+            warm_error: WarmError | None = None) -> None:
+        """Feed ``event`` to the lifecycle and perform the actions it gives (but REWARM,
+        which ``_watch`` performs: it is the one that waits)."""
+        seen = self.life.shown
+        actions = self.life.on(event, self.clock.mono(), detail, status=status,
+                               warm_error=warm_error)
+        if self.life.shown is not seen or event is Event.STOPPED:
+            self._changed.set()
+            self._changed = asyncio.Event()
+        for action in actions:
+            if action is Action.REFILL:
+                self._refill()
+            elif action is Action.DISMISS_SPARES:
+                self._dismiss_spares()
+            elif action is Action.KILL_FIBERS:
+                for fiber in list(self.fibers.values()):
+                    fiber.note_reason("template_lost",
+                                      f"its template stopped answering ({detail}) "
+                                      "and was killed, and the fiber with it")
+                    fiber.kill()  # they would die by their death signal; this takes groups
+            elif action is Action.KILL_PROCESS:
+                self._kill_process()
+            elif action is Action.FIBERS_LOST:
+                fault = None if self.life.stopping else self.last_fault
+                for fiber in list(self.fibers.values()):
+                    fiber.template_lost(fault)
 
     # ------------------------------------------------------------ spares
 
-    async def _take_spare(self) -> _Spare:
-        """An idle spare, else a new one once the template has forked it."""
-        if self._idle:
-            return self._idle.popleft()
-        spare = await self._ask_spare()
+    async def _take_spare(self, pool: SparePool) -> Spare:
+        """An idle spare of ``pool``, else a new one once the template has made it."""
+        idle = pool.take()
+        if idle is not None:
+            return idle
+        spare = await self._ask_spare(pool)
         try:
             await asyncio.shield(spare.spared)
         except asyncio.CancelledError:
             # The Clone was cancelled: the spare, when it comes, waits for the next one.
-            spare.spared.add_done_callback(lambda _: self._keep_idle(spare))
+            spare.spared.add_done_callback(lambda _: self._keep_idle(pool, spare))
             raise
         return spare
 
-    async def _ask_spare(self) -> _Spare:
-        """Ask the template for one more spare (its ``spared`` future tells when it is
-        forked; the template has ``timeout`` to answer, see ``_guard``). Raises
-        ForkFailed when its cgroup leaf fails, _NoAnswer when the template cannot take
-        the request (it is then given up on)."""
+    async def _ask_spare(self, pool: SparePool) -> Spare:
+        """Ask the template for one more spare of ``pool``'s kind (its ``spared`` future
+        tells when it is made; the template has ``timeout`` to answer, see ``_guard``).
+        Raises ForkFailed when its cgroup leaf fails, _NoAnswer when the template cannot
+        take the request (it is then given up on)."""
         spare_id = str(next(self._spare_ids))
-        leaf = await self._leaf(spare_id)
+        try:
+            leaf = await self._leaves.take(spare_id)
+        except LeafCreateFailed as err:
+            raise ForkFailed(str(err)) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
-        spare = _Spare(spare_id, leaf, ours, asyncio.get_running_loop().create_future(),
-                       asked=self.clock.mono())
-        self._forking[spare_id] = spare
+        spare = Spare(spare_id, pool.kind, leaf, ours,
+                      asyncio.get_running_loop().create_future(), asked=self.clock.mono())
+        pool.asked(spare)
         try:
-            await _send(self._sock, {"t": "spare", "id": spare_id,
+            await _send(self._sock, {"t": pool.kind.value, "id": spare_id,
                                      "cgroup": str(leaf) if leaf else None,
                                      "also": [str(m) for m in cgroups.mirrors(leaf)]
                                      if leaf else []},
                         [theirs.fileno()], "the template", self.clock, self.timeout)
         except BaseException as err:
-            self._forking.pop(spare_id, None)
-            self._bury(spare)
+            self._bury(pool, spare)
             if isinstance(err, ForkFailed):
-                self._lose(str(err))
+                self._on(Event.STALLED, str(err))
                 raise _NoAnswer(str(err)) from None
             raise
         finally:
             theirs.close()
         return spare
 
-    async def _leaf(self, spare_id: str) -> Path | None:
-        """A free slot leaf, else a new one (None when uncarved). Raises ForkFailed."""
-        if self.cgroup is None:
-            return None
-        if self._free_leaves:
-            return self._free_leaves.pop()
-        leaf = self.cgroup.slot(spare_id)
-        try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
-            await asyncio.to_thread(cgroups.mkdir, leaf)  # and its v1 mirrors
-        except OSError as e:
-            raise ForkFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
-        return leaf
-
     def _give_back(self, leaf: Path, peak: int | None) -> None:
-        """An ended fiber's empty leaf: keep it for a later spare, or remove it."""
-        keep = (peak is None and not self._stopping and self.state is TemplateState.READY
-                and len(self._free_leaves) < max(self.spares, 1) and _bare(leaf))
-        if keep:
-            self._free_leaves.append(leaf)
-        else:
-            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
+        """An ended fiber's empty leaf: kept for a later spare, or removed."""
+        self._leaves.give_back(leaf, peak, keep=self.life.ready,
+                               limit=max(sum(p.target for p in self._pools.values()), 1))
 
     def _refill(self) -> None:
-        """Make spares in the background until ``spares`` are idle or being made."""
-        if (self._filling is None or self._filling.done()) and self._short():
-            self._filling = asyncio.ensure_future(self._fill())
+        """Make spares in the background until each pool's target is idle or being made."""
+        for pool in self._pools.values():
+            if (pool.filling is None or pool.filling.done()) and self._short(pool):
+                pool.filling = asyncio.ensure_future(self._fill(pool))
 
-    def _short(self) -> bool:
-        return (self.state is TemplateState.READY and not self._stopping
-                and len(self._idle) + len(self._forking) < self.spares)
+    def _short(self, pool: SparePool) -> bool:
+        return self.life.ready and pool.short()
 
-    async def _fill(self) -> None:
-        while self._short():
+    async def _fill(self, pool: SparePool) -> None:
+        while self._short(pool):
             try:
-                spare = await self._ask_spare()
+                spare = await self._ask_spare(pool)
                 await asyncio.shield(spare.spared)
             except _NoAnswer:
                 return  # the template is gone or given up on: no spares until re-warmed
             except ForkFailed as err:
                 log.warning("template %s: no spare made: %s", self.uid, err)
                 return
-            self._keep_idle(spare)
+            self._keep_idle(pool, spare)
 
-    def _keep_idle(self, spare: _Spare) -> None:
+    def _keep_idle(self, pool: SparePool, spare: Spare) -> None:
         """A spared spare nobody took: keep it for the next Clone (or bury it)."""
         if spare.spared.cancelled() or spare.spared.exception() is not None:
             return
-        if self.state is TemplateState.READY and not self._stopping:
-            self._idle.append(spare)
+        if self.life.ready:
+            pool.keep(spare)
         else:
-            self._bury(spare)
+            self._bury(pool, spare)
 
-    async def _hand_over(self, spare: _Spare, request: FiberRequest) -> Fiber:
+    async def _hand_over(self, spare: Spare, request: FiberRequest) -> Fiber:
         """Send ``spare`` its order; the fiber it becomes (its result comes back on the
         same channel). Raises _SpareGone if it died."""
+        pool = self._pools[spare.kind]
         try:
             await _send(spare.orders, self._order(request),
                         [fd for fd in request.stdio if fd is not None],
                         "the spare fiber process", self.clock, self.timeout)
         except BaseException as err:
-            self._bury(spare)
+            self._bury(pool, spare)
             if isinstance(err, ForkFailed):
                 raise _SpareGone(str(err)) from None
             raise
@@ -479,11 +491,11 @@ class Template:
             report_timeout=self.timeout, parent=self.pid)
         fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
-        self._in_use[spare.id] = fiber
+        pool.use(spare, fiber)
 
         def gone(f: Fiber) -> None:
             self.fibers.pop(f.id, None)
-            self._in_use.pop(spare.id, None)
+            pool.used(spare.id)
             if f.cgroup is not None:
                 self._give_back(f.cgroup, f.exit.memory_peak if f.exit else None)
 
@@ -493,31 +505,22 @@ class Template:
     def _dismiss_spares(self) -> None:
         """Bury every spare not yet handed an order (idle or being made); remove the free
         leaves."""
-        if self._filling is not None:
-            self._filling.cancel()
-        for spare in [*self._idle, *self._forking.values()]:
-            self._bury(spare)
-        self._idle.clear()
-        self._forking.clear()
-        for leaf in self._free_leaves:
-            self._track(asyncio.ensure_future(_remove_leaf(leaf)))
-        self._free_leaves.clear()
+        for pool in self._pools.values():
+            if pool.filling is not None:
+                pool.filling.cancel()
+            for spare in pool.dismiss():
+                self._bury(pool, spare)
+        self._leaves.clear()
 
-    def _bury(self, spare: _Spare) -> None:
+    def _bury(self, pool: SparePool, spare: Spare) -> None:
         """Kill an unused spare and remove its leaf, in the background (``stop`` waits)."""
-        with contextlib.suppress(ValueError):
-            self._idle.remove(spare)
+        pool.drop(spare)
         spare.orders.close()
         if not spare.spared.done():
             spare.spared.set_exception(_NoAnswer("the template is gone"))
         if not spare.spared.cancelled():
             spare.spared.exception()  # retrieved: nobody may be waiting for it
-        self._track(asyncio.ensure_future(_kill_spare(spare)))
-
-    def _track(self, task: asyncio.Future[None]) -> None:
-        """Keep a leaf's removal in view: ``stop`` returns only once it is done."""
-        self._burying.add(task)
-        task.add_done_callback(self._burying.discard)
+        self._leaves.track(asyncio.ensure_future(_kill_spare(spare)))
 
     # ------------------------------------------------------------ process
 
@@ -537,15 +540,12 @@ class Template:
         self._sock = ours
         self._pidfd = os.pidfd_open(proc.pid)
         self.pid = proc.pid
-        self._lost = False
-        self._spawned_at = self.clock.mono()
-        self._respawn_at = None
         order = {"t": "warm", "preload": list(self.spec.preload), "warm": self.spec.warm,
                  "cgroup": str(self.cgroup.template) if self.cgroup else None,
                  "also": [str(m) for m in cgroups.mirrors(self.cgroup.template)]
                  if self.cgroup else []}
         ours.send(wire.encode(order))
-        self._set_state(TemplateState.WARMING)
+        self._on(Event.SPAWNED)
         self._task = asyncio.ensure_future(self._watch(ours, proc, self._pidfd))
 
     async def _watch(self, sock: socket.socket, proc: subprocess.Popen[bytes],
@@ -578,7 +578,8 @@ class Template:
             else:  # it closed its end: it is exiting, or must be made to
                 dying = asyncio.ensure_future(pidfd_wait(pidfd))
                 if not await first_done(dying, self.clock.sleep(self.timeout)):
-                    self._lose(f"still running {self.timeout:g} s after closing its socket")
+                    self._on(Event.STALLED, f"still running {self.timeout:g} s after "
+                             "closing its socket")
                     self._kill_process()  # also when it was not ready (a failed warm)
                 await dying
         finally:
@@ -590,23 +591,20 @@ class Template:
         os.close(pidfd)
         sock.close()
         self._sock = self._pidfd = None
-        self._template_gone(status)
-        while self.state is TemplateState.REWARMING and not self._stopping:
-            delay = self.backoff.next()
-            self._respawn_at = self.clock.mono() + delay
-            await self.clock.sleep(delay)
-            if self._stopping:
-                return
-            self.restarts += 1
+        self._on(Event.EXITED, status=status)
+        while self.life.phase is Phase.REWARMING:
+            await self.clock.sleep(self.life.delay)
+            if self.life.phase is not Phase.REWARMING:
+                return  # stopped meanwhile
             try:
                 self._spawn()
                 return
             except OSError as err:
-                self.last_fault = f"cannot start the template: {err}"
+                self._on(Event.SPAWN_FAILED, str(err))
                 log.error("template %s: %s", self.uid, self.last_fault)
 
     async def _guard(self, pid: int) -> None:
-        """Give the template process up (``_lose``) once ``stall.judge`` says it stalled:
+        """Give the template process up (STALLED) once ``stall.judge`` says it stalled:
         a spare request unanswered, or the process stopped, for ``timeout`` seconds on
         the clock while fiberd was watching. Runs until cancelled (by ``_watch``) or it
         gives up on it."""
@@ -622,32 +620,14 @@ class Template:
                 stopped_since = None
             elif stopped_since is None:
                 stopped_since = now
-            asked = min((s.asked for s in self._forking.values()), default=None)
+            asked = min((t for p in self._pools.values()
+                         if (t := p.oldest_ask()) is not None), default=None)
             seen = stall.Seen(asked, stopped_since, watching)
             verdict = stall.judge(seen, now, self.timeout, every)
             if verdict.reason is not None:
-                self._lose(verdict.reason)
+                self._on(Event.STALLED, verdict.reason)
                 return
             await self.clock.sleep(verdict.recheck)
-
-    def _lose(self, reason: str) -> None:
-        """Give up on the current process, which stopped answering (``reason``, one line):
-        it is not ready from now (``rewarming``), Clones waiting on it get TemplateNotReady,
-        its fibers and then it are killed; ``_watch`` re-warms once it is gone."""
-        live = (TemplateState.WARMING, TemplateState.READY)
-        if self._lost or self._stopping or self._pidfd is None or self.state not in live:
-            return
-        self._lost = True
-        self.last_fault = reason
-        log.warning("template %s (pid %s) stopped answering: %s; killing it and re-warming",
-                    self.uid, self.pid, reason)
-        self._set_state(TemplateState.REWARMING)
-        self._dismiss_spares()
-        for fiber in list(self.fibers.values()):
-            fiber.note_reason("template_lost", f"its template stopped answering ({reason}) "
-                              "and was killed, and the fiber with it")
-            fiber.kill()  # they would die by their death signal; this takes their groups too
-        self._kill_process()
 
     def _kill_process(self) -> None:
         """SIGKILL the template process, its process group (it leads one) and, carved, all
@@ -663,61 +643,42 @@ class Template:
                 cgroups.kill(self.cgroup.template)
 
     def _not_ready(self) -> TemplateNotReady:
-        state = TemplateState.STOPPED if self._stopping else self.state
+        state = TemplateState.STOPPED if self.life.stopping else self.state
         return TemplateNotReady(state, self.warm_error)
-
-    def _template_gone(self, status: int) -> None:
-        if self._stopping:
-            self._set_state(TemplateState.STOPPED)
-        elif self._lost:
-            pass  # rewarming since it was given up on
-        elif self.state is TemplateState.WARMING:
-            self.warm_error = WarmError("TemplateDied",
-                                        f"the template exited ({status}) before it was warm")
-            self._set_state(TemplateState.WARM_FAILED)
-        elif self.state is TemplateState.READY:
-            self.last_fault = f"the template exited ({_how(status)})"
-            self._set_state(TemplateState.REWARMING)
-        self._dismiss_spares()  # they die with it (their death signal); reap their leaves
-        for fiber in list(self.fibers.values()):
-            fiber.template_lost(None if self._stopping else self.last_fault)
 
     def _dispatch(self, msg: dict[str, object]) -> None:
         kind = msg["t"]
-        if self._lost and kind != "exit":
+        if self.life.phase is Phase.REWARMING and kind != "exit":
             return  # given up on: only its fibers' exits still count
         if kind == "ready":
-            self.backoff.reset()
-            self._warm_took = self.clock.mono() - self._spawned_at
-            self._set_state(TemplateState.READY)
-            self._refill()
+            self._on(Event.READY)
         elif kind == "warm_failed":
-            self.warm_error = WarmError(str(msg.get("error")), str(msg.get("message")))
-            self._set_state(TemplateState.WARM_FAILED)
+            self._on(Event.WARM_FAILED, warm_error=WarmError(str(msg.get("error")),
+                                                             str(msg.get("message"))))
         elif kind in ("spared", "fork_failed"):
-            spare = self._forking.pop(str(msg.get("id")), None)
-            if spare is not None:
-                self._spared(spare, msg)
+            for pool in self._pools.values():
+                spare = pool.answered(str(msg.get("id")))
+                if spare is not None:
+                    self._spared(pool, spare, msg)
         elif kind == "exit":
             spare_id = str(msg.get("id"))
-            fiber = self._in_use.get(spare_id)
-            if fiber is not None:
-                fiber.reported_exit(msg)
-            else:  # an idle spare died (killed by someone, or its set-up failed)
-                idle = next((s for s in self._idle if s.id == spare_id), None)
-                if idle is not None:
-                    self._bury(idle)
+            for pool in self._pools.values():
+                fiber = pool.fiber(spare_id)
+                if fiber is not None:
+                    fiber.reported_exit(msg)
+                elif (idle := pool.idle_one(spare_id)) is not None:
+                    self._bury(pool, idle)  # it died idle (killed, or its set-up failed)
 
-    def _spared(self, spare: _Spare, msg: dict[str, object]) -> None:
+    def _spared(self, pool: SparePool, spare: Spare, msg: dict[str, object]) -> None:
         if msg["t"] == "fork_failed":
             spare.spared.set_exception(ForkFailed(f"fork failed: {msg.get('message')}"))
-            self._bury(spare)
+            self._bury(pool, spare)
             return
         pid = int(str(msg.get("pid")))
         try:
             spare.pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            self._bury(spare)
+            self._bury(pool, spare)
             return
         spare.spared.set_result(pid)
 
@@ -732,11 +693,6 @@ class Template:
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
                 "out_dir": str(self.state_dir / "fibers")}
-
-    def _set_state(self, state: TemplateState) -> None:
-        self.state = state
-        self._changed.set()
-        self._changed = asyncio.Event()
 
 
 async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[int],
@@ -773,34 +729,7 @@ class _NoAnswer(ForkFailed):
     stopping (it is no longer ready; ``fork`` turns this into TemplateNotReady)."""
 
 
-def _how(returncode: int) -> str:
-    """A Popen return code in words: "exit code 1", "signal 9 (SIGKILL)"."""
-    if returncode >= 0:
-        return f"exit code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-    return f"signal {-returncode} ({name})"
-
-
-def _bare(leaf: Path) -> bool:
-    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some)."""
-    try:
-        with os.scandir(leaf) as entries:
-            return not any(e.is_dir(follow_symlinks=False) for e in entries)
-    except OSError:
-        return False
-
-
-async def _remove_leaf(leaf: Path) -> None:
-    try:
-        await asyncio.to_thread(cgroups.remove_tree, leaf)
-    except OSError as e:
-        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
-
-
-async def _kill_spare(spare: _Spare) -> None:
+async def _kill_spare(spare: Spare) -> None:
     """SIGKILL a spare that never ran user code and wait until it and its leaf are gone."""
     if spare.cgroup is not None:
         await cgroups.kill_and_remove(spare.cgroup)

@@ -18,8 +18,9 @@ from typing import Any
 from slurm_fiber.core.cgroups import GrantCgroup
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.fibers import Fiber
 from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import Template, TemplateState, template_env
+from slurm_fiber.core.templates import FiberRequest, Template, TemplateState, template_env
 from slurm_fiber.procs import marked
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +40,17 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
                          uid: str = "grant-1", spares: int = 1,
-                         timeout: float = 10.0) -> Template:
-    """A template whose env carries the test's mark and can import ``tests.process``."""
+                         timeout: float = 10.0, exec_stubs: int = 0) -> Template:
+    """A template whose env carries the test's mark and can import ``tests.process``
+    (no exec stubs unless asked: ``exec_template`` tests exec fibers from both kinds)."""
     spec = TemplateSpec(preload=preload, warm=warm,
                         env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
     env = template_env(dict(os.environ), spec, channel or DeviceChannel())
     state = tmp / "state"
     state.mkdir(exist_ok=True)
     return await Template.start(uid, spec, env, cgroup, state_dir=state,
-                                clock=clock or SystemClock(), spares=spares, timeout=timeout)
+                                clock=clock or SystemClock(), spares=spares, timeout=timeout,
+                                exec_stubs=exec_stubs)
 
 
 async def read_line(fd: int) -> bytes:
@@ -67,6 +70,51 @@ async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
     t = await start_template(tmp, mark, **kwargs)
     assert await t.wait_warm() is TemplateState.READY, t.warm_error
     return t
+
+
+EXEC_STARTS = ("forked", "stub")  # how an exec fiber may start: a forked spare, an exec stub
+
+
+async def exec_template(tmp: Path, mark: str, start: str, **kwargs: Any) -> Template:
+    """A ready template whose next exec fiber starts as ``start`` says: from a forked
+    spare (no exec stubs), or from an exec stub (a first exec fiber, which turns stubs on,
+    has run; a stub is idle when this returns)."""
+    t = await warm_template(tmp, mark, exec_stubs=int(start == "stub"), **kwargs)
+    if start == "stub":
+        first = await t.fork(FiberRequest(id="first-exec", mode="exec", argv=("true",)))
+        assert (await first.wait()).exit_code == 0
+        await idle_stub(t)
+    return t
+
+
+async def fork_as(t: Template, start: str, request: FiberRequest) -> Fiber:
+    """Fork ``request``; for "stub", check the fiber is the exec stub that was idle."""
+    stub = await idle_stub(t) if start == "stub" else None
+    fiber = await t.fork(request)
+    assert stub is None or fiber.pid == stub
+    return fiber
+
+
+def stub_makers(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that run a template's exec stub maker's code (core/exec_stub.py):
+    the maker, and its clones not yet exec'd (idle stubs)."""
+    out = []
+    for pid in pids:
+        try:
+            if b"exec_stub import serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return out
+
+
+async def idle_stub(t: Template, within: float = 10.0) -> int:
+    """The pid of an idle exec stub of ``t``, waiting up to ``within`` seconds for one."""
+    for _ in range(int(within / 0.01)):
+        if t.idle_stubs:
+            return t.idle_stubs[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no idle exec stub within {within:g} s")
 
 
 async def stop_on_fake_clock(template: Template, clock: Any, grace: float = 1) -> None:

@@ -23,7 +23,10 @@ from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.handles import api_exit
 from slurm_fiber.core.templates import FiberRequest
 from tests.process.helpers import (
+    EXEC_STARTS,
     aio,
+    exec_template,
+    fork_as,
     marked_procs,
     read_line,
     stop_on_fake_clock,
@@ -141,9 +144,11 @@ async def test_an_oom_kill_is_named_where_the_memory_controller_counts_it(
     await t.stop(0)
 
 
+@pytest.mark.parametrize("start", EXEC_STARTS)
 @aio
-async def test_an_exec_that_fails_says_errno_and_path_with_a_shells_status(tmp_path, mark):
-    t = await warm_template(tmp_path, mark)
+async def test_an_exec_that_fails_says_errno_and_path_with_a_shells_status(tmp_path, mark,
+                                                                          start):
+    t = await exec_template(tmp_path, mark, start)
     script = tmp_path / "script"
     script.write_text("#!/nonexistent/interpreter\n")
     script.chmod(0o755)
@@ -158,7 +163,8 @@ async def test_an_exec_that_fails_says_errno_and_path_with_a_shells_status(tmp_p
         str(script): (126, "ENOENT", "/nonexistent/interpreter"),
     }
     for i, (path, (status, name, interpreter)) in enumerate(cases.items()):
-        fiber = await t.fork(FiberRequest(id=f"e{i}", argv=(path, "arg"), mode="exec"))
+        fiber = await fork_as(t, start, FiberRequest(id=f"e{i}", argv=(path, "arg"),
+                                                     mode="exec"))
         exit_ = api_exit(fiber.id, "exec", await fiber.wait()).to_json()
         assert exit_["status"] == status, (path, exit_)
         failed = exit_["exec_failed"]

@@ -16,11 +16,15 @@ from slurm_fiber.core.fibers import enforce_deadline
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
 from tests.process.helpers import (
+    EXEC_STARTS,
     aio,
     cgroup_dirs,
+    exec_template,
+    fork_as,
     marked_procs,
     read_line,
     stop_on_fake_clock,
+    stub_makers,
     wait_marked,
     warm_template,
 )
@@ -146,28 +150,35 @@ async def test_overshoot_past_deadline_carved_kills_by_cgroup(tmp_path, mark, cg
     assert cgroup_dirs(cgroup_root) == []
 
 
+@pytest.mark.parametrize("start", EXEC_STARTS)
 @pytest.mark.parametrize("carved", [False, True])
 @aio
-async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, request, carved):
+async def test_stop_takes_an_exec_fibers_children_with_it(tmp_path, mark, request, carved,
+                                                          start):
     root = request.getfixturevalue("cgroup_root") if carved else None
     mgr = CgroupManager(root)
     grant = mgr.carve_grant("g", Limits())
-    t = await warm_template(tmp_path, mark, cgroup=grant)
+    t = await exec_template(tmp_path, mark, start, cgroup=grant)
     out_r, out_w = os.pipe()
     script = "trap '' TERM; sleep 60 & sleep 60 & echo up; wait"
-    fiber = await t.fork(FiberRequest(id="sh", mode="exec", argv=("sh", "-c", script),
-                                      stdio=(None, out_w, None)))
+    fiber = await fork_as(t, start, FiberRequest(id="sh", mode="exec",
+                                                 argv=("sh", "-c", script),
+                                                 stdio=(None, out_w, None)))
     os.close(out_w)
     assert await read_line(out_r) == b"up\n"
     os.close(out_r)
-    assert len(wait_marked(mark, 5)) == 5  # template, its spare, sh, two sleeps
+    # template, its spare, (the stub maker and the stub made to replace the one used,)
+    # sh, two sleeps
+    count = 5 + 2 * (start == "stub")
+    assert len(wait_marked(mark, count)) == count
     started = time.monotonic()
     await fiber.stop(0.2)
     assert time.monotonic() - started < 5
     # Carved: stop returned after the cgroup emptied. Uncarved: the group got its
     # SIGKILL, but only the fiber itself is waited for, so its children may still be dying.
-    left = marked_procs(mark) if carved else wait_marked(mark, 2)
-    assert left == sorted([t.pid, *t.idle_spares])
+    left = marked_procs(mark) if carved else wait_marked(mark, count - 3)
+    # (an idle stub, a clone of the maker, shares its command line)
+    assert left == sorted({t.pid, *t.idle_spares, *t.idle_stubs, *stub_makers(left)})
     await t.stop(0.5)
     await mgr.remove_grant("g")
     assert marked_procs(mark) == []

@@ -22,7 +22,10 @@ from slurm_fiber.core.templates import (
     template_env,
 )
 from tests.process.helpers import (
+    EXEC_STARTS,
     aio,
+    exec_template,
+    fork_as,
     marked_procs,
     read_line,
     start_template,
@@ -88,10 +91,12 @@ async def test_exceptions_come_back_as_error_records(tmp_path: Path, mark: str):
     await t.stop(1.0)
 
 
+@pytest.mark.parametrize("start", EXEC_STARTS)
 @aio
-async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, mark: str):
-    t = await warm_template(tmp_path, mark)
-    fiber = await t.fork(FiberRequest(
+async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, mark: str,
+                                                               start: str):
+    t = await exec_template(tmp_path, mark, start)
+    fiber = await fork_as(t, start, FiberRequest(
         id="x1", mode="exec",
         argv=("sh", "-c", "echo out $SLURM_FIBER_ID $EXTRA; echo err >&2; exit 7"),
         env={"EXTRA": "yes", "CUDA_VISIBLE_DEVICES": "0,1,2"}))
@@ -100,7 +105,7 @@ async def test_exec_mode_output_to_state_files_and_exit_status(tmp_path: Path, m
     assert fiber.stdout_path is not None and fiber.stdout_path.read_text() == "out x1 yes\n"
     assert fiber.stderr_path is not None and fiber.stderr_path.read_text() == "err\n"
     # Uncarved, a stray descendant might still write: even empty files are kept.
-    quiet = await t.fork(FiberRequest(id="x2", mode="exec", argv=("true",)))
+    quiet = await fork_as(t, start, FiberRequest(id="x2", mode="exec", argv=("true",)))
     assert (await quiet.wait()).exit_code == 0
     record = quiet.to_json()
     assert record["stdout"] == str(quiet.stdout_path) and quiet.stdout_path.read_text() == ""
