@@ -46,7 +46,9 @@ scontrol -o show job "$D" > "$O/scontrol_show_job_${rel}_completed.txt"
 scontrol -o show job "$E" > "$O/scontrol_show_job_${rel}_cancelled.txt"
 scontrol -o show job 999999 > "$O/scontrol_show_job_${rel}_invalid.txt" 2>&1 || true
 scontrol ping > "$O/scontrol_ping_${rel}_up.txt"
-squeue --json > "$O/squeue_${rel}_running_and_done.json"
+# As the Slurm home asks (control.py): 22.05's --json ignores every filter and lists all
+# jobs; 24.11+ honour --jobs but list an ended job only with --states=all.
+squeue --json --jobs="$A,$B,$C,$D,$E" --states=all > "$O/squeue_${rel}_running_and_done.json"
 keep "/cluster/record/prolog-$A-n1.env" "env_${rel}_prolog_gpu_job.env"
 keep "/cluster/record/epilog-$A-n1.env" "env_${rel}_epilog_gpu_job.env"
 keep "/cluster/record/prolog-$C-n2.env" "env_${rel}_prolog_two_gpus_n2.env"
@@ -56,8 +58,10 @@ keep "$R/step-$B.env" "env_${rel}_step_gpu.env"
 sed 's/^SlurmctldPort=.*/SlurmctldPort=1/' /etc/slurm/slurm.conf > "$R/dead.conf"
 rc=0; SLURM_CONF=$R/dead.conf scontrol ping > "$O/scontrol_ping_${rel}_down.txt" 2>&1 || rc=$?
 echo "ping_down_rc=$rc" > "$O/rc.txt"
-rc=0; SLURM_CONF=$R/dead.conf squeue --json > "$O/squeue_${rel}_ctld_down.json" 2>"$R/squeue-down.err" || rc=$?
+rc=0; SLURM_CONF=$R/dead.conf squeue --json --jobs="$C" --states=all > "$R/down.json" 2>"$R/down.err" || rc=$?
 echo "squeue_down_rc=$rc" >> "$O/rc.txt"
+if [ -s "$R/down.json" ]; then mv "$R/down.json" "$O/squeue_${rel}_ctld_down.json"
+else mv "$R/down.err" "$O/squeue_${rel}_ctld_down_stderr.txt"; fi  # 24.11+: rc 1, no JSON
 scancel "$C"; wait_gone "$C"
 printf '{"release": "%s", "version": "%s", "jobs": {"A": %s, "B": %s, "C": %s, "D": %s, "E": %s}}\n' \
   "$rel" "$(scontrol -V | cut -d' ' -f2)" "$A" "$B" "$C" "$D" "$E" > "$O/recorded_${rel}.json"
