@@ -8,12 +8,17 @@ container is privileged.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+
+import yaml
 
 from tests.conform.test_cli import outcomes
 from tests.conform.test_slurm import CLAUSES
-from tests.containers.conftest import ContainerCluster
+from tests.containers.conftest import CLUSTER, ContainerCluster
 
 USER = "sfalice"
+COMPOSE = CLUSTER.parent / "compose.yaml"
 # A job author's script (docs/slurm.md): the job's fiberd as a step, then fibers.
 FIBER_JOB = """#!/bin/sh
 #SBATCH --gres=gpu:1 -n1
@@ -78,3 +83,17 @@ def test_conform_passes_as_a_job_user(container_cluster: ContainerCluster) -> No
     assert outcomes(json.loads(out.stdout)) == dict.fromkeys(CLAUSES, "pass"), \
         out.stdout + out.stderr[-3000:]
     assert out.returncode == 0 and "Traceback" not in out.stderr
+
+
+def test_the_compose_file_runs_on_compose_v1_and_v2() -> None:
+    """No top-level `name:` (v1 refuses it), no build (the script builds the one image), every
+    service on the host network, none privileged; v1 itself accepts the file when present."""
+    doc = yaml.safe_load(COMPOSE.read_text())
+    assert set(doc) == {"x-node", "services", "volumes"}
+    for name, service in doc["services"].items():
+        assert service["network_mode"] == "host" and "build" not in service, name
+        assert not service.get("privileged") and service["device_cgroup_rules"] == ["c 195:* rwm"]
+    if shutil.which("docker-compose"):
+        out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
