@@ -1,29 +1,60 @@
 #!/bin/sh
-# Container entry point: `keygen`, `slurmctld` or `slurmd <nodename>`.
-# The munge key and the slurm_fiber site issuer key (site/) live in the shared volume
-# /munge-key, made once by `keygen`; /etc/slurm-fiber/slurm-fiber.toml points at them.
+# Container entry point: `slurmctld` or `slurmd <node>`. Every container runs on the host
+# network, so every daemon listens on its own port (SLURMCTLD_PORT, N1_PORT, N2_PORT).
+#
+# The first container to start makes, under a lock, what the cluster shares in the
+# `cluster` volume (/cluster): the munge key, the slurm_fiber site issuer key and its
+# JWKS (keys/), the site state root (fiber/) and token spool (fiber-spool/). So any
+# service can start alone (`compose start slurmctld` needs no one-shot service first).
+# Then each container writes its /etc/slurm/slurm.conf from slurm.conf.in, with the
+# ports and this container's view of the hardware (`slurmd -C`), starts its own munged,
+# and execs the daemon in the foreground. /tmp is a volume all containers share, as the
+# nodes of the bare-host cluster share the host's (a job's files are seen where conform
+# runs). Every directory here that job users read is root's and 0755.
 set -eu
-role=${1:?usage: entrypoint.sh keygen|slurmctld|slurmd NODE}
-if [ "$role" = keygen ]; then
-  [ -s /munge-key/munge.key ] || mungekey --create --keyfile=/munge-key/munge.key --bits=1024
-  chmod 0400 /munge-key/munge.key
-  if [ ! -s /munge-key/site/citest.jwks.json ]; then
-    /opt/slurm_fiber/.venv/bin/slurm-fiber keys gen --issuer citest --out /munge-key/site
-  fi
-  for key in /munge-key/site/citest-*.key; do ln -sf "$(basename "$key")" /munge-key/site/citest.key; done
-  exit 0
+role=${1:?usage: entrypoint.sh slurmctld | slurmd NODE}
+umask 022
+chmod 1777 /tmp
+chmod 0755 /cluster
+
+exec 9>/cluster/.setup.lock
+flock -w 60 9
+mkdir -p -m 0700 /cluster/munge
+[ -s /cluster/munge/munge.key ] || mungekey --create --keyfile=/cluster/munge/munge.key --bits=1024
+mkdir -p -m 0755 /cluster/keys /cluster/fiber /cluster/fiber-spool
+if [ ! -s /cluster/keys/citest.jwks.json ]; then
+  slurm-fiber keys gen --issuer citest --out /cluster/keys >/dev/null
+  for key in /cluster/keys/citest-*.key; do ln -sf "$(basename "$key")" /cluster/keys/citest.key; done
+  chmod 0644 /cluster/keys/citest.jwks.json
 fi
-install -o munge -g munge -m 0400 /munge-key/munge.key /etc/munge/munge.key
-mkdir -p /run/munge && chown munge:munge /run/munge
+flock -u 9
+exec 9>&-
+
+# slurm.conf: the ports, and the hardware as this container sees it.
+hardware=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //; s/ *$//')
+sed -e "s/@SLURMCTLD_PORT@/${SLURMCTLD_PORT:-6917}/" -e "s/@N1_PORT@/${N1_PORT:-6918}/" \
+    -e "s/@N2_PORT@/${N2_PORT:-6919}/" -e "s/@HARDWARE@/$hardware/" \
+    /etc/slurm/slurm.conf.in > /etc/slurm/slurm.conf.tmp
+mv /etc/slurm/slurm.conf.tmp /etc/slurm/slurm.conf
+
+install -o munge -g munge -m 0400 /cluster/munge/munge.key /etc/munge/munge.key
+mkdir -p /run/munge /var/log/munge /var/lib/munge
+chown munge:munge /run/munge /var/log/munge /var/lib/munge
+chmod 0755 /run/munge
 runuser -u munge -- munged
-mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+mkdir -p /var/spool/slurmctld /var/log/slurm
+
 case "$role" in
-  slurmctld) exec slurmctld -D -f "$SLURM_CONF" ;;
+  slurmctld) exec slurmctld -D -f /etc/slurm/slurm.conf ;;
   slurmd)
     node=${2:?slurmd needs its node name}
-    # Two fake GPUs: character devices with NVIDIA's major number (nothing drives them).
+    mkdir -p "/var/spool/slurmd/$node"
+    # Two fake GPUs: character devices with NVIDIA's major number (nothing drives them;
+    # the container's device cgroup rule allows 195:*).
     mkdir -p /dev/fake-gpu
-    for i in 0 1; do [ -c /dev/fake-gpu/nvidia$i ] || mknod -m 666 /dev/fake-gpu/nvidia$i c 195 $i; done
-    exec slurmd -D -f "$SLURM_CONF" -N "$node" ;;
+    for i in 0 1; do
+      [ -c /dev/fake-gpu/nvidia$i ] || mknod -m 666 /dev/fake-gpu/nvidia$i c 195 $i
+    done
+    exec slurmd -D -f /etc/slurm/slurm.conf -N "$node" ;;
   *) echo "entrypoint.sh: unknown role $role" >&2; exit 2 ;;
 esac

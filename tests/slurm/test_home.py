@@ -68,8 +68,8 @@ def make_home(tmp_path: Path, clock: FakeClock, replay: Replay | None = None,
     ("squeue_22.05_running_and_done.json", 6, True, None),
     ("squeue_22.05_running_and_done.json", 5, False, "job 5 left RUNNING: CANCELLED"),
     ("squeue_22.05_running_and_done.json", 1, False, "job 1 left RUNNING: COMPLETED"),
-    ("squeue_24.11_handwritten.json", 4242, True, None),
-    ("squeue_24.11_handwritten.json", 4243, False, "job 4243 left RUNNING: COMPLETED+COMPLETING"),
+    ("squeue_24.11_running_and_done.json", 15, True, None),  # ids: recorded_24.11.json
+    ("squeue_24.11_running_and_done.json", 16, False, "job 16 left RUNNING: COMPLETED"),
 ])
 def test_verdict_on_fixtures(fixture: str, job_id: int, running: bool, lost: str | None) -> None:
     assert job_verdict(job_id, squeue(fixture, job_id), seen=True) == (running, lost)
@@ -106,7 +106,7 @@ def test_cli_backend_parses_replayed_output(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="squeue --json") as err:
         asyncio.run(control.job(6))
     assert getattr(err.value, "code", "") == "slurm_error"
-    assert "squeue --json --jobs=6" in replay.calls()
+    assert "squeue --json --jobs=6 --states=all" in replay.calls()
 
 
 def test_cli_backend_kills_a_command_that_overruns(tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_scope_from_the_recorded_step_env(tmp_path: Path, clock: FakeClock) -> N
         ScopeClaim("slurm.user", "root"), ScopeClaim("slurm.partition", "debug"),
         ScopeClaim("slurm.node", "n1"), ScopeClaim("slurm.job_name", "plain"),
     ]
-    home._listed = squeue("squeue_24.11_handwritten.json", 4242)  # slurmctld names the account
+    home._listed = squeue("squeue_24.11_running_and_done.json", 13)  # slurmctld names the account
     assert ScopeClaim("slurm.account", "proj1") in home.scope()
 
 

@@ -125,8 +125,10 @@ class CliControl:
         return parse_ping(out.stdout + out.stderr, out.returncode)
 
     async def job(self, job_id: int) -> QueueJob | None:
-        # 22.05 ignores --jobs with --json (the parser filters); later releases honour it.
-        out = await run_bounded(["squeue", "--json", f"--jobs={job_id}"], self.env, self.timeout)
+        # 22.05 ignores --jobs with --json (the parser filters); later releases honour it, and
+        # 24.11+ then omit an ended job unless --states=all (recorded fixtures, 22.05-26.05).
+        out = await run_bounded(["squeue", "--json", f"--jobs={job_id}", "--states=all"],
+                                self.env, self.timeout)
         if UNKNOWN_JOB in out.stderr:
             return None
         if out.returncode != 0 and not out.stdout.strip():

@@ -1,0 +1,99 @@
+"""The container cluster on each Slurm release: a user's GPU job running fibers, conform.
+
+Brought up by `docker/slurm-cluster/cluster up --release R` (conftest.py). Every
+container is on the host network: the engine has no network but host and none, and no
+container is privileged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import yaml
+
+from tests.conform.test_cli import outcomes
+from tests.conform.test_slurm import CLAUSES
+from tests.containers.conftest import CLUSTER, ContainerCluster
+
+USER = "sfalice"
+COMPOSE = CLUSTER.parent / "compose.yaml"
+# A job author's script (docs/slurm.md): the job's fiberd as a step, then fibers.
+FIBER_JOB = """#!/bin/sh
+#SBATCH --gres=gpu:1 -n1
+srun --overlap -n1 fiberd-run > "fiberd-$SLURM_JOB_ID.log" 2>&1 &
+i=0
+until fiberctl status --json 2>/dev/null | grep -q '"ready": true'; do
+  i=$((i+1)); [ $i -gt 600 ] && { echo "fiberd not ready"; exit 1; }; sleep 0.1
+done
+for n in 1 2 3; do
+  fiberctl run -- sh -c 'echo "fiber $1 user=$(id -un) gpus=$CUDA_VISIBLE_DEVICES"' sh $n
+done
+"""
+
+
+def test_no_network_but_host_and_none(container_cluster: ContainerCluster) -> None:
+    names = container_cluster.docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+    assert sorted(names) == ["host", "none"]
+    for service in ("slurmctld", "n1", "n2"):
+        shown = container_cluster.docker(
+            "inspect", "-f", "{{.HostConfig.NetworkMode}} {{.HostConfig.Privileged}}",
+            f"slurm-fiber-{service}").stdout.split()
+        assert shown == ["host", "false"], service
+
+
+def test_the_release_runs_and_a_user_reaches_both_nodes(
+        container_cluster: ContainerCluster) -> None:
+    version = container_cluster.run("slurmctld", "scontrol", "-V").stdout
+    assert version.split()[1].startswith(container_cluster.release + "."), version
+    out = container_cluster.run("slurmctld", "srun", "-N2", "sh", "-c",
+                                'echo "$SLURMD_NODENAME $(id -un)"', user=USER)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == [f"n1 {USER}", f"n2 {USER}"]
+
+
+def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> None:
+    work = f"/tmp/fiber-job-{container_cluster.release}"
+    made = container_cluster.run("n1", "sh", "-c", f"rm -rf {work} && mkdir {work} && "
+                                 f"cat > {work}/job.sh", user=USER, stdin=FIBER_JOB)
+    assert made.returncode == 0, made.stderr
+    sub = container_cluster.run("n1", "sbatch", "--parsable", f"--chdir={work}",
+                                f"--output={work}/out", f"{work}/job.sh", user=USER)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    state = container_cluster.wait_finished(job_id)
+    out = container_cluster.run("n1", "cat", f"{work}/out").stdout
+    log = container_cluster.run("n1", "sh", "-c", f"cat {work}/fiberd-*.log").stdout
+    assert state == "COMPLETED", out + log
+    lines = [line for line in out.splitlines() if line.startswith("fiber ")]
+    assert len(lines) == 3, out + log
+    for n, line in enumerate(lines, 1):
+        fiber, user, gpus = line.split()[1:]
+        assert (fiber, user) == (str(n), f"user={USER}")
+        assert gpus in ("gpus=0", "gpus=1"), line
+    assert "fiberd slurm listening" in log
+
+
+def test_conform_passes_as_a_job_user(container_cluster: ContainerCluster) -> None:
+    out = container_cluster.run(
+        "n1", "env", f"SLURM_FIBER_CONFORM_USER={USER}",
+        "SLURM_FIBER_SITE_VENV=/opt/slurm-fiber/venv",
+        "slurm-fiber", "conform", "--home", "slurm", "--json", timeout=300)
+    assert outcomes(json.loads(out.stdout)) == dict.fromkeys(CLAUSES, "pass"), \
+        out.stdout + out.stderr[-3000:]
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+
+
+def test_the_compose_file_runs_on_compose_v1_and_v2() -> None:
+    """No top-level `name:` (v1 refuses it), no build (the script builds the one image), every
+    service on the host network, none privileged; v1 itself accepts the file when present."""
+    doc = yaml.safe_load(COMPOSE.read_text())
+    assert set(doc) == {"x-node", "services", "volumes"}
+    for name, service in doc["services"].items():
+        assert service["network_mode"] == "host" and "build" not in service, name
+        assert not service.get("privileged") and service["device_cgroup_rules"] == ["c 195:* rwm"]
+    if shutil.which("docker-compose"):
+        out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
