@@ -221,7 +221,8 @@ class Map:
         """Run every task; the exit status (see the module doc)."""
         if self.opts.joblog:
             self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
-            self.joblog.write(JOBLOG_HEADER)
+            if self.share is None:
+                self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
         workers = [threading.Thread(target=self.worker, args=share, daemon=True)
                    for share in worker_slots(self.opts.jobs, len(os.sched_getaffinity(0)))]
@@ -403,8 +404,10 @@ class Map:
         if self.joblog is not None:
             command = (f"{self.opts.call}" + json.dumps(words) if self.opts.call
                        else shlex.join(words))
-            self.joblog.write(f"{seq}\t{self.host}\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
-                              f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
+            row = (f"{seq}\t{self.host}\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
+                   f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
+            # a node's share: one JSON string per row, as a command may span lines
+            self.joblog.write(row if self.share is None else json.dumps(row) + "\n")
             self.joblog.flush()
         if self.opts.results is not None:
             place = results_dir(self.opts.results, arg)
@@ -542,10 +545,10 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
                       f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
                 return EXIT_OTHER
         if opts.joblog is not None:
-            rows = [row for i in range(nodes) if (spool / f"joblog-{i}").exists()
-                    for row in (spool / f"joblog-{i}").read_text().splitlines()[1:]]
+            rows: list[str] = [json.loads(line) for i in range(nodes)
+                               for line in (spool / f"joblog-{i}").read_text().splitlines()]
             rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
-            opts.joblog.write_text(JOBLOG_HEADER + "".join(f"{r}\n" for r in rows))
+            opts.joblog.write_text(JOBLOG_HEADER + "".join(rows))  # in the order tasks ended
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     failed = sum(s["failed"] for s in shares)
