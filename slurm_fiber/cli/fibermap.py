@@ -47,7 +47,8 @@ until it ends. A fiberd older than protocol v3 gets one clone per task.
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
 (``.fibermap-*`` in the working directory, which every node must see, as
-for ``--joblog`` and ``--results``); one ``srun --overlap
+for ``--joblog`` and ``--results``; removed when the map ends or gets
+SIGTERM); one ``srun --overlap
 --ntasks-per-node=1`` step starts one share per node, and each runs, with
 ``-j`` slots, the tasks whose sequence number falls to it round robin
 (``{#}`` modulo the node count: no coordination between nodes, balanced
@@ -70,6 +71,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -540,6 +542,8 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
     spool = Path(tempfile.mkdtemp(prefix=".fibermap-", dir=os.getcwd()))
+    # SIGTERM (scancel, the job's end): srun is stopped and the spool removed on the way out
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         (spool / "args").write_text("".join(f"{arg}\n" for arg in args))
         (spool / "argv.json").write_text(json.dumps(list(argv)))
