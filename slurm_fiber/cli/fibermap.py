@@ -46,21 +46,22 @@ until it ends. A fiberd older than protocol v3 gets one clone per task.
 
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
-(``.fibermap-*`` in the working directory, which every node must see, as
-for ``--joblog`` and ``--results``; removed when the map ends or gets
-SIGTERM); one ``srun --overlap
---ntasks-per-node=1`` step starts one share per node, and each runs, with
-``-j`` slots, the tasks whose sequence number falls to it round robin
-(``{#}`` modulo the node count: no coordination between nodes, balanced
-when tasks cost alike; a node whose tasks are slow is not helped by the
-other) through its own node's fiberd, found as fiberctl finds it. Task
-output passes through srun (whole lines, nodes interleaved); the joblog
-(Host: the node's name) is merged in the order tasks ended and the exit
-status is counted over all tasks; a share that reaches ``--halt`` tells the
-others through the spool, which they check every 0.1 s (``now``: they stop
-their running fibers). A share that ends without its summary (srun failed)
-makes the map exit 255 with one line. Outside a Slurm job, or in a job of
-one node, ``--nodes all`` says so in one line and runs every task here.
+(``.fibermap-*`` in the working directory, which every node must see, as for
+``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM).
+One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
+each runs, with ``-j`` slots, the tasks whose sequence number falls to it
+round robin (``{#}`` modulo the node count: no coordination between nodes,
+balanced when tasks cost alike; a node whose tasks are slow is not helped by
+the other) through its own node's fiberd, found as fiberctl finds it. Task
+output passes through srun (each node's in order; two nodes' lines may
+interleave); the joblog (Host: the node's name) is merged in the order tasks
+ended and the exit status is counted over all tasks. A share that reaches
+``--halt`` tells the others through the spool, which they check every 0.1 s
+(``now``: they stop their running fibers; a ``Y%`` counts the share's own
+tasks). No progress line is drawn. A share that ends without its summary
+(srun failed) makes the map exit 255 with one line. Outside a Slurm job, or
+in a job of one node, ``--nodes all`` says so in one line and runs every
+task here.
 """
 
 from __future__ import annotations
