@@ -47,7 +47,9 @@ until it ends. A fiberd older than protocol v3 gets one clone per task.
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
 (``.fibermap-*`` in the working directory, which every node must see, as for
-``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM).
+``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM
+alone; a job ended under the map kills the batch script's processes and
+leaves it, named after the job).
 One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
 each runs, with ``-j`` slots, the tasks whose sequence number falls to it
 round robin (``{#}`` modulo the node count: no coordination between nodes,
@@ -542,8 +544,9 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    spool = Path(tempfile.mkdtemp(prefix=".fibermap-", dir=os.getcwd()))
-    # SIGTERM (scancel, the job's end): srun is stopped and the spool removed on the way out
+    spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
+                                  dir=os.getcwd()))
+    # SIGTERM to the map alone (kill, timeout): srun is stopped and the spool removed
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         (spool / "args").write_text("".join(f"{arg}\n" for arg in args))

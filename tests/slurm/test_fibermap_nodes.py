@@ -65,14 +65,19 @@ def run_map(cluster: SlurmCluster, user: JobUser, work: Path, options: str,
     out = wait_file(work / f"out-{job}", timeout=180).splitlines()
     rows = [line.split("\t") for line in (work / f"joblog-{job}").read_text().splitlines()]
     assert ended(cluster, job) == "COMPLETED", (work / f"err-{job}").read_text()
+    nothing_left(cluster, user, job)
+    assert not list(work.glob(".fibermap-*")), "the map's spool dir was left behind"
+    return job, out, rows
+
+
+def nothing_left(cluster: SlurmCluster, user: JobUser, job: int) -> None:
+    """Wait (bounded) until nothing of the ended job remains on either node."""
     assert cluster.site_config is not None
     site = load_site_config({"SLURM_FIBER_CONFIG": str(cluster.site_config)})
     for node in NODES:
         settle(lambda node=node: leftovers(site, cluster.env["SLURM_CONF"], "citest",  # type: ignore[misc]
                                            node, job, (), user.uid),
                f"job {job} left something behind on {node}")
-    assert not list(work.glob(".fibermap-*")), "the map's spool dir was left behind"
-    return job, out, rows
 
 
 def test_map_nodes_all_runs_each_nodes_share_on_its_fiberd_with_one_joblog(
@@ -111,3 +116,4 @@ def test_halt_now_on_one_node_stops_the_other_nodes_running_tasks(
     assert by_seq[2][1] == "n2" and by_seq[2][7] != "0", rows
     assert all(r[6] != "0" for r in rows[1:]), rows  # no sleeper was let finish
     assert len(rows) - 1 < 20  # no task was started after the halt but those running
+
