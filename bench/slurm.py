@@ -151,12 +151,15 @@ def cluster_env() -> dict[str, str]:
     return os.environ | {k: v.strip("'") for k, v in pairs}
 
 
-def run_job(env: dict[str, str], runs: int, gpu: bool, work: Path) -> dict[str, object]:
-    """Submit the bench job, wait until it leaves the queue, return what it measured."""
+def run_job(env: dict[str, str], runs: int, gpu: bool, work: Path,
+            in_job_argv: list[str] | None = None) -> dict[str, object]:
+    """Submit the bench job, wait until it leaves the queue, return what it measured (the
+    JSON the job's command wrote to the path after its ``--out``; ``in_job_argv``: that
+    command's arguments after the interpreter, default this script's ``--in-job -n runs``)."""
     result = work / "figures.json"
     script = work / "bench.sh"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} --in-job "
-                      f"-n {runs} --out {result}\n")
+    argv = in_job_argv or [str(Path(__file__).resolve()), "--in-job", "-n", str(runs)]
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {' '.join(argv)} --out {result}\n")
     out = subprocess.run(["sbatch", "--parsable", "-n1", "-t", "15", f"--chdir={work}",
                           f"--output={work}/slurm-%j.out", *(["--gres=gpu:1"] if gpu else []),
                           str(script)], capture_output=True, text=True, env=env)

@@ -27,9 +27,18 @@ Executor's and the exec path's p50 over it is what the client side adds). The fi
 run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
 behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
 (throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
-Not measured yet: ``--slurm`` (srun steps inside a job on the test cluster).
+
+``--slurm`` adds, in a batch job on the cluster ``SLURM_CONF`` names (else this
+checkout's bare-host cluster; bench/slurm.py's job machinery: one node, run as
+the invoking user with this venv, fiberd started with `srun --overlap
+fiberd-run`): `fiberctl run -- true` against an `srun --overlap -n1 true` step
+and the interpreter's floor (`python -I -S -c pass`, the least fiberctl can
+take), sequential p50s in interleaved rounds; and the same N tasks of `true`
+through one `fiberctl map -j j` and as N srun steps, j at once, in interleaved
+rounds. Its ratios join the targets (``slurm_*``) and the JSON line (``slurm``).
 
     .venv/bin/python bench/tasks.py [-n 200] [--rounds 4] [-j 2] [--plot tasks.png]
+                                    [--slurm [--slurm-n 500]]
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import slurm  # bench/slurm.py: the job machinery
 from fork_floor import spare_pipeline
 
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
@@ -241,6 +251,61 @@ class Systems:
         self.par["fibermap", "W2"] = lambda n: run(["--call", f"{FNS}:square_arg"], n)
 
 
+SRUN_TRUE = ["srun", "--overlap", "-n1", "true"]
+
+
+def slurm_in_job(n: int, seq_n: int, jobs: int, rounds: int) -> dict[str, object]:
+    """Inside the bench's own job: its fiberd started and ready, then (see the module doc)
+    the sequential samples and the map against srun steps; fiberd stopped at the end.
+    Raises slurm.BenchFailed with one line when a step or the map fails."""
+    log = open(f"fiberd-{os.environ['SLURM_JOB_ID']}.log", "wb")  # noqa: SIM115 - the step's
+    step = subprocess.Popen(["srun", "--overlap", "-n1", str(slurm.BIN / "fiberd-run")],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    ways = {"fiberctl_run": [FIBERCTL, "run", "--", "true"], "srun_step": SRUN_TRUE,
+            "python_floor": [sys.executable, "-I", "-S", "-c", "pass"]}
+    samples: dict[str, list[float]] = {way: [] for way in ways}
+    walls = {"map": 0.0, "srun_steps": 0.0}
+    try:
+        ready_s = slurm.wait_ready(step)
+        for round_no in range(seq_n + 1):
+            for way, argv in ways.items():
+                took = slurm.timed(argv)
+                if round_no:  # round 0 warms up
+                    samples[way].append(took)
+        for n_i in split(n, rounds):
+            walls["map"] += slurm.timed([FIBERCTL, "map", "-j", str(jobs), "--range",
+                                         f"1-{n_i}", "--", "true"])
+            start = time.perf_counter()
+            with cf.ThreadPoolExecutor(jobs) as pool:
+                list(pool.map(lambda _i: slurm.timed(SRUN_TRUE), range(n_i)))
+            walls["srun_steps"] += time.perf_counter() - start
+    finally:
+        step.terminate()
+        step.wait(timeout=30)
+        log.close()
+    return {"fiberd_ready_s": round(ready_s, 2), "tasks": n, "jobs": jobs,
+            **{way: percentiles(values) for way, values in samples.items()},
+            **{f"{way}_wall_s": round(wall, 3) for way, wall in walls.items()},
+            **{f"{way}_tasks_per_s": round(n / wall, 1) for way, wall in walls.items()}}
+
+
+def slurm_targets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
+    """Issue 14's two Slurm targets and what bounds the first (the interpreter's start)."""
+    p50 = {way: figures[way]["p50_ms"] for way in ("fiberctl_run", "srun_step",  # type: ignore[index]
+                                                   "python_floor")}
+    run_over_srun = round(p50["fiberctl_run"] / p50["srun_step"], 2)
+    srun_over_map = round(float(figures["srun_steps_wall_s"])  # type: ignore[arg-type]
+                          / float(figures["map_wall_s"]), 2)  # type: ignore[arg-type]
+    return {
+        "slurm_fiberctl_run_p50_over_srun_step_p50": {
+            "value": run_over_srun, "target": "<= 1", "met": run_over_srun <= 1,
+            "bound_python_floor_over_srun_step": round(p50["python_floor"] / p50["srun_step"],
+                                                       2)},
+        "slurm_srun_steps_wall_over_map_wall": {
+            "value": srun_over_map, "target": ">= 10", "met": srun_over_map >= 10},
+    }
+
+
 def _import_all(modules: tuple[str, ...]) -> None:
     for m in modules:
         __import__(m)
@@ -354,6 +419,12 @@ def print_table(figures: dict[str, object]) -> None:
             cells.append(f"{'-' if p50 is None else f'{p50:.1f}':>11}"
                          f"{'-' if rate is None else f'{rate:.0f}':>9}")
         print(f"{name:12}{row['fresh_process']:>14}{''.join(cells)}")
+    s = figures.get("slurm")
+    if isinstance(s, dict):
+        print(f"in a Slurm job {s['job']}: fiberctl run -- true p50 {s['fiberctl_run']['p50_ms']} "
+              f"ms, srun step p50 {s['srun_step']['p50_ms']} ms, python -I -S -c pass p50 "
+              f"{s['python_floor']['p50_ms']} ms; {s['tasks']} tasks of true at -j{s['jobs']}: "
+              f"fiberctl map {s['map_wall_s']} s, srun steps {s['srun_steps_wall_s']} s")
     for key, t in figures["targets"].items():  # type: ignore[union-attr]
         state = {None: "n/a", True: "meets", False: "MISSES"}[t["met"]]
         print(f"{key}: {t['value']} ({state} {t['target']})")
@@ -410,9 +481,20 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma-separated systems to leave out")
     parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
+    parser.add_argument("--slurm", action="store_true",
+                        help="also fiberctl against srun steps in a job on the test cluster")
+    parser.add_argument("--slurm-n", type=int, default=500,
+                        help="tasks of the map against srun steps (default 500)")
+    parser.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     seq_n = opts.seq or max(1, opts.n // 2)
     rounds = max(1, min(opts.rounds, opts.n, seq_n))
+    if opts.in_job:  # the --slurm job itself: -n is --slurm-n
+        if opts.out is None or "SLURM_JOB_ID" not in os.environ:
+            parser.error("--in-job runs inside the bench's own job, with --out")
+        opts.out.write_text(json.dumps(slurm_in_job(opts.n, seq_n, opts.jobs, rounds)))
+        return 0
     preloads = tuple(DEFAULT_PRELOADS)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT),
                                                              os.environ.get("PYTHONPATH")]))
@@ -436,6 +518,18 @@ def main() -> int:
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
                "rounds": rounds, "cgroups": mode,
                **report(seq, par, bound, opts.jobs, skipped), "left_running": left}
+    if opts.slurm:
+        try:
+            with tempfile.TemporaryDirectory(prefix="sf-bench-tasks-slurm-") as tmp:
+                os.chmod(tmp, 0o755)
+                figures["slurm"] = in_job = slurm.run_job(
+                    slurm.cluster_env(), 0, False, Path(tmp),
+                    [str(Path(__file__).resolve()), "--in-job", "-n", str(opts.slurm_n),
+                     "--seq", str(seq_n), "-j", str(opts.jobs), "--rounds", str(rounds)])
+        except slurm.BenchFailed as failed:
+            print(f"bench/tasks.py --slurm: {failed}", file=sys.stderr)
+            return 1
+        figures["targets"].update(slurm_targets(in_job))  # type: ignore[union-attr]
     print_table(figures)
     if opts.plot:
         plot(figures, seq, opts.plot)

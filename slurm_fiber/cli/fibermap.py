@@ -2,8 +2,8 @@
 
     fiberctl map [-j N] [--joblog FILE] [--results DIR] [--retries K] [--halt WHEN,WHY]
                  [--tag] [--timeout S] [--arg-file FILE | --range A-B] [--call MODULE:FUNC]
-                 [--json] [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] [-q]
-                 -- CMD {} ...
+                 [--json] [--nodes all] [-g GRANT | -t FILE] [-e KEY=VALUE]...
+                 [-S SOCKET] [-q] -- CMD {} ...
 
 Arguments come from ``--arg-file`` (one per line), ``--range A-B`` (the
 integers A..B) or stdin lines. For each, ``CMD`` runs as a fiber (exec
@@ -43,6 +43,27 @@ starts its share of tasks with one batch clone (``TaskRunner.run_many``;
 each task still its own fiber, record and exit) and takes the next batch
 once all of them have ended, so a slow task holds its worker's other slots
 until it ends. A fiberd older than protocol v3 gets one clone per task.
+
+``--nodes all`` (in a Slurm job of several nodes): the arguments are read
+here and written, with the map's options, to a spool directory
+(``.fibermap-*`` in the working directory, which every node must see, as for
+``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM
+alone; a job ended under the map kills the batch script's processes and
+leaves it, named after the job).
+One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
+each runs, with ``-j`` slots, the tasks whose sequence number falls to it
+round robin (``{#}`` modulo the node count: no coordination between nodes,
+balanced when tasks cost alike; a node whose tasks are slow is not helped by
+the other) through its own node's fiberd, found as fiberctl finds it. Task
+output passes through srun (each node's in order; two nodes' lines may
+interleave); the joblog (Host: the node's name) is merged in the order tasks
+ended and the exit status is counted over all tasks. A share that reaches
+``--halt`` tells the others through the spool, which they check every 0.1 s
+(``now``: they stop their running fibers; a ``Y%`` counts the share's own
+tasks). No progress line is drawn. A share that ends without its summary
+(srun failed) makes the map exit 255 with one line. Outside a Slurm job, or
+in a job of one node, ``--nodes all`` says so in one line and runs every
+task here.
 """
 
 from __future__ import annotations
@@ -52,7 +73,11 @@ import json
 import os
 import re
 import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -191,21 +216,26 @@ def results_dir(root: Path, arg: str) -> Path:
 class Map:
     """One ``fiberctl map`` run: workers, output, joblog, halt, summary (see module doc)."""
 
-    def __init__(self, opts: argparse.Namespace, runner: TaskRunner, args: Iterator[str],
-                 total: int | None) -> None:
+    def __init__(self, opts: argparse.Namespace, runner: TaskRunner,
+                 args: Iterator[tuple[int, str]], total: int | None,
+                 share: NodeShare | None = None) -> None:
         self.opts = opts
         self.runner = runner
-        self.args = enumerate(args, start=1)
+        self.args = args  # (sequence number, argument)
         self.total = total
+        self.share = share
+        self.host = share.node if share is not None else ":"
         self.halt: Halt | None = opts.halt
         self.lock = threading.Lock()
         self.stopping = False
         self.halted: Outcome | None = None
+        self.halted_at: float | None = None
         self.abort: tuple[int, str] | None = None
         self.failed = self.succeeded = 0
         self.started = time.monotonic()
         self.joblog: IO[str] | None = None
-        self.progress = sys.stderr.isatty()
+        self.progress = sys.stderr.isatty() and share is None
+        self.ended = threading.Event()
 
     # ------------------------------------------------------------ running
 
@@ -213,10 +243,13 @@ class Map:
         """Run every task; the exit status (see the module doc)."""
         if self.opts.joblog:
             self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
-            self.joblog.write(JOBLOG_HEADER)
+            if self.share is None:
+                self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
         workers = [threading.Thread(target=self.worker, args=share, daemon=True)
                    for share in worker_slots(self.opts.jobs, len(os.sched_getaffinity(0)))]
+        if self.share is not None:  # ends once ``ended`` is set
+            threading.Thread(target=self.watch_halt, daemon=True).start()
         try:
             for w in workers:
                 w.start()
@@ -231,12 +264,30 @@ class Map:
                 w.join()
             raise
         finally:
+            self.ended.set()
             if self.joblog is not None:
                 self.joblog.close()
             self.runner.close()
             if self.progress:
                 sys.stderr.write("\n")
         return self.exit_status()
+
+    def watch_halt(self) -> None:
+        """(A node's share) every 0.1 s until this share's tasks are done: once another
+        node's share has halted, start no more tasks, and with ``now`` stop the running
+        ones."""
+        assert self.share is not None
+        flag = self.share.spool / "halt"
+        while not self.ended.wait(0.1):
+            try:
+                now = flag.read_text() == "now"
+            except FileNotFoundError:
+                continue
+            with self.lock:
+                self.stopping = True
+            if now:
+                self.runner.stop_all()
+            return
 
     def next_arg(self) -> tuple[int, str] | None:
         with self.lock:
@@ -346,7 +397,10 @@ class Map:
             if self.halt is not None and self.halted is None and \
                     self.halt.reached(self.failed, self.succeeded, self.total):
                 self.halted, self.stopping = outcome, True
+                self.halted_at = time.time()
                 stop_now = self.halt.now
+                if self.share is not None:  # tell the other nodes' shares
+                    self.share.tell_halt(self.halt.now)
             self.emit(seq, arg, words, outcome, stdout, stderr)
         if stop_now:
             self.runner.stop_all()
@@ -372,8 +426,10 @@ class Map:
         if self.joblog is not None:
             command = (f"{self.opts.call}" + json.dumps(words) if self.opts.call
                        else shlex.join(words))
-            self.joblog.write(f"{seq}\t:\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
-                              f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
+            row = (f"{seq}\t{self.host}\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
+                   f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
+            # a node's share: one JSON string per row, as a command may span lines
+            self.joblog.write(row if self.share is None else json.dumps(row) + "\n")
             self.joblog.flush()
         if self.opts.results is not None:
             place = results_dir(self.opts.results, arg)
@@ -400,16 +456,14 @@ class Map:
         if self.abort is not None:
             print(self.abort[1], file=sys.stderr)
             return self.abort[0]
-        halt, halted = self.halt, self.halted
-        if halt is not None and halted is not None and halt.why == "fail" \
-                and halt.count == 1 and not halt.percent:
-            return halted.status if halted.status is not None else 1
-        if halt is not None and halt.why == "success" and halted is not None:
-            return 0
-        done = self.failed + self.succeeded
-        if halt is not None and halt.percent and halt.why == "fail" and done:
-            return min(100, round(self.failed * 100 / done))  # parallel: the percentage
-        return min(self.failed, MAX_FAILED_STATUS)
+        return final_status(self.halt, self.halted is not None, self.halted_status(),
+                            self.failed, self.succeeded)
+
+    def halted_status(self) -> int | None:
+        """The halting task's shell status (1 when it has none), None if none halted."""
+        if self.halted is None:
+            return None
+        return self.halted.status if self.halted.status is not None else 1
 
     def summary(self, status: int) -> dict[str, object]:
         wall = time.monotonic() - self.started
@@ -419,6 +473,140 @@ class Map:
                 "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
                 "jobs": self.opts.jobs, "exit": status,
                 "joblog": str(self.opts.joblog) if self.opts.joblog else None}
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
+    ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a directory
+    in the map's working directory, which every node sees)."""
+
+    spool: Path
+    index: int
+    count: int
+    node: str
+
+    @classmethod
+    def here(cls, spool: Path) -> NodeShare:
+        """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS)."""
+        env = os.environ
+        return cls(spool, int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_NTASKS", "1")),
+                   env.get("SLURMD_NODENAME") or os.uname().nodename)
+
+    def options(self) -> argparse.Namespace:
+        """The map's options as the user gave them, reading the arguments and writing the
+        joblog in the spool."""
+        opts = parse(json.loads((self.spool / "argv.json").read_text()))
+        opts.nodes, opts.json, opts.range = None, False, None
+        opts.arg_file = str(self.spool / "args")
+        opts.joblog = self.spool / f"joblog-{self.index}"
+        return opts
+
+    def mine(self, args: Iterator[str]) -> list[tuple[int, str]]:
+        """This share's (sequence number, argument) pairs: round robin by sequence number."""
+        return [(seq, arg) for seq, arg in enumerate(args, start=1)
+                if (seq - 1) % self.count == self.index]
+
+    def tell_halt(self, now: bool) -> None:
+        """Make the other shares halt (they poll for the flag every 0.1 s)."""
+        _write_whole(self.spool / "halt", "now" if now else "soon")
+
+    def report(self, job: Map, status: int) -> None:
+        """This share's counts, for the merged exit status."""
+        _write_whole(self.spool / f"node-{self.index}.json", json.dumps({
+            "node": self.node, "failed": job.failed, "succeeded": job.succeeded,
+            "abort": job.abort[0] if job.abort is not None else None,
+            "halted_at": job.halted_at, "halted_status": job.halted_status(),
+            "exit": status}))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
+# Each node's share runs this interpreter on the same package: no PATH lookup on the node.
+SHARE_MAIN = "import sys; from slurm_fiber.cli.fibermap import main; sys.exit(main(sys.argv[1:]))"
+EXIT_OTHER = 255  # GNU parallel's "other error": a node's share left no summary
+
+
+def job_nodes(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """The nodes of the Slurm job this runs in (0 outside one)."""
+    if not env.get("SLURM_JOB_ID"):
+        return 0
+    text = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    return int(text) if text.isdigit() else 1
+
+
+def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[str],
+                 nodes: int) -> int:
+    """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
+    running its round-robin share through its node's fiberd; then the merged joblog, exit
+    status and summary. Blocks until every share has ended."""
+    spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
+                                  dir=os.getcwd()))
+    # SIGTERM to the map alone (kill, timeout): srun is stopped and the spool removed
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        (spool / "args").write_text("".join(f"{arg}\n" for arg in args))
+        (spool / "argv.json").write_text(json.dumps(list(argv)))
+        started = time.monotonic()
+        try:
+            srun = subprocess.run(
+                ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
+                 "--ntasks-per-node=1", "--input=none", "--kill-on-bad-exit=0",
+                 sys.executable, "-c", SHARE_MAIN, "--node-share", str(spool)], check=False)
+        except KeyboardInterrupt:
+            print("fiberctl map: interrupted; srun stops every node's share", file=sys.stderr)
+            return 130
+        wall = time.monotonic() - started
+        shares = []
+        for i in range(nodes):
+            try:
+                shares.append(json.loads((spool / f"node-{i}.json").read_text()))
+            except (OSError, ValueError):
+                print(f"fiberctl map: the share of node task {i} ended without a summary "
+                      f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
+                return EXIT_OTHER
+        if opts.joblog is not None:
+            rows: list[str] = [json.loads(line) for i in range(nodes)
+                               for line in (spool / f"joblog-{i}").read_text().splitlines()]
+            rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
+            opts.joblog.write_text(JOBLOG_HEADER + "".join(rows))  # in the order tasks ended
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    failed = sum(s["failed"] for s in shares)
+    succeeded = sum(s["succeeded"] for s in shares)
+    aborts = [s["abort"] for s in shares if s["abort"] is not None]
+    halted = sorted((s["halted_at"], s["halted_status"]) for s in shares
+                    if s["halted_at"] is not None)
+    status = aborts[0] if aborts else final_status(
+        opts.halt, bool(halted), halted[0][1] if halted else None, failed, succeeded)
+    if opts.json:
+        done = failed + succeeded
+        print(json.dumps({"tasks": done, "succeeded": succeeded, "failed": failed,
+                          "halted": bool(halted), "wall_s": round(wall, 3),
+                          "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
+                          "jobs": opts.jobs, "exit": status,
+                          "joblog": str(opts.joblog) if opts.joblog else None,
+                          "nodes": {s["node"]: s["failed"] + s["succeeded"] for s in shares}}))
+    return status
+
+
+def final_status(halt: Halt | None, halted: bool, halted_status: int | None, failed: int,
+                 succeeded: int) -> int:
+    """GNU parallel's exit status over all tasks (see the module doc); ``halted_status``:
+    the status of the task that made the map halt."""
+    if halt is not None and halted and halt.why == "fail" and halt.count == 1 \
+            and not halt.percent:
+        return halted_status if halted_status is not None else 1
+    if halt is not None and halt.why == "success" and halted:
+        return 0
+    done = failed + succeeded
+    if halt is not None and halt.percent and halt.why == "fail" and done:
+        return min(100, round(failed * 100 / done))  # parallel: the percentage
+    return min(failed, MAX_FAILED_STATUS)
 
 
 def worker_slots(jobs: int, cpus: int) -> list[tuple[int, int]]:
@@ -472,6 +660,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="call the function in the warm interpreter, not a command")
     parser.add_argument("--json", action="store_true",
                         help="end stdout with one JSON summary line")
+    parser.add_argument("--nodes", choices=["all"],
+                        help="all: in a multi-node Slurm job, run each node's share (round "
+                        "robin) on that node's fiberd; elsewhere: says so, runs here")
     parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not say why a fiber ended (statuses are the same)")
@@ -507,12 +698,25 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> int:
     """Run ``fiberctl map``; its exit status (see the module doc)."""
     try:
-        opts = parse(argv)
+        # --node-share SPOOL: run_on_nodes started this as one node's share (not for users)
+        share = NodeShare.here(Path(argv[1])) if argv[:1] == ["--node-share"] else None
+        opts = share.options() if share is not None else parse(argv)
         fields = grant_fields(opts.grant, opts.token, opts.env)
     except Exit as done:
         return done.code
+    if opts.nodes == "all":
+        nodes = job_nodes()
+        if nodes > 1:
+            return run_on_nodes(opts, argv, arguments(opts), nodes)
+        print("fiberctl map: --nodes all: not in a Slurm job of several nodes; "
+              "running every task on this node", file=sys.stderr)
     runner = TaskRunner(discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
                         token=fields.get("token"), env=fields.get("env"))  # type: ignore[arg-type]
+    if share is not None:  # its status goes in its summary; srun's own exit stays quiet
+        mine = share.mine(arguments(opts))
+        job = Map(opts, runner, iter(mine), len(mine), share)
+        share.report(job, job.run())
+        return 0
     total = None
     args: Iterator[str] = arguments(opts)
     if opts.range is not None:
@@ -520,7 +724,7 @@ def main(argv: Sequence[str]) -> int:
     elif opts.arg_file is not None or not sys.stdin.isatty():
         listed = list(args)
         total, args = len(listed), iter(listed)
-    job = Map(opts, runner, args, total)
+    job = Map(opts, runner, enumerate(args, start=1), total)
     try:
         status = job.run()
     except KeyboardInterrupt:

@@ -258,3 +258,14 @@ def test_worker_slots_share_the_jobs_out() -> None:
     assert worker_slots(2, 2) == [(1, 1), (2, 1)]
     assert worker_slots(5, 2) == [(1, 3), (4, 2)]
     assert worker_slots(1, 8) == [(1, 1)]
+
+
+def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,
+                                                                  tmp_path: Path) -> None:
+    out = fmap(site, "--nodes", "all", "-j2", "--range", "1-3", "--joblog",
+               str(tmp_path / "log"), "--", "echo", "{}")
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == ["1", "2", "3"]
+    assert out.stderr.splitlines() == ["fiberctl map: --nodes all: not in a Slurm job of "
+                                       "several nodes; running every task on this node"]
+    assert [row[1] for row in joblog(tmp_path / "log")[1:]] == [":", ":", ":"]
