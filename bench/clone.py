@@ -60,6 +60,7 @@ from slurm_fiber.cli.latency import (
 )
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import GRANT, Site
+from slurm_fiber.core.cgroups import BACKEND_CHOICES
 
 FLOOR_FACTOR = 1.5  # Clone p50 at most this many times the floor's p50
 COLD_FACTOR = 20.0  # Clone p50 at least this many times faster than the cold start
@@ -215,6 +216,8 @@ def main() -> int:
     parser.add_argument("--preload", action="append", metavar="MODULE",
                         help="a module to preload (repeatable; default: the quickstart's)")
     parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
+    parser.add_argument("--cgroup-backend", default="auto", choices=BACKEND_CHOICES,
+                        help="fiberd's cgroup backend (v2 vs hybrid: what v1 placement costs)")
     parser.add_argument("--pace-ms", type=float, default=50.0,
                         help="pause after each paced Clone (default 50)")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the CDFs as a PNG")
@@ -225,14 +228,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="slurm-fiber-bench-") as tmp:
         site = Site.create(Path(tmp), preloads)
         try:
+            site.backend = opts.cgroup_backend
             site.start(opts.cgroup_root)
             site.wait_warm(120, lambda state, s: None)
-            mode = site.request("status").get("mode")
+            status = site.request("status")
+            mode = status.get("mode")
+            cgroups = status.get("cgroups")
+            backend = cgroups.get("backend") if isinstance(cgroups, dict) else None
             samples = measure(site, opts.n, opts.cold_runs, rounds, opts.pace_ms / 1000)
         finally:
             site.stop()
         left = site.leftovers()
-    figures = {"bench": "clone", "preloads": list(preloads), "cgroups": mode, **report(samples),
+    figures = {"bench": "clone", "preloads": list(preloads), "cgroups": mode,
+               "cgroup_backend": backend, **report(samples),
                "left_running": left}
     print_table(figures)
     if opts.plot:

@@ -63,6 +63,7 @@ from fork_floor import spare_pipeline
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import GRANT, Site
+from slurm_fiber.core.cgroups import BACKEND_CHOICES
 from slurm_fiber.executor import Executor
 from slurm_fiber.tasks import Task, TaskRunner
 
@@ -480,6 +481,8 @@ def main() -> int:
                         help="the natural parallelism (default: usable CPUs)")
     parser.add_argument("--skip", default="", help="comma-separated systems to leave out")
     parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
+    parser.add_argument("--cgroup-backend", default="auto", choices=BACKEND_CHOICES,
+                        help="fiberd's cgroup backend (v2 vs hybrid: what v1 placement costs)")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
     parser.add_argument("--slurm", action="store_true",
                         help="also fiberctl against srun steps in a job on the test cluster")
@@ -502,9 +505,13 @@ def main() -> int:
         site = Site.create(Path(tmp), (*preloads, FNS))
         systems = None
         try:
+            site.backend = opts.cgroup_backend
             site.start(opts.cgroup_root)
             site.wait_warm(120, lambda state, s: None)
-            mode = site.request("status").get("mode")
+            status = site.request("status")
+            mode = status.get("mode")
+            cgroups = status.get("cgroups")
+            backend = cgroups.get("backend") if isinstance(cgroups, dict) else None
             systems = Systems(opts.jobs, preloads, site,
                               {s for s in opts.skip.split(",") if s})
             seq, par = measure(systems, opts.n, seq_n, rounds)
@@ -516,7 +523,7 @@ def main() -> int:
             site.stop()
         left = site.leftovers()
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
-               "rounds": rounds, "cgroups": mode,
+               "rounds": rounds, "cgroups": mode, "cgroup_backend": backend,
                **report(seq, par, bound, opts.jobs, skipped), "left_running": left}
     if opts.slurm:
         try:

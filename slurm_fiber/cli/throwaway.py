@@ -63,11 +63,13 @@ def child_env(environ: dict[str, str]) -> dict[str, str]:
 
 @dataclass
 class Site:
-    """One throwaway site under ``root``; ``proc`` is its fiberd once started."""
+    """One throwaway site under ``root``; ``proc`` is its fiberd once started, on cgroup
+    ``backend`` (fiberd's ``--cgroup-backend``)."""
 
     root: Path
     preloads: tuple[str, ...]
     run_id: str = field(default_factory=lambda: secrets.token_hex(6))
+    backend: str = "auto"
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -112,7 +114,7 @@ class Site:
             "audit-path": str(self.audit_path), "audit-fsync": "never",
             "trust": f"{ISSUER}={self.root / 'issuer.jwks.json'}", "audience": AUDIENCE,
             "poll-interval": "0.1", "grace": "1", "cgroup-root": cgroup_root,
-            "ready-file": "none",
+            "cgroup-backend": self.backend, "ready-file": "none",
         }
         return [f"--{k}={v}" for k, v in options.items()]
 
