@@ -42,7 +42,10 @@ from slurm_fiber.core.tokens import TokenReason, TokenRefused
 RETRY_HINT = 1.0  # seconds: the retry_after given when nothing better is known
 
 
-class TemplateState(enum.StrEnum):
+class Warmth(enum.StrEnum):
+    """How warm a grant's template is, as a Clone decision sees it (the template's own
+    lifecycle is ``core.lifecycle.TemplateState``)."""
+
     ABSENT = "absent"
     COLD = "cold"
     WARM = "warm"
@@ -53,25 +56,25 @@ class TemplateState(enum.StrEnum):
 class TemplateView:
     """What the runtime knows about a grant's template when a Clone asks."""
 
-    state: TemplateState
+    state: Warmth
     retry_after: float | None = None  # COLD: expected seconds until warm
     error: str | None = None  # FAILED: one line
 
     @classmethod
     def absent(cls) -> TemplateView:
-        return cls(TemplateState.ABSENT)
+        return cls(Warmth.ABSENT)
 
     @classmethod
     def cold(cls, retry_after: float | None = None) -> TemplateView:
-        return cls(TemplateState.COLD, retry_after=retry_after)
+        return cls(Warmth.COLD, retry_after=retry_after)
 
     @classmethod
     def warm(cls) -> TemplateView:
-        return cls(TemplateState.WARM)
+        return cls(Warmth.WARM)
 
     @classmethod
     def failed(cls, error: str) -> TemplateView:
-        return cls(TemplateState.FAILED, error=error)
+        return cls(Warmth.FAILED, error=error)
 
 
 class DeadlineCause(enum.StrEnum):
@@ -337,10 +340,10 @@ class GrantBook:
     # -- helpers -------------------------------------------------------------------
 
     def _template_miss(self, uid: str, template: TemplateView) -> Miss | None:
-        if template.state in (TemplateState.COLD, TemplateState.ABSENT):
+        if template.state in (Warmth.COLD, Warmth.ABSENT):
             return Miss(MissCode.COLD, f"template of grant {uid!r} is still warming",
                         retry_after=template.retry_after or RETRY_HINT)
-        if template.state is TemplateState.FAILED:
+        if template.state is Warmth.FAILED:
             return Miss(MissCode.WARM_FAILED,
                         f"template of grant {uid!r} failed to warm: {template.error}",
                         detail=template.error)

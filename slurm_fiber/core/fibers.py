@@ -95,7 +95,7 @@ class StopReason:
 
 
 @dataclass(frozen=True)
-class FiberExit:
+class FiberEnd:
     """How a fiber ended. ``status`` is the raw wait status (None when lost).
 
     ``exit_code`` is set for a normal exit, ``signal`` for death by signal;
@@ -164,12 +164,12 @@ class Fiber:
     report_timeout: float = 10.0
     parent: int | None = None
     state: FiberState = FiberState.RUNNING
-    exit: FiberExit | None = None
+    exit: FiberEnd | None = None
     pidfd: int | None = field(default=None, repr=False)
     _reported: asyncio.Future[tuple[FiberState, dict[str, object]]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future(), repr=False)
     _result: _ResultReader | None = field(default=None, repr=False)
-    _finished: asyncio.Task[FiberExit] | None = field(default=None, repr=False)
+    _finished: asyncio.Task[FiberEnd] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _cause: StopReason | None = field(default=None, repr=False)
     _killed_after: float | None = field(default=None, repr=False)
@@ -212,7 +212,7 @@ class Fiber:
         if self._cause is None and self.exit is None:
             self._cause = StopReason(code, message)
 
-    async def wait(self) -> FiberExit:
+    async def wait(self) -> FiberEnd:
         """Block until the fiber and its cgroup are gone; its exit. Never raises."""
         assert self._finished is not None, "Fiber.attach was not called"
         return await asyncio.shield(self._finished)
@@ -237,7 +237,7 @@ class Fiber:
                 return False
         return True
 
-    async def stop(self, grace: float) -> FiberExit:
+    async def stop(self, grace: float) -> FiberEnd:
         """SIGTERM, ``grace`` seconds on the clock, then SIGKILL; returns once it is gone.
 
         Carved, "gone" includes every descendant (the cgroup is empty).
@@ -323,7 +323,7 @@ class Fiber:
             return FiberState.EXITED, kernel
         return FiberState.LOST, {}
 
-    async def _finish(self) -> FiberExit:
+    async def _finish(self) -> FiberEnd:
         state, msg = await self._outcome()
         peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
@@ -342,7 +342,7 @@ class Fiber:
         status = status if isinstance(status, int) else None
         cpu = msg.get("cpu")
         maxrss = msg.get("maxrss")
-        self.exit = FiberExit(
+        self.exit = FiberEnd(
             state=state, status=status,
             cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
             maxrss=maxrss if isinstance(maxrss, int) else None,
@@ -395,7 +395,7 @@ def _unless_empty(path: Path | None) -> Path | None:
     return None
 
 
-async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberExit]:
+async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberEnd]:
     """Stop every fiber at once, as ``Fiber.stop`` does one: SIGTERM to each, one grace on
     the clock for all (one timer, not one per fiber), SIGKILL to those still running;
     returns their exits (in order) once all are gone."""
@@ -450,7 +450,7 @@ class DeadlineTimer:
         self._order = itertools.count()
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stops: set[asyncio.Task[FiberExit]] = set()
+        self._stops: set[asyncio.Task[FiberEnd]] = set()
 
     def __len__(self) -> int:
         """Fibers bounded now."""
@@ -510,7 +510,7 @@ class DeadlineTimer:
         self._stops.add(task)
         task.add_done_callback(self._stopped)
 
-    def _stopped(self, task: asyncio.Task[FiberExit]) -> None:
+    def _stopped(self, task: asyncio.Task[FiberEnd]) -> None:
         self._stops.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("a deadline stop failed: %s", task.exception())
@@ -552,7 +552,7 @@ class DeadlineTimer:
 
 
 async def enforce_deadline(fiber: Fiber, deadline: Deadline, clock: Clock, grace: float, *,
-                           nudge: asyncio.Event | None = None) -> FiberExit:
+                           nudge: asyncio.Event | None = None) -> FiberEnd:
     """Let one fiber run until ``clock.mono() >= deadline()``, then ``stop(grace)``.
 
     A DeadlineTimer of its own (see there for when ``deadline`` is asked);

@@ -1,7 +1,7 @@
 """The socket API's view of a running fiber: a ``FiberHandle`` over a core ``Fiber``.
 
 The API speaks in its own ``FiberExit`` (exit code, signal, rusage, a call's
-result or error); the core's ``Fiber`` keeps the raw wait status and the
+result or error); the core's ``Fiber`` (its ``FiberEnd``) keeps the raw wait status and the
 call-mode record. ``FiberView`` translates one into the other and nothing
 else: waiting and records are the Fiber's own.
 """
@@ -9,15 +9,14 @@ else: waiting and records are the Fiber's own.
 from __future__ import annotations
 
 from slurm_fiber.core.api.service import FiberExit
-from slurm_fiber.core.fibers import Fiber, FiberState
-from slurm_fiber.core.fibers import FiberExit as CoreExit
+from slurm_fiber.core.fibers import Fiber, FiberEnd, FiberState
 
 LOST_ERROR = {"type": "FiberLost", "message": "the fiber died with its template"}
 EXEC_FAILED_FIELDS = ("errno", "name", "path", "message", "interpreter")
 SILENT_ERROR = {"type": "FiberDied", "message": "the fiber ended before reporting a result"}
 
 
-def api_exit(fiber_id: str, mode: str, core: CoreExit) -> FiberExit:
+def api_exit(fiber_id: str, mode: str, core: FiberEnd) -> FiberExit:
     """The API's exit record for a core exit. Pure; never raises."""
     rusage: dict[str, object] = {}
     if core.cpu_time is not None:

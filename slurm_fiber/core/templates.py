@@ -85,7 +85,7 @@ from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
-from slurm_fiber.core.fibers import Fiber, FiberExit, stop_all
+from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
 from slurm_fiber.core.lifecycle import (
@@ -311,7 +311,7 @@ class Template:
         return self.life.retry_after(self.clock.mono())
 
     async def stop_fibers(self, grace: float, *,
-                          before_epoch: int | None = None) -> list[FiberExit]:
+                          before_epoch: int | None = None) -> list[FiberEnd]:
         """Stop running fibers (all, or those of an epoch older than ``before_epoch``);
         returns once they are gone."""
         chosen = [f for f in self.fibers.values()
