@@ -191,6 +191,7 @@ class Core:
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
+        self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -224,9 +225,10 @@ class Core:
         expected = self._expected(vt.spec.limits)
         if self.strict_limits:
             self._refuse_unenforceable(vt, expected)
-        outcome = self.book.admit(vt)
+        outcome = self.book.admit(vt, defer_save=True)
         if isinstance(outcome, Miss):
             raise self._refuse(vt, outcome)
+        self._save_soon()
         self._unenforceable.pop(vt.uid, None)
         self._write(AuditEvent.ADMIT, uid=vt.uid, jti=vt.jti, issuer=vt.issuer,
                     lease_end=outcome.lease_end.wall, new_grant=outcome.new_grant,
@@ -239,6 +241,7 @@ class Core:
             elif grant.spec != spec:
                 await self._replace_template(grant, spec)
         self._deadlines.rearm()  # a renewal may move deadlines
+        await asyncio.sleep(0)  # a batch of admissions lets the loop answer in between
         return outcome
 
     async def remove(self, uid: str) -> None:
@@ -307,6 +310,8 @@ class Core:
         Returns once everything is gone. Idempotent.
         """
         self.closing = True
+        with contextlib.suppress(OSError):  # said by _saved; the admissions are redelivered
+            await self._saved()
         await asyncio.gather(*(self._retire(uid, "shutdown") for uid in list(self._grants)))
         await asyncio.gather(*list(self._retiring), return_exceptions=True)
         self._deadlines.close()
@@ -374,6 +379,14 @@ class Core:
         grant = self._grants.get(uid)
         if grant is None and uid in self._unenforceable:
             return self._miss(uid, self._unenforceable[uid], caller)
+        if self.book.unsaved:
+            try:
+                await self._saved()
+            except OSError as err:
+                return self._miss(uid, Miss(MissCode.COLD, f"admission of {uid!r} not saved "
+                                            f"yet: {err}", retry_after=RETRY_HINT,
+                                            detail="state_unsaved"), caller)
+            grant = self._grants.get(uid)
         running = len(grant.template.fibers) if grant is not None else 0
         decision = self.book.decide_clone(uid, _template_view(grant), running)
         if isinstance(decision, Miss):
@@ -625,6 +638,36 @@ class Core:
         except OSError as err:
             log.warning("cgroup of %s not removed: %s", grant.uid, err)
         await self._publish(grant.uid, False)
+
+    # ------------------------------------------------------------ internals: state saves
+
+    def _save_soon(self) -> None:
+        """Start writing deferred admissions unless a save is under way (that one's end
+        starts the next): admissions made meanwhile share one save."""
+        if self._saving is None or self._saving.done():
+            self._saving = self._spawn(self._save_unsaved())
+
+    async def _save_unsaved(self) -> None:
+        """Write the book's deferred admissions off the loop, until none is left. A failed
+        save raises (logged as a failed task) and leaves them unsaved: the next admission,
+        Clone or shutdown tries again."""
+        store = self.book.store
+        while store is not None:
+            stamp, state = store.stamp(), self.book.take_unsaved()
+            if state is None:
+                return
+            try:
+                await asyncio.to_thread(store.write, stamp, state)
+            except OSError:
+                self.book.unsave()
+                raise
+
+    async def _saved(self) -> None:
+        """Return once every admission made so far is saved; OSError when a save fails."""
+        while self.book.unsaved or (self._saving is not None and not self._saving.done()):
+            self._save_soon()
+            assert self._saving is not None
+            await asyncio.shield(self._saving)
 
     # ------------------------------------------------------------ internals: Clone
 
