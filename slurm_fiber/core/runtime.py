@@ -192,6 +192,7 @@ class Core:
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
         self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
+        self._exits: list[tuple[str, dict[str, object]]] = []  # fiber_exit records to write
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -261,10 +262,8 @@ class Core:
         self._epoch_reason = reason
         self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
         self._deadlines.rearm()
-        for grant in list(self._grants.values()):
-            for fiber in grant.template.fibers.values():
-                if fiber.epoch < epoch:
-                    self._note_release(fiber, "revoked")
+        self._note_releases([f for g in list(self._grants.values())
+                             for f in g.template.fibers.values() if f.epoch < epoch], "revoked")
         await asyncio.gather(*(g.template.stop_fibers(self.grace, before_epoch=epoch)
                                for g in list(self._grants.values())))
         return epoch
@@ -622,8 +621,7 @@ class Core:
                 return
             if grant.watcher is not None:
                 grant.watcher.cancel()
-            for fiber in grant.template.fibers.values():
-                self._note_release(fiber, cause)
+            self._note_releases(list(grant.template.fibers.values()), cause)
             stopping = asyncio.ensure_future(self._stop_grant(grant))
             self._retiring.add(stopping)
             stopping.add_done_callback(self._retiring.discard)
@@ -772,12 +770,24 @@ class Core:
         self._deadlines.add(fiber, due)
 
     def _fiber_done(self, fiber: Fiber) -> None:
+        """A fiber ended: unregister it; its ``fiber_exit`` record is written with the other
+        exits of this loop step, in one append (``_write_exits``), before any task woken by
+        the exit runs (they are scheduled after it)."""
         self._fibers.pop(fiber.id, None)
         self._released.discard(fiber.id)
         end = fiber.exit
-        with contextlib.suppress(OSError):
-            self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                        exit=end.to_json() if end else None)
+        if not self._exits:
+            asyncio.get_running_loop().call_soon(self._write_exits)
+        self._exits.append(("fiber_exit", _present(
+            uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+            exit=end.to_json() if end else None)))
+
+    def _write_exits(self) -> None:
+        records, self._exits = self._exits, []
+        try:
+            self.audit.write_many(records)
+        except OSError as err:
+            log.error("%d fiber exits unaudited: %s", len(records), err)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
         """Audit that fiberd is stopping a running fiber and why (once per fiber), and tell
@@ -786,15 +796,22 @@ class Core:
         A stop goes ahead even when its record cannot be written (a full disk):
         stopping is never the decision an audit failure may hold back; it is logged.
         """
-        if fiber.id in self._released or not fiber.running:
-            return
-        fiber.note_reason(*self._stop_reason(fiber, cause, fields))
-        self._released.add(fiber.id)
+        self._note_releases([fiber], cause, **fields)
+
+    def _note_releases(self, fibers: Sequence[Fiber], cause: str, **fields: object) -> None:
+        """``_note_release`` of many fibers at once: their records in one append."""
+        records: list[tuple[str, dict[str, object]]] = []
+        for fiber in fibers:
+            if fiber.id in self._released or not fiber.running:
+                continue
+            fiber.note_reason(*self._stop_reason(fiber, cause, fields))
+            self._released.add(fiber.id)
+            records.append((AuditEvent.RELEASE, _present(
+                uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch, cause=cause, **fields)))
         try:
-            self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                        cause=cause, **fields)
+            self.audit.write_many(records)
         except AuditWriteFailed as err:
-            log.error("stopping fiber %s (%s) unaudited: %s", fiber.id, cause, err)
+            log.error("stopping %d fibers (%s) unaudited: %s", len(records), cause, err)
 
     def _stop_reason(self, fiber: Fiber, cause: str,
                      fields: dict[str, object]) -> tuple[str, str]:
@@ -843,7 +860,7 @@ class Core:
         return self.clock.wall() + (mono - self.clock.mono())
 
     def _write(self, event: str, **fields: object) -> None:
-        self.audit.write(event, **{k: v for k, v in fields.items() if v is not None})
+        self.audit.write(event, **_present(**fields))
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(coro)
@@ -855,6 +872,11 @@ class Core:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime task failed: %s", task.exception())
+
+
+def _present(**fields: object) -> dict[str, object]:
+    """The audit fields that have a value (None is left out)."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _audit_failed(err: AuditWriteFailed) -> Miss:
