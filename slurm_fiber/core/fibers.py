@@ -325,13 +325,14 @@ class Fiber:
 
     async def _finish(self) -> FiberExit:
         state, msg = await self._outcome()
-        peak = ooms = None
+        peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
         if self.cgroup is not None:
             await cgroups.empty(self.cgroup)
-            # Read off the loop, in one hop: at a mass stop these reads were a third of
-            # the loop's time per fiber.
-            peak, ooms, self.stdout_path, self.stderr_path = await asyncio.to_thread(
-                _leftovers, self.cgroup, self.stdout_path, self.stderr_path)
+        ooms = cgroups.oom_kills(self.cgroup) if self.cgroup else None
+        if self.cgroup is not None:
+            # Nothing in the cgroup is left to write to the output files: drop empty ones.
+            self.stdout_path = _unless_empty(self.stdout_path)
+            self.stderr_path = _unless_empty(self.stderr_path)
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:
@@ -376,15 +377,6 @@ class Fiber:
             return StopReason("signal", "killed by SIGKILL, not by fiberd (whether out of "
                               "memory is not known: no memory controller in its cgroup)")
         return StopReason("signal", "killed by SIGKILL, not by fiberd and not out of memory")
-
-
-def _leftovers(cgroup: Path, stdout: Path | None, stderr: Path | None
-               ) -> tuple[int | None, int | None, Path | None, Path | None]:
-    """What an emptied fiber cgroup leaves to read: its memory peak and OOM kills, and the
-    output files still worth keeping (nothing in the cgroup can write to them now: empty
-    ones are dropped). Blocking; never raises."""
-    return (cgroups.memory_peak(cgroup), cgroups.oom_kills(cgroup),
-            _unless_empty(stdout), _unless_empty(stderr))
 
 
 def _unless_empty(path: Path | None) -> Path | None:
