@@ -195,6 +195,10 @@ class GrantBook:
         """Every grant held (expired ones until pruned), sorted by UID."""
         return [self._view(uid) for uid in sorted(self._state.tokens)]
 
+    def grant(self, uid: str) -> GrantView | None:
+        """The grant held for ``uid`` (expired until pruned), None when none is."""
+        return self._view(uid) if uid in self._state.tokens else None
+
     def expired_uids(self) -> list[str]:
         """UIDs whose lease has ended: the runtime stops their fibers and cools their templates."""
         return [g.uid for g in self.grants() if g.expired]

@@ -475,10 +475,8 @@ class Core:
 
     def book_spec(self, uid: str) -> FiberSpec | None:
         """The spec in force for ``uid`` (the newest token's), None when not held."""
-        for view in self.book.grants():
-            if view.uid == uid:
-                return view.spec
-        return None
+        view = self.book.grant(uid)  # one grant's view, not all G of them
+        return view.spec if view is not None else None
 
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -699,7 +697,7 @@ class Core:
             vt = self.verify(raw)
         except TokenRefused as err:
             return invalid_token_miss(err)
-        held = next((g for g in self.book.grants() if g.uid == vt.uid), None)
+        held = self.book.grant(vt.uid)
         if held is None or vt.jti not in held.jtis:
             try:
                 await self.admit(vt)
