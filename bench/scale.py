@@ -15,7 +15,8 @@ as bench/clone.py uses, its own flags only, default poll interval and grace 1 s)
   grants  for each G in ``--grants`` (1,10,100): a fresh fiberd with G grants (the
           quickstart's preloads), once every template is ready: idle CPU, Clone
           p50/p99 on the first grant, fiberd's PSS, the PSS of each grant's processes
-          (template and spares) on average, and the stop time.
+          (template and spares) on average, the stop time, and the slowest ``status``
+          round trip while the grants were admitted and warmed (``status_max_ms``).
 
 After every stop it checks that nothing of the run is left: no process carrying the
 run's mark, no cgroup named after the stopped fiberd (``slurm-fiber.<pid>``) under
@@ -84,15 +85,19 @@ class ScaleSite(Site):
         assert self.proc is not None
         return self.proc.pid
 
-    def wait_all_warm(self, grants: int, within: float) -> float:
-        """Block until every grant's template is ready; seconds it took. Raises SiteFailed."""
-        start = time.monotonic()
+    def wait_all_warm(self, grants: int, within: float) -> tuple[float, float]:
+        """Block until every grant's template is ready: seconds it took, and the slowest
+        ``status`` round trip meanwhile in ms (fiberd's loop stalled by admissions).
+        Raises SiteFailed."""
+        start, slowest = time.monotonic(), 0.0
         while True:
+            asked = time.perf_counter()
             templates = self.request("status").get("templates")
+            slowest = max(slowest, time.perf_counter() - asked)
             states = templates if isinstance(templates, dict) else {}
             ready = sum(1 for s in states.values() if s == "ready")
             if ready >= grants:
-                return time.monotonic() - start
+                return time.monotonic() - start, round(slowest * 1000, 1)
             if "warm_failed" in states.values():
                 raise SiteFailed(f"a template failed to warm: {self.warm_error()}")
             if self.proc is not None and self.proc.poll() is not None:
@@ -281,9 +286,10 @@ def grant_sweep(tmp: Path, gs: list[int], opts: argparse.Namespace) -> list[dict
         site.start(opts.cgroup_root)
         point = {"g": g}
         try:
-            warm = site.wait_all_warm(g, 60 + 3 * g)
+            warm, stall = site.wait_all_warm(g, 60 + 3 * g)
             time.sleep(min(2.0, opts.quiet))
-            point.update({"warm_s": round(warm, 1), "idle_cpu_pct": idle_cpu(site.pid, opts.quiet)})
+            point.update({"warm_s": round(warm, 1), "status_max_ms": stall,
+                          "idle_cpu_pct": idle_cpu(site.pid, opts.quiet)})
             point.update(clones(site, opts.clones))
             templates = children(site.pid)
             per = [pss_mb(t) + sum(pss_mb(s) for s in children(t)) for t in templates]

@@ -10,13 +10,17 @@ is only meaningful within one boot: the file records the boot id, and a state
 saved under another boot is rebased from the tokens' Unix times once, at load.
 A file that exists but cannot be read as a state is never silently reset (that
 would reuse epochs and forget denials): ``load`` raises ``StateCorrupt`` with a
-one-line reason naming the file.
+one-line reason naming the file. Saves may come from the loop and from a
+worker thread at once: each is stamped (``stamp``) when its state is taken,
+and ``write`` never replaces a newer stamp's state with an older one.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,9 @@ class StateFile:
     def __init__(self, path: str | os.PathLike[str], boot_id: str | None = None) -> None:
         self.path = Path(path)
         self.boot_id = current_boot_id() if boot_id is None else boot_id
+        self._stamps = itertools.count(1)
+        self._written = 0  # the stamp of the state on disk
+        self._lock = threading.Lock()
 
     def load(self, clock: Clock) -> BookState | None:
         """The saved state (rebased if saved under another boot); None when there is no file.
@@ -132,19 +139,32 @@ class StateFile:
 
     def save(self, state: BookState) -> None:
         """Replace the file atomically with ``state``. Raises OSError when it cannot."""
+        self.write(self.stamp(), state)
+
+    def stamp(self) -> int:
+        """A stamp for a state taken now (call where the state is taken, on its loop)."""
+        return next(self._stamps)
+
+    def write(self, stamp: int, state: BookState) -> None:
+        """``save`` of a state stamped earlier; thread-safe. A state older than the one on
+        disk is not written (it is already contained). Raises OSError when it cannot."""
         data = json.dumps(_to_json(state, self.boot_id), separators=(",", ":")).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        with self._lock:
+            if stamp < self._written:
+                return
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+            self._written = stamp
 
 
 def _horizon_json(h: Horizon) -> list[float]:

@@ -5,7 +5,12 @@ home's ``SourceHealth``: no processes, sockets or sleeps. Each call decides at
 the clock's now and returns an outcome value; calls that change the state
 persist it (when a ``StateFile`` is given) before they return, and if that
 save fails they raise OSError and the change is not made. Reloading the saved
-state therefore changes no decision.
+state therefore changes no decision. The one exception is ``admit(vt,
+defer_save=True)``: the admission is made in memory and marked ``unsaved``; the
+caller writes it with ``take_unsaved``/``unsave`` (one save for a batch of
+admissions) and must not act on it durably before that save (the runtime
+holds a Clone of an unsaved book until it is saved). Any later synchronous
+save writes the pending admissions too.
 
 Rules (DESIGN §4):
 
@@ -176,6 +181,7 @@ class GrantBook:
         self.store = store
         loaded = store.load(clock) if store is not None else None
         self._state = loaded or BookState()
+        self._unsaved = False  # deferred admissions not yet written to ``store``
 
     # -- reading ---------------------------------------------------------------
 
@@ -192,6 +198,10 @@ class GrantBook:
         """Every grant held (expired ones until pruned), sorted by UID."""
         return [self._view(uid) for uid in sorted(self._state.tokens)]
 
+    def grant(self, uid: str) -> GrantView | None:
+        """The grant held for ``uid`` (expired until pruned), None when none is."""
+        return self._view(uid) if uid in self._state.tokens else None
+
     def expired_uids(self) -> list[str]:
         """UIDs whose lease has ended: the runtime stops their fibers and cools their templates."""
         return [g.uid for g in self.grants() if g.expired]
@@ -205,11 +215,13 @@ class GrantBook:
 
     # -- changing --------------------------------------------------------------
 
-    def admit(self, vt: VerifiedToken) -> Admitted | Miss:
+    def admit(self, vt: VerifiedToken, *, defer_save: bool = False) -> Admitted | Miss:
         """Admit a verified token, or miss: ``denied`` (the UID is removed) or ``invalid_token``.
 
         Idempotent per jti: a token admitted again keeps the deadline of its
-        first admission. Raises OSError if the state cannot be saved.
+        first admission. Raises OSError if the state cannot be saved. With
+        ``defer_save`` an admission is not saved here but marked ``unsaved``
+        (module doc); a denial's stretch is still saved before the miss returns.
         """
         expiry = Horizon.at_wall(vt.exp, self.clock)
         new = self._state.clone()
@@ -226,7 +238,10 @@ class GrantBook:
         new_grant = not held
         held.setdefault(vt.jti, HeldToken(vt.jti, vt.issuer, vt.iat, expiry, vt.spec))
         new.tokens[vt.uid] = held
-        self._commit(new)
+        if defer_save and self.store is not None:
+            self._state, self._unsaved = new, True
+        else:
+            self._commit(new)
         view = self._view(vt.uid)
         return Admitted(vt.uid, vt.jti, view.lease_end, new_grant, view.spec)
 
@@ -275,6 +290,24 @@ class GrantBook:
         if gone or new.denials != self._state.denials or new.seen != self._state.seen:
             self._commit(new)
         return gone
+
+    @property
+    def unsaved(self) -> bool:
+        """Whether deferred admissions are not yet written to the store."""
+        return self._unsaved
+
+    def take_unsaved(self) -> BookState | None:
+        """The state to write for the deferred admissions (None when all are saved),
+        marked saved; the caller saves it (off the loop if it likes) and calls
+        ``unsave`` when that save fails."""
+        if not self._unsaved:
+            return None
+        self._unsaved = False
+        return self._state
+
+    def unsave(self) -> None:
+        """A save of ``take_unsaved``'s state failed: its admissions are unsaved again."""
+        self._unsaved = True
 
     # -- Clone and deadlines -----------------------------------------------------
 
@@ -365,5 +398,6 @@ class GrantBook:
 
     def _commit(self, new: BookState) -> None:
         if self.store is not None:
-            self.store.save(new)
+            self.store.save(new)  # carries any deferred admissions too
+            self._unsaved = False
         self._state = new

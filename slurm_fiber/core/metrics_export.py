@@ -28,16 +28,15 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
+from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import ScopeClaim
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.safefs import UnsafePath, open_dir, write_atomic
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("slurm_fiber.metrics")
 
@@ -67,15 +66,18 @@ def scope_labels(home: str, scope: Iterable[ScopeClaim]) -> dict[str, str]:
 
 
 @dataclass
-class Labelled(Collector):
+class Labelled:
     """A collector view of ``metrics``' registry with ``labels()`` added to every sample.
 
-    ``generate_latest(Labelled(...))`` gives the exposition text."""
+    ``generate_latest(Labelled(...))`` gives the exposition text (prometheus-client is
+    imported at the first scrape, not with this module)."""
 
     metrics: FiberMetrics
     labels: Labels
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.samples import Sample
+
         extra = dict(self.labels())
         for family in self.metrics.registry.collect():
             family.samples = [Sample(s.name, {**extra, **s.labels}, s.value, s.timestamp,
@@ -84,7 +86,9 @@ class Labelled(Collector):
 
     def render(self) -> bytes:
         """The text exposition, labelled. Never blocks."""
-        return generate_latest(self)
+        from prometheus_client.exposition import generate_latest
+
+        return generate_latest(self)  # a collector by protocol (it has collect)
 
 
 class MetricsHttp:

@@ -191,6 +191,8 @@ class Core:
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
+        self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
+        self._exits: list[tuple[str, dict[str, object]]] = []  # fiber_exit records to write
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -224,9 +226,10 @@ class Core:
         expected = self._expected(vt.spec.limits)
         if self.strict_limits:
             self._refuse_unenforceable(vt, expected)
-        outcome = self.book.admit(vt)
+        outcome = self.book.admit(vt, defer_save=True)
         if isinstance(outcome, Miss):
             raise self._refuse(vt, outcome)
+        self._save_soon()
         self._unenforceable.pop(vt.uid, None)
         self._write(AuditEvent.ADMIT, uid=vt.uid, jti=vt.jti, issuer=vt.issuer,
                     lease_end=outcome.lease_end.wall, new_grant=outcome.new_grant,
@@ -239,6 +242,7 @@ class Core:
             elif grant.spec != spec:
                 await self._replace_template(grant, spec)
         self._deadlines.rearm()  # a renewal may move deadlines
+        await asyncio.sleep(0)  # a batch of admissions lets the loop answer in between
         return outcome
 
     async def remove(self, uid: str) -> None:
@@ -258,10 +262,8 @@ class Core:
         self._epoch_reason = reason
         self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
         self._deadlines.rearm()
-        for grant in list(self._grants.values()):
-            for fiber in grant.template.fibers.values():
-                if fiber.epoch < epoch:
-                    self._note_release(fiber, "revoked")
+        self._note_releases([f for g in list(self._grants.values())
+                             for f in g.template.fibers.values() if f.epoch < epoch], "revoked")
         await asyncio.gather(*(g.template.stop_fibers(self.grace, before_epoch=epoch)
                                for g in list(self._grants.values())))
         return epoch
@@ -307,6 +309,8 @@ class Core:
         Returns once everything is gone. Idempotent.
         """
         self.closing = True
+        with contextlib.suppress(OSError):  # said by _saved; the admissions are redelivered
+            await self._saved()
         await asyncio.gather(*(self._retire(uid, "shutdown") for uid in list(self._grants)))
         await asyncio.gather(*list(self._retiring), return_exceptions=True)
         self._deadlines.close()
@@ -374,6 +378,14 @@ class Core:
         grant = self._grants.get(uid)
         if grant is None and uid in self._unenforceable:
             return self._miss(uid, self._unenforceable[uid], caller)
+        if self.book.unsaved:
+            try:
+                await self._saved()
+            except OSError as err:
+                return self._miss(uid, Miss(MissCode.COLD, f"admission of {uid!r} not saved "
+                                            f"yet: {err}", retry_after=RETRY_HINT,
+                                            detail="state_unsaved"), caller)
+            grant = self._grants.get(uid)
         running = len(grant.template.fibers) if grant is not None else 0
         decision = self.book.decide_clone(uid, _template_view(grant), running)
         if isinstance(decision, Miss):
@@ -463,10 +475,8 @@ class Core:
 
     def book_spec(self, uid: str) -> FiberSpec | None:
         """The spec in force for ``uid`` (the newest token's), None when not held."""
-        for view in self.book.grants():
-            if view.uid == uid:
-                return view.spec
-        return None
+        view = self.book.grant(uid)  # one grant's view, not all G of them
+        return view.spec if view is not None else None
 
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -609,8 +619,7 @@ class Core:
                 return
             if grant.watcher is not None:
                 grant.watcher.cancel()
-            for fiber in grant.template.fibers.values():
-                self._note_release(fiber, cause)
+            self._note_releases(list(grant.template.fibers.values()), cause)
             stopping = asyncio.ensure_future(self._stop_grant(grant))
             self._retiring.add(stopping)
             stopping.add_done_callback(self._retiring.discard)
@@ -625,6 +634,36 @@ class Core:
         except OSError as err:
             log.warning("cgroup of %s not removed: %s", grant.uid, err)
         await self._publish(grant.uid, False)
+
+    # ------------------------------------------------------------ internals: state saves
+
+    def _save_soon(self) -> None:
+        """Start writing deferred admissions unless a save is under way (that one's end
+        starts the next): admissions made meanwhile share one save."""
+        if self._saving is None or self._saving.done():
+            self._saving = self._spawn(self._save_unsaved())
+
+    async def _save_unsaved(self) -> None:
+        """Write the book's deferred admissions off the loop, until none is left. A failed
+        save raises (logged as a failed task) and leaves them unsaved: the next admission,
+        Clone or shutdown tries again."""
+        store = self.book.store
+        while store is not None:
+            stamp, state = store.stamp(), self.book.take_unsaved()
+            if state is None:
+                return
+            try:
+                await asyncio.to_thread(store.write, stamp, state)
+            except OSError:
+                self.book.unsave()
+                raise
+
+    async def _saved(self) -> None:
+        """Return once every admission made so far is saved; OSError when a save fails."""
+        while self.book.unsaved or (self._saving is not None and not self._saving.done()):
+            self._save_soon()
+            assert self._saving is not None
+            await asyncio.shield(self._saving)
 
     # ------------------------------------------------------------ internals: Clone
 
@@ -658,7 +697,7 @@ class Core:
             vt = self.verify(raw)
         except TokenRefused as err:
             return invalid_token_miss(err)
-        held = next((g for g in self.book.grants() if g.uid == vt.uid), None)
+        held = self.book.grant(vt.uid)
         if held is None or vt.jti not in held.jtis:
             try:
                 await self.admit(vt)
@@ -729,12 +768,24 @@ class Core:
         self._deadlines.add(fiber, due)
 
     def _fiber_done(self, fiber: Fiber) -> None:
+        """A fiber ended: unregister it; its ``fiber_exit`` record is written with the other
+        exits of this loop step, in one append (``_write_exits``), before any task woken by
+        the exit runs (they are scheduled after it)."""
         self._fibers.pop(fiber.id, None)
         self._released.discard(fiber.id)
         end = fiber.exit
-        with contextlib.suppress(OSError):
-            self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                        exit=end.to_json() if end else None)
+        if not self._exits:
+            asyncio.get_running_loop().call_soon(self._write_exits)
+        self._exits.append(("fiber_exit", _present(
+            uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+            exit=end.to_json() if end else None)))
+
+    def _write_exits(self) -> None:
+        records, self._exits = self._exits, []
+        try:
+            self.audit.write_many(records)
+        except OSError as err:
+            log.error("%d fiber exits unaudited: %s", len(records), err)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
         """Audit that fiberd is stopping a running fiber and why (once per fiber), and tell
@@ -743,15 +794,22 @@ class Core:
         A stop goes ahead even when its record cannot be written (a full disk):
         stopping is never the decision an audit failure may hold back; it is logged.
         """
-        if fiber.id in self._released or not fiber.running:
-            return
-        fiber.note_reason(*self._stop_reason(fiber, cause, fields))
-        self._released.add(fiber.id)
+        self._note_releases([fiber], cause, **fields)
+
+    def _note_releases(self, fibers: Sequence[Fiber], cause: str, **fields: object) -> None:
+        """``_note_release`` of many fibers at once: their records in one append."""
+        records: list[tuple[str, dict[str, object]]] = []
+        for fiber in fibers:
+            if fiber.id in self._released or not fiber.running:
+                continue
+            fiber.note_reason(*self._stop_reason(fiber, cause, fields))
+            self._released.add(fiber.id)
+            records.append((AuditEvent.RELEASE, _present(
+                uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch, cause=cause, **fields)))
         try:
-            self._write(AuditEvent.RELEASE, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
-                        cause=cause, **fields)
+            self.audit.write_many(records)
         except AuditWriteFailed as err:
-            log.error("stopping fiber %s (%s) unaudited: %s", fiber.id, cause, err)
+            log.error("stopping %d fibers (%s) unaudited: %s", len(records), cause, err)
 
     def _stop_reason(self, fiber: Fiber, cause: str,
                      fields: dict[str, object]) -> tuple[str, str]:
@@ -800,7 +858,7 @@ class Core:
         return self.clock.wall() + (mono - self.clock.mono())
 
     def _write(self, event: str, **fields: object) -> None:
-        self.audit.write(event, **{k: v for k, v in fields.items() if v is not None})
+        self.audit.write(event, **_present(**fields))
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(coro)
@@ -812,6 +870,11 @@ class Core:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime task failed: %s", task.exception())
+
+
+def _present(**fields: object) -> dict[str, object]:
+    """The audit fields that have a value (None is left out)."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _audit_failed(err: AuditWriteFailed) -> Miss:

@@ -103,3 +103,29 @@ def test_sigkill_mid_stream_leaves_only_whole_lines(tmp_path):
         rs = records(path)  # every line parses
         assert [r["seq"] for r in rs] == list(range(1, len(rs) + 1))
     assert len(rs) > 600
+
+
+def test_write_many_appends_whole_records_with_consecutive_seqs(tmp_path, clock):
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, "always", clock=clock)
+    log.write(AuditEvent.ADMIT, uid="g1")
+    batch = [(AuditEvent.RELEASE, {"fiber": f"f{i}", "reason": "a\nb"}) for i in range(3)]
+    assert log.write_many(batch) == 4
+    assert log.write_many([]) == 4
+    with pytest.raises(ValueError, match="reserved"):
+        log.write_many([(AuditEvent.RELEASE, {"fiber": "x"}), ("exit", {"seq": 1})])
+    assert log.write("exit") == 5  # a refused batch wrote nothing and took no seq
+    log.close()
+    got = records(path)
+    assert [r["seq"] for r in got] == [1, 2, 3, 4, 5]
+    assert [r.get("fiber") for r in got[1:4]] == ["f0", "f1", "f2"]
+    assert got[2]["reason"] == "a\nb" and got[4]["event"] == "exit"
+
+
+def test_a_batch_that_cannot_be_written_leaves_nothing(tmp_path, clock):
+    log = AuditLog(tmp_path / "audit.jsonl", "always", clock=clock)
+    log.write(AuditEvent.ADMIT, uid="g1")
+    log.close()
+    with pytest.raises(OSError):
+        log.write_many([(AuditEvent.RELEASE, {"fiber": "f1"})])
+    assert log.seq == 1 and len(records(tmp_path / "audit.jsonl")) == 1

@@ -100,3 +100,46 @@ def test_state_document_is_plain_json(tmp_path, clock):
     new_book(clock, path).admit(token(clock, jti="j1"))
     doc = json.loads(path.read_text())
     assert doc["format"] == "slurm_fiber.grantbook/1" and doc["tokens"]["g1"][0]["jti"] == "j1"
+
+
+def test_deferred_admissions_are_saved_together_and_not_before(tmp_path, clock):
+    path = tmp_path / "state.json"
+    book = new_book(clock, path)
+    book.bump_epoch("start")  # a file to compare against
+    for uid in ("a", "b", "c"):
+        book.admit(token(clock, uid=uid, ttl=900), defer_save=True)
+    assert book.unsaved and new_book(clock, path).grants() == []
+    stamp, state = book.store.stamp(), book.take_unsaved()
+    assert state is not None and not book.unsaved and book.take_unsaved() is None
+    book.store.write(stamp, state)
+    assert [g.uid for g in new_book(clock, path).grants()] == ["a", "b", "c"]
+
+
+def test_a_failed_deferred_save_leaves_the_admission_unsaved(tmp_path, clock):
+    book = new_book(clock, tmp_path / "gone" / "state.json")  # its directory is missing
+    book.admit(token(clock, uid="a", ttl=900), defer_save=True)
+    stamp, state = book.store.stamp(), book.take_unsaved()
+    with pytest.raises(OSError):
+        book.store.write(stamp, state)
+    book.unsave()
+    assert book.unsaved
+
+
+def test_a_synchronous_save_carries_deferred_admissions(tmp_path, clock):
+    path = tmp_path / "state.json"
+    book = new_book(clock, path)
+    book.admit(token(clock, uid="a", ttl=900), defer_save=True)
+    book.bump_epoch("now")
+    assert not book.unsaved
+    assert [g.uid for g in new_book(clock, path).grants()] == ["a"]
+
+
+def test_an_older_stamp_never_replaces_a_newer_state(tmp_path, clock):
+    path = tmp_path / "state.json"
+    book = new_book(clock, path)
+    book.admit(token(clock, uid="a", ttl=900), defer_save=True)
+    stamp, old = book.store.stamp(), book.take_unsaved()  # a worker thread's save, late
+    book.remove("a")  # saved now, on the loop
+    book.store.write(stamp, old)
+    outcome = new_book(clock, path).decide_clone("a", WARM, 0)
+    assert isinstance(outcome, Miss) and outcome.code is MissCode.DENIED

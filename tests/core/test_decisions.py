@@ -241,3 +241,12 @@ def test_prune_forgets_old_expired_grants_and_past_denials(book, clock):
     clock.advance(60)
     assert book.prune(retain=60) == ["a"]
     assert [g.uid for g in book.grants()] == ["b"] and book.denied_until("c") is None
+
+
+def test_one_grant_is_read_as_grants_lists_it(book, clock):
+    book.admit(token(clock, uid="a", ttl=300))
+    book.admit(token(clock, uid="b", ttl=300))
+    assert book.grant("b") == next(g for g in book.grants() if g.uid == "b")
+    assert book.grant("c") is None
+    clock.advance(400)
+    assert book.grant("a") is not None and book.grant("a").expired  # held until pruned

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -181,3 +182,29 @@ async def test_the_textfile_is_refreshed_on_the_clock_and_a_stalling_client_dela
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(OSError):
         await http_get(port)
+
+
+def test_fiberd_without_a_scrape_never_imports_prometheus() -> None:
+    code = (
+        "import sys\n"
+        "import slurm_fiber.daemon\n"
+        "from slurm_fiber.core.metrics import FiberMetrics\n"
+        "from slurm_fiber.core.misses import MissCode\n"
+        "m = FiberMetrics(lambda: 2)\n"
+        "m.clone_started(0.004); m.clone_missed(MissCode.COLD, 0.3); m.refused('bad_request')\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported before a scrape'\n"
+        "text = m.render()\n"
+        "assert 'prometheus_client' in sys.modules\n"
+        "print(text)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    samples = {(s.name, s.labels.get("code"), s.labels.get("le")): s.value
+               for f in text_string_to_metric_families(out) for s in f.samples}
+    assert samples[("slurm_fiber_clones_total", None, None)] == 1
+    assert samples[("slurm_fiber_clone_misses_total", "cold", None)] == 1
+    assert samples[("slurm_fiber_clone_misses_total", "denied", None)] == 0
+    assert samples[("slurm_fiber_api_refusals_total", "bad_request", None)] == 1
+    assert samples[("slurm_fiber_clone_latency_seconds_bucket", None, "0.005")] == 1
+    assert samples[("slurm_fiber_clone_latency_seconds_bucket", None, "+Inf")] == 2
+    assert samples[("slurm_fiber_fibers_running", None, None)] == 2

@@ -137,3 +137,18 @@ def test_a_pidfd_above_fd_setsize_reads_as_running_until_its_process_exits() -> 
         os.close(high)
         os.close(pidfd)
 
+
+
+@aio
+async def test_grants_delivered_at_once_are_all_saved_and_cloned_from(site: Site) -> None:
+    uids = [f"g{i}" for i in range(20)]
+    for uid in uids:
+        site.drop(uid)
+    async with running_fiberd(site) as live:
+        for uid in uids:
+            await warm(live, uid)
+        saved = json.loads((site.state / "grantbook.json").read_text())
+        assert sorted(saved["tokens"]) == sorted(uids)
+        assert not live.core.book.unsaved
+        view = await live.clone("g19", argv=("true",))
+        assert (await view.fiber.wait()).exit_code == 0  # type: ignore[union-attr]
