@@ -554,7 +554,7 @@ class Core:
         what was expected at admission (a limit write the kernel refused)."""
         record = self._carved(cgroup, limits)
         if record.outcome() != self._expected(limits).outcome():
-            self._write("enforcement", uid=uid, enforcement=record.to_json())
+            self._write(AuditEvent.ENFORCEMENT, uid=uid, enforcement=record.to_json())
         return record
 
     async def _replace_template(self, grant: _Grant, spec: FiberSpec) -> None:
@@ -589,11 +589,11 @@ class Core:
         while state is not TemplateState.STOPPED:
             warm = state is TemplateState.READY
             if state is TemplateState.WARM_FAILED and template.warm_error is not None:
-                self._write("warm_failed", uid=grant.uid, error=template.warm_error.error,
+                self._write(AuditEvent.WARM_FAILED, uid=grant.uid, error=template.warm_error.error,
                             reason=template.warm_error.message)
             if state is TemplateState.REWARMING:
                 with contextlib.suppress(OSError):
-                    self._write("template_lost", uid=grant.uid, pid=template.pid,
+                    self._write(AuditEvent.TEMPLATE_LOST, uid=grant.uid, pid=template.pid,
                                 reason=template.last_fault, restarts=template.restarts)
             if warm != published:
                 await self._publish(grant.uid, warm)
@@ -723,7 +723,8 @@ class Core:
         except TemplateNotReady as err:
             return self._miss(grant.uid, _not_ready_miss(grant.uid, template, err), caller)
         except ForkFailed as err:
-            self._write("clone_failed", uid=grant.uid, fiber=fiber_id, reason=str(err), **caller)
+            self._write(AuditEvent.CLONE_FAILED, uid=grant.uid, fiber=fiber_id, reason=str(err),
+                        **caller)
             raise CloneFailed(str(err)) from None
         deadline_wall = self._wall(decision.deadline.at)
         view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
@@ -752,7 +753,7 @@ class Core:
         fiber.kill()
         await fiber.stop(0)
         with contextlib.suppress(OSError):
-            self._write("fiber_exit", uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
+            self._write(AuditEvent.FIBER_EXIT, uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
                         cause="audit_failed", exit=fiber.exit.to_json() if fiber.exit else None)
 
     def _bound(self, fiber: Fiber, decision: Start) -> None:
@@ -776,7 +777,7 @@ class Core:
         end = fiber.exit
         if not self._exits:
             asyncio.get_running_loop().call_soon(self._write_exits)
-        self._exits.append(("fiber_exit", _present(
+        self._exits.append((AuditEvent.FIBER_EXIT, _present(
             uid=fiber.uid, fiber=fiber.id, epoch=fiber.epoch,
             exit=end.to_json() if end else None)))
 
@@ -857,7 +858,7 @@ class Core:
     def _wall(self, mono: float) -> float:
         return self.clock.wall() + (mono - self.clock.mono())
 
-    def _write(self, event: str, **fields: object) -> None:
+    def _write(self, event: AuditEvent, **fields: object) -> None:
         self.audit.write(event, **_present(**fields))
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
