@@ -27,7 +27,7 @@ from slurm_fiber.core.cgroups import V1Layout
 from tests.process.conftest import UNIFIED, cgroup2_usable
 from tests.process.helpers import marked_procs, unified_cgroup, wait_marked
 from tests.runtime.kit import Site
-from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
+from tests.runtime.test_commands import PROCESSES, fiberd, wait_ready, wait_socket
 
 DELEGATE = {"cgroup-root": "delegate"}
 
@@ -74,12 +74,13 @@ def test_the_next_fiberd_sweeps_a_sigkilled_ones_cgroup_tree_and_readiness(site:
             fiber = client.clone(grant="g1", exec={"argv": ["sleep", "300"]})
             (grant,) = client.request("list_grants")["grants"]
         template = int(grant["template"]["pid"])
-        assert len(wait_marked(site.mark, 3)) == 3  # the template, a new spare, the fiber
+        # The template, a new spare, the fiber, the stub maker and an idle exec stub.
+        assert len(wait_marked(site.mark, PROCESSES)) == PROCESSES
         os.kill(template, signal.SIGSTOP)
         first.kill()
         first.wait(10)
     time.sleep(0.5)  # a template that could act on its death signal would have by now
-    left = marked_procs(site.mark)  # the spare went (its order channel closed); not these:
+    left = marked_procs(site.mark)  # the spare and stub went (order channels closed); not these:
     assert {template, int(fiber["pid"])} <= set(left)
     in_tree = {int(p) for procs in tree.rglob("cgroup.procs") for p in procs.read_text().split()}
     assert set(left) <= in_tree
