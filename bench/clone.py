@@ -48,6 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import plots  # bench/plots.py
 from fork_floor import fork_floor, forkserver_start, spare_pipeline
 
 from slurm_fiber.cli.latency import (
@@ -185,24 +186,12 @@ def print_table(figures: dict[str, object]) -> None:
 
 def plot(samples: dict[str, list[float]], path: Path) -> None:
     """Latency CDFs of every path, log time axis, as a PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, values in samples.items():
-        if key == "exec_cpu":
-            continue  # CPU per Clone, not a latency
-        xs = sorted(v * 1000 for v in values)
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax.step(xs, ys, where="post", label=f"{key} (p50 {statistics.median(xs):.1f} ms)")
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log scale)")
-    ax.set_ylabel("fraction of starts")
-    ax.set_title("start latency CDF, same preloads, one run")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    latencies = {k: v for k, v in samples.items() if k != "exec_cpu"}  # CPU, not latency
+    plots.latency_cdfs(ax, latencies, xlabel="latency (ms, log scale)",
+                       ylabel="fraction of starts",
+                       title="start latency CDF, same preloads, one run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

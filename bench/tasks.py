@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import plots  # bench/plots.py
 import slurm  # bench/slurm.py: the job machinery
 from fork_floor import spare_pipeline
 
@@ -440,11 +441,7 @@ def print_table(figures: dict[str, object]) -> None:
 
 def plot(figures: dict[str, object], seq: dict[str, list[float]], path: Path) -> None:
     """Throughput bars (W1, W2 per system) and sequential latency CDFs, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     systems = {k: v for k, v in figures["systems"].items()  # type: ignore[union-attr]
                if "skipped" not in v}
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(13, 5))
@@ -457,16 +454,9 @@ def plot(figures: dict[str, object], seq: dict[str, list[float]], path: Path) ->
     bars.set_ylabel("tasks per second (log)")
     bars.set_title("throughput at the natural parallelism")
     bars.legend()
-    for key, values in seq.items():
-        xs = sorted(v * 1000 for v in values)
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        cdf.step(xs, ys, where="post", label=f"{key} (p50 {statistics.median(xs):.1f} ms)")
-    cdf.set_xscale("log")
-    cdf.set_xlabel("submit → result (ms, log)")
-    cdf.set_ylabel("fraction of tasks")
-    cdf.set_title("sequential latency CDF")
-    cdf.grid(True, which="both", alpha=0.3)
-    cdf.legend(fontsize=7, loc="lower right")
+    plots.latency_cdfs(cdf, seq, xlabel="submit → result (ms, log)",
+                       ylabel="fraction of tasks", title="sequential latency CDF",
+                       legend_size=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
