@@ -87,7 +87,9 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
         if tick and tick % ticks_per_second == 0:
             templates = cast("dict[str, str]", core.status()["templates"])
             states = ", ".join(f"{u}: {s}" for u, s in templates.items())
-            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}) "
+            fenced = ("; fenced: the control plane has not answered yet"
+                      if core.health()["state"] == "never" else "")
+            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}{fenced}) "
                        f"{tick // ticks_per_second} s", err=True)
         await asyncio.sleep(1 / ticks_per_second)
     return core.ready()

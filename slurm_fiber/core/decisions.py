@@ -207,11 +207,16 @@ class GrantBook:
         return [g.uid for g in self.grants() if g.expired]
 
     def fence_end(self) -> float | None:
-        """Monotonic time the current fence ends by control-plane silence; None: never."""
+        """Monotonic time the current fence ends by control-plane silence; None: never;
+        ``-inf`` while the control plane has never answered (work waits for a first sync)."""
         if self.fence_ttl is None:
             return None
-        end = self.health.fence_end(self.fence_ttl)
-        return self.clock.mono() if end == float("-inf") else end
+        return self.health.fence_end(self.fence_ttl)
+
+    def fenced_now(self) -> bool:
+        """Whether a Clone would miss ``fenced`` now (silence, or no answer yet)."""
+        fence = self.fence_end()
+        return fence is not None and fence <= self.clock.mono()
 
     # -- changing --------------------------------------------------------------
 
@@ -333,8 +338,9 @@ class GrantBook:
                         f"grant {uid!r} expired at {_iso(view.lease_end.wall)}; deliver a renewal")
         fence = self.fence_end()
         if fence is not None and fence <= now:
-            return Miss(MissCode.FENCED,
-                        f"control plane silent for over {self.fence_ttl:g} s; work is fenced",
+            silent = ("has not answered since fiberd started" if fence == float("-inf")
+                      else f"has been silent for over {self.fence_ttl:g} s")
+            return Miss(MissCode.FENCED, f"the control plane {silent}; work is fenced",
                         retry_after=RETRY_HINT)
         miss = self._template_miss(uid, template)
         if miss is not None:
@@ -364,8 +370,8 @@ class GrantBook:
         view = self._view(uid)
         terms = [Deadline(view.lease_end.mono, DeadlineCause.LEASE)]
         fence = self.fence_end()
-        if fence is not None:
-            terms.append(Deadline(fence, DeadlineCause.FENCE))
+        if fence is not None:  # never synced (-inf): due now, a time the audit can write
+            terms.append(Deadline(max(fence, self.clock.mono()), DeadlineCause.FENCE))
         if view.spec.limits.seconds is not None:
             terms.append(Deadline(started + view.spec.limits.seconds, DeadlineCause.SECONDS))
         return min(terms, key=lambda d: d.at)

@@ -466,7 +466,10 @@ class Core:
                 "epoch": self.book.epoch}
 
     def ready(self) -> bool:
-        return any(g.template.state is TemplateState.READY for g in self._grants.values())
+        """Whether a Clone can start now: a template is warm and work is not fenced (a
+        home with a control plane fences until its first answer)."""
+        return (any(g.template.state is TemplateState.READY for g in self._grants.values())
+                and not self.book.fenced_now())
 
     def fibers_running(self) -> int:
         return sum(1 for f in self._fibers.values() if f.fiber.running)

@@ -129,6 +129,25 @@ def test_never_synced_control_plane_fences_admitted_grants(clock):
     miss(book.decide_clone("g1", WARM, 0), MissCode.FENCED)
 
 
+class TickingClock(FakeClock):
+    """A clock that moves a microsecond at every monotonic reading, as a real one does."""
+
+    def mono(self) -> float:
+        self.advance(1e-6)
+        return super().mono()
+
+
+def test_never_synced_fences_however_the_clock_moves_between_readings():
+    """A Clone read ``now`` before the fence: a never-synced fence must still be over then
+    (it once read as "now" a moment later, so the Clone started a fiber already due)."""
+    clock = TickingClock()
+    book = GrantBook(clock, SourceHealth(clock, stale_after=10.0), fence_ttl=60.0)
+    book.admit(token(clock))
+    fenced = miss(book.decide_clone("g1", WARM, 0), MissCode.FENCED)
+    assert "has not answered since fiberd started" in fenced.reason and fenced.retryable
+    assert book.fenced_now()
+
+
 def test_no_control_plane_means_no_silence_fence(clock):
     book = GrantBook(clock, SourceHealth(clock, 10.0, control_plane=False), fence_ttl=60.0)
     book.admit(token(clock, ttl=3600))
