@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-from homes.helpers import token
 
 import slurm_fiber.config as config_module
 from slurm_fiber.config import OPTIONS, ConfigError, FiberdConfig, describe, load_config
@@ -16,6 +15,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes.standalone import StandaloneHome
+from tests.homes.homekit import token
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Records tests/slurm/fixtures from this release's real daemons: run in the slurmctld
+# Records tests/homes/slurm/fixtures from this release's real daemons: run in the slurmctld
 # container by `cluster record` (stdin), which copies /tmp/rec/out/ out. The same jobs as
-# the 22.05 recording (tests/slurm/fixtures/README.md), submitted as the job user sfalice:
+# the 22.05 recording (tests/homes/slurm/fixtures/README.md), submitted as the job user sfalice:
 #   A  1 GPU on n1, a name, an account and a comment  (prolog, epilog, show job, detail)
 #   B  1 GPU on n1 (the second one)                    (its batch and step environments)
 #   C  2 nodes, 2 GPUs each                             (prolog on n2, show job -d)

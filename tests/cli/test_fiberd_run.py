@@ -1,5 +1,5 @@
 """``fiberd-run``'s choice of home: --home as fiberd takes it; --standalone only as a
-deprecated alias (its run is covered in tests/runtime/test_commands.py)."""
+deprecated alias (its run is covered in tests/cli/test_commands.py)."""
 
 from __future__ import annotations
 

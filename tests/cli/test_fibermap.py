@@ -125,7 +125,7 @@ def test_results_dir_and_tag(site: Site, tmp_path: Path) -> None:
 
 
 def test_call_mode_prints_each_result_and_counts_a_raise_as_failed(site: Site) -> None:
-    out = fmap(site, "-j2", "--call", "tests.executor.fns:echo_and_fail", "--tag", "--json",
+    out = fmap(site, "-j2", "--call", "tests.executor.fnkit:echo_and_fail", "--tag", "--json",
                stdin="good\nbad\n")
     assert out.returncode == 1
     lines = out.stdout.splitlines()
@@ -133,7 +133,7 @@ def test_call_mode_prints_each_result_and_counts_a_raise_as_failed(site: Site) -
     assert (summary["tasks"], summary["succeeded"], summary["failed"]) == (2, 1, 1)
     assert sorted(lines[:-1]) == ['bad\tprinted bad', 'good\t"good"', "good\tprinted good"]
     assert "bad\tValueError: no bad" in out.stderr
-    words = fmap(site, "--range", "5-5", "--call", "tests.executor.fns:describe", "--",
+    words = fmap(site, "--range", "5-5", "--call", "tests.executor.fnkit:describe", "--",
                  "{#}", "x{}")
     assert json.loads(words.stdout)[:2] == [["1", "x5"], {}]
 

@@ -24,7 +24,7 @@ import pytest
 from slurm_fiber.cli.throwaway import GRANT, Site
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.executor import Executor, FiberKilled
-from tests.executor import fns
+from tests.executor import fnkit
 from tests.executor.sitekit import started_site, stop_site
 
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
@@ -55,7 +55,7 @@ def test_run_says_the_deadline_in_one_line_and_keeps_the_status(site: Site) -> N
 
 
 def test_call_says_why_before_the_fibers_error(site: Site) -> None:
-    done = fiberctl("call", "-S", str(site.socket), "tests.executor.fns:sleep_then", "[60]")
+    done = fiberctl("call", "-S", str(site.socket), "tests.executor.fnkit:sleep_then", "[60]")
     assert done.returncode == 1
     lines = done.stderr.splitlines()
     assert re.fullmatch(rf"fiberctl: fiber \S+ stopped: {re.escape(DEADLINE)}, ended on "
@@ -98,7 +98,7 @@ def test_global_options_before_the_command_as_after_it(site: Site) -> None:
     assert listed.returncode == 0 and isinstance(json.loads(listed.stdout), list)
     ran = fiberctl("--socket", sock, "--grant", GRANT, "run", "--", "sh", "-c", "exit 5")
     assert ran.returncode == 5
-    called = fiberctl("-S", sock, "-g", GRANT, "--quiet", "call", "tests.executor.fns:square",
+    called = fiberctl("-S", sock, "-g", GRANT, "--quiet", "call", "tests.executor.fnkit:square",
                       "[7]")
     assert (called.returncode, called.stdout) == (0, "49\n")
     mapped = fiberctl("--socket", sock, "map", "--", "echo", "{}", stdin="x\n")
@@ -111,7 +111,7 @@ def test_global_options_before_the_command_as_after_it(site: Site) -> None:
 
 def test_the_executors_fiber_killed_names_the_reason(site: Site) -> None:
     with Executor(socket=site.socket, max_workers=1) as pool:
-        future = pool.submit(fns.sleep_then, 60)
+        future = pool.submit(fnkit.sleep_then, 60)
         with pytest.raises(FiberKilled) as caught:
             future.result(timeout=60)
     assert caught.value.reason is not None and caught.value.reason["code"] == "deadline"

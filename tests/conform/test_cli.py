@@ -2,7 +2,7 @@
 
 The standalone home conforms (exit 0, every clause it can exercise passes,
 the others are declared skips with a reason); deliberately broken homes
-(tests/conform/broken.py) fail exactly the clause they break and exit 1;
+(tests/conform/brokenkit.py) fail exactly the clause they break and exit 1;
 --strict turns an undeclared skip into a failure; the JSON report has a
 stable shape; usage errors exit 2.
 """
@@ -23,7 +23,7 @@ from slurm_fiber.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "slurm-fiber"
-BROKEN = "tests.conform.broken"
+BROKEN = "tests.conform.brokenkit"
 
 
 def conform(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

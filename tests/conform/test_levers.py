@@ -1,6 +1,6 @@
 """The clauses standalone cannot exercise, run against a home that has every lever.
 
-``tests/conform/plane.py`` gives the real standalone home a pretend control
+``tests/conform/planekit.py`` gives the real standalone home a pretend control
 plane (HealthPoll, ScopeLossQueue, a scope claim, device holds). With it
 every clause runs and passes; each broken variant fails exactly the clause
 for the promise it breaks. Real fiberd, templates and fibers, in-process.
@@ -15,7 +15,7 @@ import pytest
 from slurm_fiber.conform.report import Outcome
 from slurm_fiber.conform.runner import run_suite, select_clauses
 from slurm_fiber.conform.stage import Stage
-from tests.conform import plane
+from tests.conform import planekit
 
 FAST_FAIL = 1.0  # settle margin: these homes act within a few poll intervals
 
@@ -26,20 +26,20 @@ def run(stage: Stage, pattern: str | None = None) -> dict[str, tuple[Outcome, st
 
 
 def test_a_home_with_every_lever_passes_every_clause() -> None:
-    results = run(plane.PlaneStage())
+    results = run(planekit.PlaneStage())
     assert {name: outcome for name, (outcome, _) in results.items()} == {
         name: Outcome.PASS for name in results}
     assert len(results) == 11
 
 
 def test_scope_loss_may_remove_the_grants_instead_of_only_bumping() -> None:
-    assert run(plane.RemovingPlaneStage(), "scope.loss") == {"scope.loss": (Outcome.PASS, "")}
+    assert run(planekit.RemovingPlaneStage(), "scope.loss") == {"scope.loss": (Outcome.PASS, "")}
 
 
 @pytest.mark.parametrize(("stage", "pattern", "failed", "says"), [
-    (plane.DeafPlaneStage, "misses.*", {"misses.stale", "misses.never"}, "source health"),
-    (plane.ScopeKeepingStage, "scope.loss", {"scope.loss"}, "bumping the epoch or removing"),
-    (plane.HoardingStage, "devices.*", {"devices.released"}, "devices of the removed grant "
+    (planekit.DeafPlaneStage, "misses.*", {"misses.stale", "misses.never"}, "source health"),
+    (planekit.ScopeKeepingStage, "scope.loss", {"scope.loss"}, "bumping the epoch or removing"),
+    (planekit.HoardingStage, "devices.*", {"devices.released"}, "devices of the removed grant "
                                                              "released"),
 ])
 def test_a_broken_lever_fails_its_clause(stage: type[Stage], pattern: str, failed: set[str],

@@ -43,10 +43,10 @@ def test_clauses_run_as_items_with_declared_skips(tmp_path: Path) -> None:
 
 
 def test_a_broken_home_fails_under_pytest(tmp_path: Path) -> None:
-    run = pytest_in(tmp_path, "--conform-home", "tests.conform.broken:FlappingReadinessStage",
+    run = pytest_in(tmp_path, "--conform-home", "tests.conform.brokenkit:FlappingReadinessStage",
                     "-k", "flips")
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "FAILED ::conform[tests.conform.broken:FlappingReadinessStage]::readiness.flips"\
+    assert "FAILED ::conform[tests.conform.brokenkit:FlappingReadinessStage]::readiness.flips"\
         in run.stdout
     assert "readiness.flips: the control plane saw readiness [True, False, True, False]" \
         in run.stdout

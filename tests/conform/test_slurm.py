@@ -38,13 +38,12 @@ from slurm_fiber.conform.slurm import (
 )
 from slurm_fiber.conform.slurm import job_user as stage_job_user
 from slurm_fiber.conform.stage import StageCannot
+from tests.barehost.clusterkit import SlurmCluster
 from tests.conform.test_cli import CLI, REPO, outcomes
-from tests.security.users import JobUser
-from tests.slurm import conftest as slurm_site
-from tests.slurm.conftest import SlurmCluster
+from tests.security.userkit import JobUser
 
-slurm_cluster = slurm_site.slurm_cluster  # the session's bare-host cluster (tests/slurm)
-job_user = slurm_site.job_user  # sfalice, the stage's job user
+# slurm_cluster (the session's bare-host cluster) and job_user (sfalice, the stage's job
+# user) are tests/conftest.py's fixtures.
 
 CLAUSES = ("preadmission.warms", "removal.releases", "removal.denies", "redelivery.lifts",
            "misses.fresh", "misses.stale", "misses.never", "readiness.flips",

@@ -1,16 +1,28 @@
-"""Core test fixtures: two real issuers (EdDSA, ES256), their trust store, a verifier."""
+"""Core test fixtures: two real issuers (EdDSA, ES256), their trust store, a verifier; and,
+for the process layer (tests/core/templates, tests/core/runtime), a per-test cgroup root and
+a per-test process mark.
+
+``cgroup_root`` creates ``/sys/fs/cgroup/unified/sf-test-<random>`` (the real
+cgroup2 hierarchy; we are root) and removes it after the test, killing
+anything left in it. Tests that use it are marked ``machine_may_lack``: a
+machine without a writable cgroup2 mount truly lacks it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
-
-from .tokenkit import AUDIENCE, Issuer
+from tests.core.processkit import UNIFIED, cgroup2_usable
+from tests.core.tokenkit import AUDIENCE, Issuer
 
 
 @pytest.fixture
@@ -31,3 +43,21 @@ def trust(site: Issuer, other: Issuer) -> TrustStore:
 @pytest.fixture
 def verifier(trust: TrustStore, clock: FakeClock) -> TokenVerifier:
     return TokenVerifier(trust, AUDIENCE, clock, leeway=30.0)
+
+
+@pytest.fixture
+def cgroup_root() -> Iterator[Path]:
+    if not cgroup2_usable():
+        pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
+    root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
+    root.mkdir()
+    yield root
+    cgroups.kill(root)
+    asyncio.run(cgroups.wait_empty(root))
+    cgroups.remove_tree(root)
+
+
+@pytest.fixture
+def mark() -> str:
+    """A unique SF_TEST_MARK value for this test's templates and fibers."""
+    return uuid.uuid4().hex

@@ -13,8 +13,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.decisions import GrantBook, Start, TemplateView
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.misses import Miss, MissCode
-
-from .bookkit import token
+from tests.core.bookkit import token
 
 WARM = TemplateView.warm()
 

@@ -17,8 +17,7 @@ from slurm_fiber.core.decisions import (
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.tokens import TokenReason, TokenRefused
-
-from .bookkit import token
+from tests.core.bookkit import token
 
 WARM = TemplateView.warm()
 

@@ -22,8 +22,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.decisions import Admitted, GrantBook, Start, TemplateView
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.misses import Miss, MissCode
-
-from .bookkit import token
+from tests.core.bookkit import token
 
 UIDS = st.sampled_from(["a", "b", "c"])
 FENCE_TTL = 50.0

@@ -12,8 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.mint import generate_key
 from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenReason, TokenRefused, TokenVerifier
-
-from .tokenkit import AUDIENCE, DROP, b64
+from tests.core.tokenkit import AUDIENCE, DROP, b64
 
 R = TokenReason
 

@@ -10,8 +10,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.mint import generate_key
 from slurm_fiber.core.tokens import TokenReason, TokenRefused, TokenVerifier
 from slurm_fiber.core.trust import TrustStore, parse_jwks, public_jwk
-
-from .tokenkit import AUDIENCE, Issuer
+from tests.core.tokenkit import AUDIENCE, Issuer
 
 
 def reason_of(verifier: TokenVerifier, token: str) -> TokenReason | None:

@@ -1,6 +1,6 @@
 """A real standalone fiberd for the Executor's and ``fiberctl map``'s tests: the
 quickstart's throwaway site, one grant whose template preloads json and the test
-functions (``tests.executor.fns``, importable there: the checkout is on the venv's path).
+functions (``tests.executor.fnkit``, importable there: the checkout is on the venv's path).
 ``stop_site`` checks that nothing of the site is left running."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from slurm_fiber.cli.throwaway import Site
 from slurm_fiber.core.grant import Limits
 
-PRELOADS = ("json", "tests.executor.fns")
+PRELOADS = ("json", "tests.executor.fnkit")
 
 
 def started_site(root: Path, limits: Limits | None = None) -> Site:

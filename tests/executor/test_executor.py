@@ -26,7 +26,7 @@ from slurm_fiber.executor import (
     reference,
 )
 from slurm_fiber.tasks import NotReady
-from tests.executor import fns
+from tests.executor import fnkit
 from tests.executor.sitekit import started_site, stop_site
 
 
@@ -40,10 +40,10 @@ def alive(pid: int) -> bool:
 
 def test_results_come_back_as_python_values_each_from_its_own_fiber(site: Site) -> None:
     with Executor(socket=site.socket, max_workers=2) as ex:
-        assert ex.submit(fns.square, 7).result(timeout=30) == 49
-        assert list(ex.map(fns.square, range(6), timeout=60)) == [0, 1, 4, 9, 16, 25]
-        args, kwargs, pid = ex.submit(fns.describe, (1, 2), b"x", key={3}).result(30)
-        other = ex.submit(fns.describe).result(30)[2]
+        assert ex.submit(fnkit.square, 7).result(timeout=30) == 49
+        assert list(ex.map(fnkit.square, range(6), timeout=60)) == [0, 1, 4, 9, 16, 25]
+        args, kwargs, pid = ex.submit(fnkit.describe, (1, 2), b"x", key={3}).result(30)
+        other = ex.submit(fnkit.describe).result(30)[2]
     assert (args, kwargs) == (((1, 2), b"x"), {"key": {3}})  # not JSON: tuple, bytes, set
     assert pid != os.getpid() and other != pid
 
@@ -62,7 +62,7 @@ def test_functions_not_importable_in_the_template_travel_by_value(site: Site) ->
     def closure(x: int) -> int:
         return x + offset
 
-    assert reference(fns.square) == "tests.executor.fns:square"
+    assert reference(fnkit.square) == "tests.executor.fnkit:square"
     assert reference(closure) is None and reference(lambda: 0) is None
     with Executor(socket=site.socket) as ex:
         assert ex.submit(closure, 1).result(30) == 101
@@ -71,8 +71,8 @@ def test_functions_not_importable_in_the_template_travel_by_value(site: Site) ->
 
 def test_an_exception_is_reraised_as_itself_with_the_remote_traceback(site: Site) -> None:
     with Executor(socket=site.socket) as ex:
-        future = ex.submit(fns.fail, "no luck")
-        with pytest.raises(fns.Boom, match="no luck") as raised:
+        future = ex.submit(fnkit.fail, "no luck")
+        with pytest.raises(fnkit.Boom, match="no luck") as raised:
             future.result(30)
     cause = raised.value.__cause__
     assert isinstance(cause, RemoteTraceback)
@@ -105,20 +105,20 @@ def test_an_exception_that_cannot_come_back_is_a_remote_error(site: Site) -> Non
 def test_a_fiber_killed_by_a_signal_is_named(site: Site) -> None:
     with Executor(socket=site.socket) as ex:
         with pytest.raises(FiberKilled, match="killed by SIGKILL") as raised:
-            ex.submit(fns.die_by, signal.SIGKILL).result(30)
+            ex.submit(fnkit.die_by, signal.SIGKILL).result(30)
         assert raised.value.signal == signal.SIGKILL
         with pytest.raises(FiberKilled, match="SIGSEGV"):
-            ex.submit(fns.die_by, signal.SIGSEGV).result(30)
+            ex.submit(fnkit.die_by, signal.SIGSEGV).result(30)
 
 
 def test_the_per_task_timeout_stops_the_fiber(site: Site, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     with Executor(socket=site.socket, timeout=1.0, stop_grace=0.5) as ex:
-        future = ex.submit(fns.sleep_then, 60, str(pid_file))
+        future = ex.submit(fnkit.sleep_then, 60, str(pid_file))
         with pytest.raises(TaskTimeout) as raised:
             future.result(30)
         assert isinstance(raised.value, cf.TimeoutError)
-        assert ex.submit(fns.square, 3).result(30) == 9  # the connection is still good
+        assert ex.submit(fnkit.square, 3).result(30) == 9  # the connection is still good
     assert not alive(int(pid_file.read_text()))
     fibers = site.request("list_fibers")["fibers"]
     assert not [f for f in fibers if f.get("state") == "running"]
@@ -126,19 +126,19 @@ def test_the_per_task_timeout_stops_the_fiber(site: Site, tmp_path: Path) -> Non
 
 def test_pending_futures_can_be_cancelled_running_ones_finish(site: Site) -> None:
     ex = Executor(socket=site.socket, max_workers=1)
-    running = ex.submit(fns.sleep_then, 0.5, None, "done")
-    pending = [ex.submit(fns.square, i) for i in range(3)]
+    running = ex.submit(fnkit.sleep_then, 0.5, None, "done")
+    pending = [ex.submit(fnkit.square, i) for i in range(3)]
     assert pending[0].cancel()
     ex.shutdown(wait=True, cancel_futures=True)
     assert running.result(0) == "done"
     assert all(f.cancelled() for f in pending)
     with pytest.raises(RuntimeError, match="after shutdown"):
-        ex.submit(fns.square, 1)
+        ex.submit(fnkit.square, 1)
 
 
 def test_shutdown_with_pending_work_waits_for_all_of_it(site: Site) -> None:
     ex = Executor(socket=site.socket, max_workers=2)
-    futures = [ex.submit(fns.sleep_then, 0.1, None, i) for i in range(6)]
+    futures = [ex.submit(fnkit.sleep_then, 0.1, None, i) for i in range(6)]
     ex.shutdown(wait=True)
     assert [f.result(0) for f in futures] == list(range(6))
 
@@ -148,14 +148,14 @@ def test_retryable_misses_are_retried_and_a_final_miss_is_raised(tmp_path: Path)
     pid_file = tmp_path / "first.pid"
     try:
         with Executor(socket=site.socket, max_workers=2) as ex:
-            first = ex.submit(fns.sleep_then, 1.0, str(pid_file), 0)
+            first = ex.submit(fnkit.sleep_then, 1.0, str(pid_file), 0)
             while not pid_file.exists() and not first.done():
                 time.sleep(0.01)  # the one fiber the grant allows is running now
-            second = ex.submit(fns.sleep_then, 0, None, 1)  # capacity, retried until free
+            second = ex.submit(fnkit.sleep_then, 0, None, 1)  # capacity, retried until free
             assert [first.result(60), second.result(60)] == [0, 1]
         with Executor(socket=site.socket, grant="no-such-grant", retries=3) as ex, \
                 pytest.raises(FiberMissed) as raised:
-            ex.submit(fns.square, 2).result(30)
+            ex.submit(fnkit.square, 2).result(30)
         assert raised.value.code == "unknown_grant" and raised.value.attempts == 1
     finally:
         stop_site(site)
@@ -174,7 +174,7 @@ def test_wait_ready_returns_when_ready_and_times_out_on_nothing(site: Site,
 
 def test_a_call_too_big_for_the_protocol_fails_its_future_not_submit(site: Site) -> None:
     with Executor(socket=site.socket) as ex:
-        future = ex.submit(fns.square, b"x" * 200_000)
+        future = ex.submit(fnkit.square, b"x" * 200_000)
     with pytest.raises(ValueError, match="pass big data by file name"):
         future.result(0)
 
@@ -183,7 +183,7 @@ def test_it_finds_fiberd_as_fiberctl_does(site: Site, monkeypatch: pytest.Monkey
     monkeypatch.setenv("FIBERD_SOCKET", str(site.socket))
     with Executor() as ex:
         assert ex.socket == site.socket
-        assert ex.submit(fns.square, 5).result(30) == 25
+        assert ex.submit(fnkit.square, 5).result(30) == 25
     monkeypatch.delenv("FIBERD_SOCKET")
     monkeypatch.setenv("FIBERD_STATE_DIR", str(site.state))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -193,8 +193,8 @@ def test_it_finds_fiberd_as_fiberctl_does(site: Site, monkeypatch: pytest.Monkey
 def test_calls_pending_together_start_as_one_batch_each_its_own_fiber(site: Site) -> None:
     before = len(site.audit_path.read_text().splitlines())
     with Executor(socket=site.socket, max_workers=6) as ex:
-        results = list(ex.map(fns.describe, range(12), timeout=60))
-        assert ex.submit(fns.square, 5).result(30) == 25  # a lone call afterwards: one clone
+        results = list(ex.map(fnkit.describe, range(12), timeout=60))
+        assert ex.submit(fnkit.square, 5).result(30) == 25  # a lone call afterwards: one clone
     assert [r[0] for r in results] == [(i,) for i in range(12)]
     assert len({r[2] for r in results}) == 12  # twelve processes
     records = [json.loads(line) for line in site.audit_path.read_text().splitlines()[before:]]

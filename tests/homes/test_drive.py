@@ -13,8 +13,7 @@ from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.homes import GrantDir, GrantEvent, Home, Problem, drive
 from slurm_fiber.homes.grantdir import unverified_uid
-
-from .helpers import FedHome, token
+from tests.homes.homekit import FedHome, token
 
 
 class TokenRefused(Exception):

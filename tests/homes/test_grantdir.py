@@ -17,8 +17,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.health import HealthState, SourceHealth
 from slurm_fiber.homes import MAX_TOKEN_BYTES, EventKind, GrantDir, GrantDirRefused, Problem
 from slurm_fiber.homes.grantdir import unverified_uid
-
-from .helpers import token
+from tests.homes.homekit import token
 
 NOBODY = 65534
 

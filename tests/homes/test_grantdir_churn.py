@@ -21,8 +21,7 @@ from pathlib import Path
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import EventKind, GrantDir, GrantEvent, Problem
 from slurm_fiber.homes.grantdir import unverified_uid
-
-from .helpers import token
+from tests.homes.homekit import token
 
 OPS = 1000
 NAMES = [f"f{i:03d}.jwt" for i in range(150)]

@@ -20,8 +20,7 @@ from slurm_fiber.core.seam import EventKind
 from slurm_fiber.homes import Problem
 from slurm_fiber.homes import grantdir as grantdir_module
 from slurm_fiber.homes.grantdir import SLICE, GrantDir, unverified_uid
-
-from .helpers import token
+from tests.homes.homekit import token
 
 FILES = 5000
 VALID_EVERY = 50  # every 50th file holds a valid grant: 100 grants, 4,900 junk files

@@ -18,8 +18,7 @@ from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import EventKind, GrantDirRefused, Home
 from slurm_fiber.homes.sdnotify import NotifyError, notify_address, sd_notify
 from slurm_fiber.homes.standalone import StandaloneHome
-
-from .helpers import token
+from tests.homes.homekit import token
 
 GPU0 = Device("gpu", 0, "/dev/nvidia0", "GPU-aaaa")
 GPU1 = Device("gpu", 1, "/dev/nvidia1")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.security.users import ALICE, MALLORY, JobUser, job_user
+from tests.security.userkit import ALICE, MALLORY, JobUser, job_user
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -23,12 +23,12 @@ from slurm_fiber.core.api.client import FiberdClient, Missed
 from slurm_fiber.core.audit import AuditLog, AuditUnsafe
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import ScopeClaim
-from tests.process.helpers import marked_procs
-from tests.runtime.conftest import site
-from tests.runtime.kit import Site, fiberd_in_thread
-from tests.runtime.test_commands import BIN, env, flags
+from tests.cli.test_commands import BIN, env, flags
+from tests.core.processkit import marked_procs
+from tests.core.runtime.conftest import site
+from tests.core.runtime.fiberdkit import Site, fiberd_in_thread
 from tests.security.test_statedir import as_user, public
-from tests.security.users import JobUser
+from tests.security.userkit import JobUser
 
 __all__ = ["public", "site"]
 

@@ -36,15 +36,11 @@ from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
 from slurm_fiber.homes.slurm.siteconfig import load_site_config
 from slurm_fiber.lease import Leases
 from slurm_fiber.lease.dirlease import HOLDER_FILE
-from tests.security.users import JobUser
-from tests.slurm import conftest as slurm_site
-from tests.slurm.conftest import SlurmCluster, new_job_dir
-from tests.slurm.fiberjobkit import fiberd_pid, job_script, wait_file
+from tests.barehost.clusterkit import SlurmCluster, new_job_dir
+from tests.barehost.fiberjobkit import fiberd_pid, job_script, wait_file
+from tests.security.userkit import JobUser
 
-pytestmark = pytest.mark.slurm
-slurm_cluster = slurm_site.slurm_cluster  # the session's bare-host cluster (tests/slurm)
-_job_dirs = slurm_site._job_dirs
-job_dir = slurm_site.job_dir
+pytestmark = pytest.mark.slurm  # slurm_cluster, _job_dirs, job_dir: tests/conftest.py's
 NODE = "n1"
 
 ALICE_BODY = """printf %s "$SLURM_JOB_GPUS" > "gpus-$id.tmp" && mv "gpus-$id.tmp" "gpus-$id"

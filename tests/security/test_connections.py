@@ -34,12 +34,12 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.clock import SystemClock
-from tests.api.procservice import Served, serve
-from tests.api.tests_api_helpers import read_replies
-from tests.runtime.kit import Site
-from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
-from tests.security.hostile_clients import ask, hold
-from tests.security.users import JobUser
+from tests.cli.test_commands import fiberd, wait_ready, wait_socket
+from tests.core.api.rawkit import read_replies
+from tests.core.api.servicekit import Served, serve
+from tests.core.runtime.fiberdkit import Site
+from tests.security.hostilekit import ask, hold
+from tests.security.userkit import JobUser
 
 
 @pytest.fixture

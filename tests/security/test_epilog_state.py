@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_fiber.homes.slurm.paths import job_paths
-from tests.security.publicdir import public_dir
-from tests.security.users import JobUser
-from tests.slurm.hookkit import ISSUER, Site, gone, job_env, run_hook
+from tests.hooks.hookkit import ISSUER, Site, gone, job_env, run_hook
+from tests.security.publicdirkit import public_dir
+from tests.security.userkit import JobUser
 
 BOUND_S = 30  # far above the epilog's steps (2 s each): reaching it means a stall
 

@@ -20,8 +20,8 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.api.framing import MAX_DEPTH
-from tests.api.tests_api_helpers import read_replies
-from tests.runtime.kit import Site, ThreadFiberd, fiberd_in_thread
+from tests.core.api.rawkit import read_replies
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
 
 
 @pytest.fixture

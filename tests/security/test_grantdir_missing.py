@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Missed
-from tests.runtime.kit import Site
-from tests.runtime.test_commands import fiberd, wait_ready, wait_socket
+from tests.cli.test_commands import fiberd, wait_ready, wait_socket
+from tests.core.runtime.fiberdkit import Site
 
 
 @pytest.fixture

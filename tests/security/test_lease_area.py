@@ -22,9 +22,9 @@ from slurm_fiber.homes.slurm.jobenv import job_from_env
 from slurm_fiber.homes.slurm.leases import job_party
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.lease import Leases
-from tests.security.publicdir import public_dir
-from tests.security.users import JobUser
-from tests.slurm.hookkit import VENV_BIN, Site, job_env, run_hook
+from tests.hooks.hookkit import VENV_BIN, Site, job_env, run_hook
+from tests.security.publicdirkit import public_dir
+from tests.security.userkit import JobUser
 
 BOUND_S = 20  # far above any hook's step bound: reaching it means a stall
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.security.publicdir import public_dir
-from tests.security.users import JobUser
-from tests.slurm.hookkit import Site, job_env, run_hook
+from tests.hooks.hookkit import Site, job_env, run_hook
+from tests.security.publicdirkit import public_dir
+from tests.security.userkit import JobUser
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Missed
 from slurm_fiber.core.cgroups import V1Layout
-from tests.process.conftest import UNIFIED, cgroup2_usable
-from tests.runtime.kit import Site
-from tests.runtime.test_commands import BIN, fiberd, wait_ready, wait_socket
+from tests.cli.test_commands import BIN, fiberd, wait_ready, wait_socket
+from tests.core.processkit import UNIFIED, cgroup2_usable
+from tests.core.runtime.fiberdkit import Site
 
 CGROUP_LIMITS = ("memory", "pids", "cpu")
 ASKS = {"memory": 256 << 20, "pids": 64, "cpu": 0.5, "seconds": 600.0, "fibers": 4}

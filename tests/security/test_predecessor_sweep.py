@@ -24,10 +24,9 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Unreachable
 from slurm_fiber.core.cgroups import V1Layout
-from tests.process.conftest import UNIFIED, cgroup2_usable
-from tests.process.helpers import marked_procs, unified_cgroup, wait_marked
-from tests.runtime.kit import Site
-from tests.runtime.test_commands import PROCESSES, fiberd, wait_ready, wait_socket
+from tests.cli.test_commands import PROCESSES, fiberd, wait_ready, wait_socket
+from tests.core.processkit import UNIFIED, cgroup2_usable, marked_procs, unified_cgroup, wait_marked
+from tests.core.runtime.fiberdkit import Site
 
 DELEGATE = {"cgroup-root": "delegate"}
 

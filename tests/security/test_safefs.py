@@ -15,8 +15,8 @@ import pytest
 
 from slurm_fiber import safefs
 from slurm_fiber.safefs import UnsafePath, open_dir, open_file, read_file, write_atomic
-from tests.security.publicdir import public_dir
-from tests.security.users import JobUser
+from tests.security.publicdirkit import public_dir
+from tests.security.userkit import JobUser
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.conftest import site
-from tests.runtime.kit import Site, fiberd_in_thread
-from tests.security.users import JobUser
+from tests.core.runtime.conftest import site
+from tests.core.runtime.fiberdkit import Site, fiberd_in_thread
+from tests.security.userkit import JobUser
 
 __all__ = ["site"]
 

@@ -23,12 +23,12 @@ from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.templates import FiberRequest, Template, TemplateState, template_env
-from tests.process.conftest import mark
-from tests.process.helpers import REPO, aio
-from tests.runtime.conftest import site
-from tests.runtime.kit import Site
-from tests.runtime.test_commands import BIN, env, flags
-from tests.security.users import JobUser
+from tests.cli.test_commands import BIN, env, flags
+from tests.core.conftest import mark
+from tests.core.processkit import REPO, aio
+from tests.core.runtime.conftest import site
+from tests.core.runtime.fiberdkit import Site
+from tests.security.userkit import JobUser
 
 __all__ = ["mark", "site"]
 
@@ -141,7 +141,7 @@ async def test_a_template_never_imports_from_a_dir_another_user_can_write(
     pythonpath = str(REPO) if where == "cwd" else f"{hers}:{REPO}"
     state = hers if where == "cwd" else tmp_path / "state"
     state.mkdir(exist_ok=True)
-    spec = TemplateSpec(preload=("json", "tests.process.targets"),
+    spec = TemplateSpec(preload=("json", "tests.core.templates.targetkit"),
                         env={"SF_TEST_MARK": mark, "PYTHONPATH": pythonpath})
     t = await Template.start("g1", spec, template_env(dict(os.environ), spec, DeviceChannel()),
                              None, state_dir=state, clock=SystemClock())

@@ -7,7 +7,7 @@ every fiber's exit report, ``status`` still said ready, and a Clone racing a
 killed template got ``internal``. Each test runs the real fiberd (in
 process, as the ``fiberd`` command wires it) with real templates and fibers,
 and fails on that code. ``HANG`` only turns a hang into a failure; the bound
-itself is checked on the injected clock in tests/process/test_stalls.py.
+itself is checked on the injected clock in tests/core/templates/test_stalls.py.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import Any
 from slurm_fiber.core.fibers import FiberState
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
-from tests.process.helpers import aio, marked_procs, proc_state, wait_dead
-from tests.runtime.conftest import site
-from tests.runtime.kit import Live, Site, running_fiberd, until, warm
+from tests.core.processkit import aio, marked_procs, proc_state, wait_dead
+from tests.core.runtime.conftest import site
+from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
 
 __all__ = ["site"]  # the runtime tests' fixture: a standalone fiberd's issuer and dirs
 
-STOPPER = "tests.process.targets:stop_my_template"
-ADD = "tests.process.targets:add"
-SLEEP = "tests.runtime.targets:sleep"
+STOPPER = "tests.core.templates.targetkit:stop_my_template"
+ADD = "tests.core.templates.targetkit:add"
+SLEEP = "tests.core.runtime.targetkit:sleep"
 HANG = 30.0  # seconds after which a wait that should have ended counts as a hang
 
 

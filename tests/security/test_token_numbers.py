@@ -23,7 +23,7 @@ import pytest
 from slurm_fiber.core.api.client import FiberdClient, Missed
 from slurm_fiber.core.mint import compact_jws
 from slurm_fiber.core.trust import public_jwk
-from tests.runtime.kit import AUDIENCE, Site, ThreadFiberd, fiberd_in_thread
+from tests.core.runtime.fiberdkit import AUDIENCE, Site, ThreadFiberd, fiberd_in_thread
 
 HUGE = 10**400
 

@@ -14,7 +14,7 @@ job's SLUID instead ("s" and base32, e.g. s5K1KKYAYG5D00) unless the site sets
 CgroupJobIdPaths=yes; a SLUID path gives no job id, only the SLUID. The names
 come from Slurm's cgroup_v2.c and the 26.05 release notes as quoted publicly. Real
 26.05.5 daemons give SLUIDs of this shape ("s" and 13 of [0-9A-Z], in SLURM_JOB_SLUID
-and scontrol's SLUID=; tests/slurm/fixtures); the cgroup directory itself was not
+and scontrol's SLUID=; tests/homes/slurm/fixtures); the cgroup directory itself was not
 seen (the test clusters run no cgroup plugin).
 
 Parsing is pure. The lookups read only /proc/<pid>/cgroup and list

@@ -7,7 +7,7 @@ from the variables slurmd sets. ``job_from_env`` turns them into a frozen
 wrong. Nothing here does I/O. Free text the job's user controls (job name,
 comment) never fails the parse: a value that is not printable is dropped.
 
-Verified on Slurm 22.05 (fixtures in tests/slurm/fixtures/env_22.05_*): the
+Verified on Slurm 22.05 (fixtures in tests/homes/slurm/fixtures/env_22.05_*): the
 prolog/epilog see SLURM_JOB_ID/UID/GID/USER/PARTITION, SLURMD_NODENAME,
 SLURM_CLUSTER_NAME, SLURM_JOB_GPUS for GPU jobs, SLURM_JOB_ACCOUNT and
 SLURM_JOB_COMMENT when set; no job name and no end time (SLURM_JOB_END_TIME is

@@ -1,7 +1,7 @@
 """Parsers for Slurm command output: `scontrol -o show job`, `scontrol ping`, `squeue --json`.
 
 Pure functions of the command's text (and exit code); the caller runs the
-command. Tolerant of Slurm 22.05 through 25.x (fixtures in tests/slurm/fixtures:
+command. Tolerant of Slurm 22.05 through 25.x (fixtures in tests/homes/slurm/fixtures:
 22.05 recorded from a real cluster, later formats written by hand from Slurm's
 documentation and source, each file says which). Hostile input never crashes a
 parser: it raises SlurmParseError with a code and a one-line reason.

@@ -1,0 +1,187 @@
+"""Runtime test kit: a real issuer, a grantdir, and fiberd run in-process on the test's loop.
+
+``Site`` holds a real EdDSA key and JWKS file, mints grant tokens and drops
+them into (or removes them from) the grantdir of a standalone fiberd.
+``running_fiberd`` starts fiberd exactly as the ``fiberd`` command does
+(``daemon.started`` + ``daemon.serve``) and stops it cleanly afterwards.
+Every template and fiber carries ``SF_TEST_MARK`` so leak checks find only
+this test's processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_fiber.config import FiberdConfig, load_config
+from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
+from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.mint import generate_key, mint
+from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.daemon import Fiberd, serve, started
+
+REPO = Path(__file__).resolve().parents[3]
+AUDIENCE = "runtime-test"
+PEER = Peer(os.getpid(), os.getuid(), os.getgid())
+
+
+@dataclass
+class Site:
+    """An issuer and the directories of one standalone fiberd."""
+
+    root: Path
+    mark: str
+    key: Any = field(default_factory=generate_key)
+
+    def __post_init__(self) -> None:
+        self.state = self.root / "state"
+        self.grantdir = self.state / "grants"
+        self.grantdir.mkdir(parents=True, mode=0o700)
+        self.state.chmod(0o700)
+        self.jwks = self.root / "site.jwks.json"
+        self.jwks.write_text(json.dumps({"keys": [public_jwk(self.key)]}))
+
+    def token(self, uid: str = "g1", *, ttl: float = 3600, preload: tuple[str, ...] = (),
+              fibers: int | None = None, seconds: float | None = None,
+              audience: str = AUDIENCE, devices: tuple[str, ...] = (),
+              memory: int | None = None, pids: int | None = None,
+              cpu: float | None = None) -> str:
+        spec = FiberSpec(
+            devices=devices,
+            template=TemplateSpec(preload=("tests.core.runtime.targetkit", *preload),
+                                  env={"SF_TEST_MARK": self.mark, "PYTHONPATH": str(REPO)}),
+            limits=Limits(fibers=fibers, seconds=seconds, memory=memory, pids=pids, cpu=cpu))
+        now = time.time()
+        return mint(self.key, issuer="site", uid=uid, audience=audience, iat=now,
+                    exp=now + ttl, spec=spec)
+
+    def drop(self, uid: str = "g1", token: str | None = None, **kw: Any) -> str:
+        """Write a grant file atomically (by rename); returns its token."""
+        token = token or self.token(uid, **kw)
+        tmp = self.grantdir / f".{uid}.tmp"
+        tmp.write_text(token)
+        tmp.rename(self.grantdir / f"{uid}.jwt")
+        return token
+
+    def remove(self, uid: str = "g1") -> None:
+        (self.grantdir / f"{uid}.jwt").unlink()
+
+    def config(self, **over: object) -> FiberdConfig:
+        flags: dict[str, object] = {
+            "home": "standalone", "state_dir": str(self.state),
+            "trust": f"site={self.jwks}", "audience": AUDIENCE, "poll_interval": "0.05",
+            "grace": "0.3", "cgroup_root": "none", "audit_fsync": "never",
+        }
+        flags.update(over)
+        return load_config(env={}, flags=flags)
+
+
+@dataclass
+class Live:
+    """A fiberd serving on this loop."""
+
+    fiberd: Fiberd
+    stop: asyncio.Event
+    serving: asyncio.Future[str]
+
+    @property
+    def core(self) -> Core:
+        return self.fiberd.running.core
+
+    async def clone(self, grant: str | None = "g1", *, target: str | None = None,
+                    args: tuple[object, ...] = (), argv: tuple[str, ...] = (),
+                    token: str | None = None) -> Any:
+        request = CloneRequest(
+            peer=PEER, grant=None if token else grant, token=token,
+            call=CallTarget(target, args) if target else None,
+            exec=ExecTarget(argv) if argv else None)
+        return await self.core.clone(request, Stdio())
+
+
+@contextlib.asynccontextmanager
+async def running_fiberd(site: Site, environ: dict[str, str] | None = None,
+                         **over: object) -> AsyncIterator[Live]:
+    """fiberd started from ``site.config(**over)`` with the home's ``environ``; stopped (and
+    asserted clean) on exit."""
+    config = site.config(**over)
+    async with started(config, environ or {}) as fiberd:
+        stop = asyncio.Event()
+        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
+        live = Live(fiberd, stop, serving)
+        try:
+            yield live
+        finally:
+            stop.set()
+            assert await serving == "stop requested"
+
+
+async def until(predicate: Callable[[], bool], within: float = 15.0) -> None:
+    """Poll ``predicate`` every 20 ms until true; fail after ``within`` seconds."""
+    end = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def warm(live: Live, uid: str = "g1") -> None:
+    """Wait until ``uid``'s template is ready."""
+    await until(lambda: live.core.status()["templates"].get(uid) == "ready")  # type: ignore[union-attr]
+
+
+@dataclass
+class ThreadFiberd:
+    """A warm fiberd serving on its own loop in a background thread (for blocking clients).
+
+    Shaped like the socket tests' ``Served``: ``path``, ``server``, ``service`` (the Core)
+    and ``on_loop`` to read state on the daemon's loop.
+    """
+
+    path: Path
+    live: Live
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def server(self) -> Any:
+        return self.live.fiberd.running.server
+
+    @property
+    def service(self) -> Core:
+        return self.live.core
+
+    def on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(30)
+
+
+@contextlib.contextmanager
+def fiberd_in_thread(site: Site, **over: object) -> Iterator[ThreadFiberd]:
+    """Drop a grant, start fiberd on a loop in a thread, wait until warm; stop it afterwards."""
+    site.drop()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    context = running_fiberd(site, **over)
+
+    async def up() -> Live:
+        live = await context.__aenter__()
+        await warm(live)
+        return live
+
+    try:
+        live = asyncio.run_coroutine_threadsafe(up(), loop).result(60)
+        yield ThreadFiberd(site.state / "fiberd.sock", live, loop)
+        asyncio.run_coroutine_threadsafe(context.__aexit__(None, None, None), loop).result(60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -1,0 +1,154 @@
+"""What must not regress at scale (issue 19): many fibers stopped and accounted, one timer.
+
+With a few hundred running fibers (enough to catch a per-fiber loop, small enough
+for CI): removing the grant and shutting fiberd down stop every one, each exit is
+audited once with its reason (none ``lost``), nothing of them runs afterwards and
+no cgroup is left. Deadlines are kept by one timer on the injected clock: many
+fibers add one sleeper, and they fire in deadline order. A pidfd above FD_SETSIZE
+is read correctly (select() refused it, and fibers were killed as lost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.core.fibers import DeadlineTimer, Fiber
+from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.waiting import pidfd_exited
+from tests.core.processkit import aio, marked_procs, stop_on_fake_clock, warm_template
+from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
+
+MANY = 300
+T = "tests.core.templates.targetkit"
+
+
+def exits(site: Site) -> list[dict[str, object]]:
+    lines = (site.state / "audit.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "fiber_exit"]
+
+
+async def start_many(live: Live) -> list[object]:
+    views = [await live.clone(argv=("sleep", "600")) for _ in range(MANY)]
+    assert all(v.fiber.running for v in views)  # type: ignore[attr-defined]
+    assert live.core.fibers_running() == MANY
+    return views
+
+
+async def assert_all_stopped(site: Site, code: str) -> None:
+    ended = exits(site)
+    assert len(ended) == MANY and len({e["fiber"] for e in ended}) == MANY
+    for end in ended:
+        record = end["exit"]
+        assert isinstance(record, dict)
+        assert record["state"] == "exited" and record["stopped"] is True
+        assert record["signal"] == signal.SIGTERM
+        assert record["reason"]["code"] == code  # type: ignore[index]
+    await until(lambda: marked_procs(site.mark) == [])  # the template stops after its fibers
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_removing_a_grant_stops_hundreds_of_fibers_and_reports_every_exit(
+        site: Site, cgroup_root: Path) -> None:
+    site.drop()
+    async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
+        await warm(live)
+        await start_many(live)
+        site.remove()
+        await until(lambda: "g1" not in live.core.status()["templates"], within=60)  # type: ignore[operator]
+        await until(lambda: len(exits(site)) == MANY, within=60)
+        assert live.core.fibers_running() == 0
+        await assert_all_stopped(site, "removed")
+        await until(lambda: [p for p in cgroup_root.iterdir() if p.is_dir()] == [])
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_shutdown_stops_hundreds_of_fibers_and_leaves_no_cgroup(
+        site: Site, cgroup_root: Path) -> None:
+    site.drop()
+    async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
+        await warm(live)
+        await start_many(live)
+        await live.core.shutdown()
+        assert live.core.fibers_running() == 0
+    await assert_all_stopped(site, "fiberd_shutdown")
+    assert [p for p in cgroup_root.iterdir() if p.is_dir()] == []
+
+
+@aio
+async def test_deadlines_fire_in_order_on_one_timer(site: Site) -> None:
+    clock = FakeClock()
+    mark = site.mark
+    t = await warm_template(site.root, mark, preload=(T,), clock=clock)
+    await clock.settle()
+    idle = clock.sleepers  # the template's stall guard
+    timer = DeadlineTimer(clock, grace=5)
+    order = [4, 1, 3, 2]  # seconds from now, as fibers are added
+    fibers: list[Fiber] = []
+    ended: list[str] = []
+    for i, after in enumerate(order):
+        fiber = await t.fork(FiberRequest(id=f"f{i}", target=f"{T}:sleep", args=(600,)))
+        fiber.on_done(lambda f: ended.append(f.id))
+        due = clock.mono() + after
+        timer.add(fiber, lambda due=due: due)
+        fibers.append(fiber)
+    late = await t.fork(FiberRequest(id="late", target=f"{T}:sleep", args=(600,)))
+    moved: dict[str, float | None] = {"at": None}  # no deadline until rearmed
+    timer.add(late, lambda: moved["at"])
+    await clock.settle()
+    assert clock.sleepers == idle + 1  # five fibers, one timer
+    assert len(timer) == 5
+    for second in range(1, 5):
+        await clock.advance_and_settle(1)
+        await until(lambda second=second: len(ended) == second)
+    assert ended == ["f1", "f3", "f2", "f0"]  # deadline order, not insertion order
+    assert late.running and len(timer) == 1
+    await clock.advance_and_settle(100)
+    assert late.running  # None: never due without a rearm
+    moved["at"] = clock.mono() - 1  # a lease ended early
+    timer.rearm()
+    end = await late.wait()
+    assert end.stopped and end.signal == signal.SIGTERM and len(timer) == 0
+    timer.close()
+    await stop_on_fake_clock(t, clock)
+    assert marked_procs(mark) == []
+
+
+def test_a_pidfd_above_fd_setsize_reads_as_running_until_its_process_exits() -> None:
+    pid = os.fork()
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    pidfd = os.pidfd_open(pid)
+    high = os.dup2(pidfd, 1500)  # above FD_SETSIZE (1024), as with ~500 fibers
+    try:
+        assert not pidfd_exited(high)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert pidfd_exited(high)
+    finally:
+        os.close(high)
+        os.close(pidfd)
+
+
+
+@aio
+async def test_grants_delivered_at_once_are_all_saved_and_cloned_from(site: Site) -> None:
+    uids = [f"g{i}" for i in range(20)]
+    for uid in uids:
+        site.drop(uid)
+    async with running_fiberd(site) as live:
+        for uid in uids:
+            await warm(live, uid)
+        saved = json.loads((site.state / "grantbook.json").read_text())
+        assert sorted(saved["tokens"]) == sorted(uids)
+        assert not live.core.book.unsaved
+        view = await live.clone("g19", argv=("true",))
+        assert (await view.fiber.wait()).exit_code == 0  # type: ignore[union-attr]
