@@ -25,8 +25,11 @@ environment and the site config, like the prolog. Steps, each bounded by
 
 Every step copes with a missing piece (a half-done prolog, a crashed
 fiberd, a second run), so the epilog is idempotent. It exits 1, which
-drains the node, only when processes of the job provably survive SIGKILL,
-and then names them; any other problem is reported and the exit is 0.
+drains the node, when processes of the job provably survive SIGKILL (it
+names them) or when the ``processes`` step could not make sure they are
+gone (it failed or overran ``step_seconds``: the node does not go to the
+next job with the last one's processes maybe still there); any other
+problem is reported and the exit is 0.
 
 The epilog runs for every job, so what only some need is imported inside its
 step: the lease package where the node has a lease area, the cgroup code
@@ -225,7 +228,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     if alive:
         hook.report("processes", "survived SIGKILL: " + "; ".join(alive))
         return 1
-    return 0
+    return 1 if "processes" in hook.failed else 0  # not shown gone: drain, as for survivors
 
 
 def main() -> None:

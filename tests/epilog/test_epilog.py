@@ -18,8 +18,10 @@ import psutil
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.epilog import main as epilog
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord, write_record
 from slurm_fiber.homes.slurm.paths import job_paths
+from slurm_fiber.hooks.hook import Hook
 from slurm_fiber.lease import Leases
 from tests.hooks.hookkit import Site, gone, job_env, run_hook
 
@@ -203,7 +205,7 @@ def frozen() -> Iterator[subprocess.Popen[bytes]]:
 def test_processes_that_survive_sigkill_drain_the_node_and_are_named(
         site: Site, frozen: subprocess.Popen[bytes]) -> None:
     env = job_env(site, 69, 0, 0, "root")
-    site.configure("step_seconds = 1.0")
+    site.configure("step_seconds = 3.0")  # the frozen one holds its wait share (0.6) of it
     assert run_hook("prolog", env).returncode == 0
     paths = job_paths(site.state_root, "n1", 69)
     start = round(psutil.Process(frozen.pid).create_time(), 2)
@@ -291,3 +293,16 @@ def test_the_epilog_tightens_a_shared_lease_area_before_releasing(site: Site,
     assert f"{stray} is a directory of uid {test_user.uid}" in out.stderr
     assert paths.lease_dir.stat().st_mode & 0o7777 == 0o755
     assert Leases(paths.lease_dir, paths.lease_state, FakeClock()).dir.list() == []
+
+
+def test_a_processes_step_that_cannot_finish_drains_the_node(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A processes step that overruns its bound (a /proc scan on a node in trouble) shows
+    nothing gone: the node drains rather than go to the next job with the last one's
+    processes maybe still running, and the line says which step and why."""
+    env = job_env(site, 70, 0, 0, "root")
+    site.configure("step_seconds = 0.2")
+    monkeypatch.setattr(epilog, "_processes", lambda *args: time.sleep(30))
+    hook = Hook(epilog.NAME, use_syslog=False)
+    assert epilog.run_epilog(env, hook) == 1
+    assert hook.failed == {"processes": "did not finish within 0.2 s"}
