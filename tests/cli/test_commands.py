@@ -2,78 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-from slurm_fiber.core.api.client import FiberdClient
+from tests.cli.commandkit import (
+    BIN,
+    PROCESSES,
+    env,
+    fiberd,
+    flags,
+    start_long_fiber,
+    wait_ready,
+    wait_socket,
+)
 from tests.core.processkit import marked_procs, wait_marked
-from tests.core.runtime.fiberdkit import AUDIENCE, Site
-
-BIN = Path(sys.executable).parent
-
-
-def flags(site: Site, **over: str | None) -> list[str]:
-    """fiberd's flags for ``site``; ``over`` adds or replaces options (value None: a bare
-    switch such as ``strict-limits``)."""
-    options = {"state-dir": str(site.state), "trust": f"site={site.jwks}",
-               "audience": AUDIENCE, "poll-interval": "0.05", "grace": "0.3",
-               "cgroup-root": "none", "audit-fsync": "never", **over}
-    return [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
-
-
-def env() -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
-
-
-@contextlib.contextmanager
-def fiberd(site: Site, options: dict[str, str | None] | None = None,
-           **popen: Any) -> Iterator[subprocess.Popen[str]]:
-    """A ``fiberd`` process for ``site`` (``options``: see ``flags``); SIGKILLed (with its
-    group) if a test leaves it."""
-    proc = subprocess.Popen([str(BIN / "fiberd"), *flags(site, **(options or {}))], env=env(),
-                            text=True, start_new_session=True, **popen)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-def wait_socket(site: Site, proc: subprocess.Popen[str], within: float = 20.0) -> Path:
-    sock = site.state / "fiberd.sock"
-    end = time.monotonic() + within
-    while not sock.exists():
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < end, "fiberd did not listen in time"
-        time.sleep(0.05)
-    return sock
-
-
-def wait_ready(sock: Path, within: float = 20.0) -> None:
-    end = time.monotonic() + within
-    while True:
-        with FiberdClient(sock) as client:
-            if client.request("ready")["ready"]:
-                return
-        assert time.monotonic() < end, "no template warmed in time"
-        time.sleep(0.05)
-
-
-PROCESSES = 5  # marked, once a grant has run one exec fiber (see the first test below)
-
-
-def start_long_fiber(sock: Path) -> int:
-    with FiberdClient(sock) as client:
-        fiber = client.clone(grant="g1", exec={"argv": ["sleep", "60"]})
-    return int(str(fiber["pid"]))
+from tests.core.runtime.fiberdkit import Site
 
 
 def test_fiberd_refuses_to_start_without_trust_in_one_line(site: Site) -> None:

@@ -23,7 +23,7 @@ from slurm_fiber.core.api.client import FiberdClient, Missed
 from slurm_fiber.core.audit import AuditLog, AuditUnsafe
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import ScopeClaim
-from tests.cli.test_commands import BIN, env, flags
+from tests.cli.commandkit import BIN, env, flags
 from tests.core.processkit import marked_procs
 from tests.core.runtime.conftest import site
 from tests.core.runtime.fiberdkit import Site, fiberd_in_thread

@@ -34,7 +34,7 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.clock import SystemClock
-from tests.cli.test_commands import fiberd, wait_ready, wait_socket
+from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.api.rawkit import read_replies
 from tests.core.api.servicekit import Served, serve
 from tests.core.runtime.fiberdkit import Site

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Missed
-from tests.cli.test_commands import fiberd, wait_ready, wait_socket
+from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.runtime.fiberdkit import Site
 
 

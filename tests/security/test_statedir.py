@@ -23,7 +23,7 @@ from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.templates import FiberRequest, Template, TemplateState, template_env
-from tests.cli.test_commands import BIN, env, flags
+from tests.cli.commandkit import BIN, env, flags
 from tests.core.conftest import mark
 from tests.core.processkit import REPO, aio
 from tests.core.runtime.conftest import site

@@ -25,7 +25,7 @@ import pytest
 
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.cgroups import V1Layout
-from tests.cli.test_commands import fiberd, wait_ready, wait_socket
+from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.processkit import UNIFIED, cgroup2_usable
 from tests.core.runtime.fiberdkit import Site
 

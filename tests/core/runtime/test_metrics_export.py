@@ -27,7 +27,7 @@ from slurm_fiber.core.metrics_export import (
 )
 from slurm_fiber.homes.slurm.home import job_scope
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
-from tests.cli.test_commands import (
+from tests.cli.commandkit import (
     BIN,
     env,
     fiberd,
