@@ -10,32 +10,15 @@ stable shape; usage errors exit 2.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from slurm_fiber.cli.main import app
+from tests.conform.conformkit import conform, outcomes
 
-REPO = Path(__file__).resolve().parents[2]
-CLI = Path(sys.executable).parent / "slurm-fiber"
 BROKEN = "tests.conform.brokenkit"
-
-
-def conform(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([str(CLI), "conform", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=timeout, check=False)
-
-
-def outcomes(report: dict[str, object]) -> dict[str, str]:
-    clauses = report["clauses"]
-    assert isinstance(clauses, list)
-    return {c["clause"]: c["outcome"] for c in clauses}
 
 
 def test_standalone_conforms_with_its_lacks_declared() -> None:

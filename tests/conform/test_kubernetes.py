@@ -28,7 +28,7 @@ from slurm_fiber.core.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
-from tests.conform.test_cli import conform, outcomes
+from tests.conform.conformkit import conform, outcomes
 
 ALL_BUT_HOLDS = ("preadmission.warms", "removal.releases", "removal.denies",
                  "redelivery.lifts", "misses.fresh", "misses.stale", "misses.never",

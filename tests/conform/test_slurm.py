@@ -39,15 +39,12 @@ from slurm_fiber.conform.slurm import (
 from slurm_fiber.conform.slurm import job_user as stage_job_user
 from slurm_fiber.conform.stage import StageCannot
 from tests.barehost.clusterkit import SlurmCluster
-from tests.conform.test_cli import CLI, REPO, outcomes
+from tests.conform.conformkit import CLI, REPO, SLURM_CLAUSES, outcomes
 from tests.security.userkit import JobUser
 
 # slurm_cluster (the session's bare-host cluster) and job_user (sfalice, the stage's job
 # user) are tests/conftest.py's fixtures.
 
-CLAUSES = ("preadmission.warms", "removal.releases", "removal.denies", "redelivery.lifts",
-           "misses.fresh", "misses.stale", "misses.never", "readiness.flips",
-           "devices.provisioned", "devices.released", "scope.loss")
 LEASE_FINDING = "a free lease is not a grant"
 
 
@@ -79,7 +76,7 @@ def test_every_clause_passes_on_the_real_cluster(slurm_cluster: SlurmCluster,
     run = conform_on(slurm_cluster, job_user)
     took = time.monotonic() - began
     report = json.loads(run.stdout)
-    assert outcomes(report) == dict.fromkeys(CLAUSES, "pass"), run.stdout + run.stderr[-3000:]
+    assert outcomes(report) == dict.fromkeys(SLURM_CLAUSES, "pass"), run.stdout + run.stderr[-3000:]
     assert run.returncode == 0
     assert LEASE_FINDING not in run.stderr  # every GPU claim after a release was granted
     # The scancel reaches fiberd through the home's poll (every 5 s, "slurm home: scope lost")

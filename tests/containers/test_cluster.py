@@ -13,8 +13,7 @@ import subprocess
 
 import yaml
 
-from tests.conform.test_cli import outcomes
-from tests.conform.test_slurm import CLAUSES
+from tests.conform.conformkit import SLURM_CLAUSES, outcomes
 from tests.containers.conftest import CLUSTER, ContainerCluster
 
 USER = "sfalice"
@@ -80,7 +79,7 @@ def test_conform_passes_as_a_job_user(container_cluster: ContainerCluster) -> No
         "n1", "env", f"SLURM_FIBER_CONFORM_USER={USER}",
         "SLURM_FIBER_SITE_VENV=/opt/slurm-fiber/venv",
         "slurm-fiber", "conform", "--home", "slurm", "--json", timeout=300)
-    assert outcomes(json.loads(out.stdout)) == dict.fromkeys(CLAUSES, "pass"), \
+    assert outcomes(json.loads(out.stdout)) == dict.fromkeys(SLURM_CLAUSES, "pass"), \
         out.stdout + out.stderr[-3000:]
     assert out.returncode == 0 and "Traceback" not in out.stderr
 
