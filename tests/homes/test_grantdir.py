@@ -15,33 +15,11 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.health import HealthState, SourceHealth
-from slurm_fiber.homes import MAX_TOKEN_BYTES, EventKind, GrantDir, GrantDirRefused, Problem
-from slurm_fiber.homes.grantdir import unverified_uid
+from slurm_fiber.homes import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
+from tests.homes.grantdirkit import Dir
 from tests.homes.homekit import token
 
 NOBODY = 65534
-
-
-class Dir:
-    """A grantdir under test with the problems it reported."""
-
-    def __init__(self, path: Path, clock: FakeClock, **kw: object) -> None:
-        self.path = path
-        self.problems: list[Problem] = []
-        self.gd = GrantDir(path, clock, interval=2.0, on_problem=self.problems.append, **kw)
-
-    def poll(self) -> list[tuple[str, str]]:
-        """One poll as (kind, uid) pairs; for GRANT_ADDED the uid is the token's sub."""
-        out = []
-        for ev in self.gd.poll():
-            if ev.kind is EventKind.GRANT_ADDED:
-                out.append(("added", unverified_uid(ev.token) or "?"))
-            else:
-                out.append(("removed", ev.uid))
-        return out
-
-    def codes(self) -> list[str]:
-        return [p.code for p in self.problems]
 
 
 @pytest.fixture

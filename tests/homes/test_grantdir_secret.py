@@ -17,8 +17,8 @@ import pytest
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import GrantDirRefused
 from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
+from tests.homes.grantdirkit import Dir
 from tests.homes.homekit import token
-from tests.homes.test_grantdir import Dir
 
 
 @pytest.fixture
