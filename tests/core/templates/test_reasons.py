@@ -32,7 +32,7 @@ from tests.core.processkit import (
     stop_on_fake_clock,
     warm_template,
 )
-from tests.core.templates.test_stopping import _ignoring_fiber
+from tests.core.templates.stopkit import ignoring_fiber
 
 T = "tests.core.templates.targetkit"
 
@@ -41,7 +41,7 @@ T = "tests.core.templates.targetkit"
 async def test_a_deadline_stop_says_why_and_how_it_went_on_the_injected_clock(tmp_path, mark):
     clock = FakeClock()
     t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
-    fiber = await _ignoring_fiber(t, "d")
+    fiber = await ignoring_fiber(t, "d")
     due = clock.mono() + 2
 
     def deadline() -> float:

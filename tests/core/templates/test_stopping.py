@@ -28,20 +28,9 @@ from tests.core.processkit import (
     wait_marked,
     warm_template,
 )
+from tests.core.templates.stopkit import ignoring_fiber
 
 T = "tests.core.templates.targetkit"
-
-
-async def _ignoring_fiber(t, fid: str, epoch: int = 0):
-    """A fiber that ignores SIGTERM, returned once it has said so."""
-    out_r, out_w = os.pipe()
-    fiber = await t.fork(FiberRequest(id=fid, target=f"{T}:ignore_term_and_sleep", args=(60,),
-                                      epoch=epoch, stdio=(None, out_w, None)))
-    os.close(out_w)
-    said = await read_line(out_r)
-    os.close(out_r)
-    assert said == b"ignoring\n"
-    return fiber
 
 
 @aio
@@ -59,7 +48,7 @@ async def test_sigterm_ends_a_cooperative_fiber_without_waiting_the_grace(tmp_pa
 async def test_a_fiber_ignoring_sigterm_is_killed_exactly_after_the_grace(tmp_path, mark):
     clock = FakeClock()
     t = await warm_template(tmp_path, mark, preload=(T,), clock=clock)
-    fiber = await _ignoring_fiber(t, "b")
+    fiber = await ignoring_fiber(t, "b")
     guarding = clock.sleepers  # the template's stall guard sleeps on the clock too
     stopping = asyncio.ensure_future(fiber.stop(grace=5))
     await clock.settle()
@@ -124,7 +113,7 @@ async def _overshoot(tmp_path: Path, mark: str, cgroup_root: Path | None) -> Non
     mgr = CgroupManager(cgroup_root)
     grant = mgr.carve_grant("g", Limits())
     t = await warm_template(tmp_path, mark, preload=(T,), cgroup=grant, clock=clock)
-    fiber = await _ignoring_fiber(t, "late")
+    fiber = await ignoring_fiber(t, "late")
     grace = 0.2
     deadline = clock.mono() + 0.3
     ex = await enforce_deadline(fiber, lambda: deadline, clock, grace=grace)
