@@ -1,4 +1,5 @@
-"""Fixtures of the hostile tests (marker ``hostile``): two real unprivileged job users.
+"""Fixtures of the hostile tests (marker ``hostile``): two real unprivileged job users
+and ``public``, a sticky dir like /tmp that both can add names to.
 
 Every test here reproduces an attack a job user on a shared node could make
 (docs/design.md, threat model) and checks that it is refused or survived.
@@ -7,6 +8,10 @@ Every test here reproduces an attack a job user on a shared node could make
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +38,16 @@ def alice() -> JobUser:
     if os.geteuid() != 0:
         pytest.skip("creating job users needs root")
     return job_user(ALICE)
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A root-owned sticky dir every user can add names to, like /tmp (under a fresh
+    root-owned 0755 dir, so paths are unique and cleaned up)."""
+    top = Path(tempfile.mkdtemp(prefix="sf-statedir-", dir="/tmp"))
+    top.chmod(0o755)
+    pub = top / "pub"
+    pub.mkdir()
+    pub.chmod(0o1777)
+    yield pub
+    shutil.rmtree(top)

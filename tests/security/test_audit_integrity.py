@@ -27,10 +27,9 @@ from tests.cli.commandkit import BIN, env, flags
 from tests.core.processkit import marked_procs
 from tests.core.runtime.conftest import site
 from tests.core.runtime.fiberdkit import Site, fiberd_in_thread
-from tests.security.test_statedir import as_user, public
-from tests.security.userkit import JobUser
+from tests.security.userkit import JobUser, as_user
 
-__all__ = ["public", "site"]
+__all__ = ["site"]
 
 
 @pytest.mark.parametrize("plant", ["symlink", "fifo", "her file"])

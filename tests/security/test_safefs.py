@@ -35,7 +35,8 @@ def dfd(area: Path) -> Iterator[int]:
 
 @pytest.fixture
 def public() -> Iterator[Path]:
-    """A scratch dir mallory can reach (not under pytest's 0700 tmp tree)."""
+    """A scratch dir mallory can reach (not under pytest's 0700 tmp tree); here it replaces
+    conftest.py's sticky ``public``."""
     with public_dir() as scratch:
         yield scratch
 

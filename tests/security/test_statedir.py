@@ -9,12 +9,9 @@ root template would import it (its working directory, or a PYTHONPATH entry).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,7 @@ from tests.core.conftest import mark
 from tests.core.processkit import REPO, aio
 from tests.core.runtime.conftest import site
 from tests.core.runtime.fiberdkit import Site
-from tests.security.userkit import JobUser
+from tests.security.userkit import JobUser, as_user
 
 __all__ = ["mark", "site"]
 
@@ -40,24 +37,6 @@ def wait_socket(proc: subprocess.Popen[str], sock: Path, within: float = 20.0) -
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < end, "fiberd did not listen in time"
         time.sleep(0.05)
-
-
-@pytest.fixture
-def public() -> Iterator[Path]:
-    """A root-owned sticky dir every user can add names to, like /tmp (under a fresh
-    root-owned 0755 dir, so paths are unique and cleaned up)."""
-    top = Path(tempfile.mkdtemp(prefix="sf-statedir-", dir="/tmp"))
-    top.chmod(0o755)
-    pub = top / "pub"
-    pub.mkdir()
-    pub.chmod(0o1777)
-    yield pub
-    shutil.rmtree(top)
-
-
-def as_user(user: JobUser, script: str) -> None:
-    """Run ``script`` with /bin/sh as ``user`` (asserting it succeeds)."""
-    subprocess.run(["/bin/sh", "-ec", script], check=True, timeout=30, **user.spawn_args())
 
 
 def run_fiberd(site: Site, state: Path, **kw: object) -> subprocess.CompletedProcess[str]:

@@ -1,10 +1,11 @@
 """Unprivileged accounts for the hostile tests: created once, idempotently, as a site would.
 
 ``job_user(name)`` returns the account, adding it with ``useradd --system`` when absent
-(a concurrent run that wins the race is fine). ``as_user(user)`` is a ``preexec_fn``-free
-way to run a child as that account: pass its result as ``user=``/``group=``/
-``extra_groups=`` to ``subprocess.run``. Creating accounts needs root; callers skip
-(or, in CI, fail) without it.
+(a concurrent run that wins the race is fine). ``user.spawn_args()`` is a
+``preexec_fn``-free way to run a child as that account: pass it as keyword arguments
+(``user=``/``group=``/``extra_groups=``/``env=``) to ``subprocess.run``; ``as_user(user,
+script)`` runs a shell script that way and asserts it succeeds. Creating accounts needs
+root; callers skip (or, in CI, fail) without it.
 """
 
 from __future__ import annotations
@@ -45,3 +46,8 @@ def job_user(name: str) -> JobUser:
                         "--user-group", name], capture_output=True, check=False)
         entry = pwd.getpwnam(name)
     return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def as_user(user: JobUser, script: str) -> None:
+    """Run ``script`` with /bin/sh as ``user`` (asserting it succeeds)."""
+    subprocess.run(["/bin/sh", "-ec", script], check=True, timeout=30, **user.spawn_args())
