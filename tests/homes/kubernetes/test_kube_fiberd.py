@@ -7,8 +7,10 @@ through a Secret volume written the way the kubelet writes it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.homes.kubernetes.fake import PODS, RESOURCE_CLAIMS, FakeApiServer, resource_claim
 from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
 from tests.core.processkit import aio, marked_procs
-from tests.core.runtime.fiberdkit import Site, running_fiberd, until, warm
+from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
 
 AUDIENCE = "k8s:grants:grant-pod-1"
 CONDITION = "slurm-fiber.io/template-warm"
@@ -46,6 +48,18 @@ def options(site: Site, volume: Path) -> dict[str, object]:
             "poll_interval": "0.2", "stale_ttl": "1", "fence_ttl": "2"}
 
 
+@contextlib.asynccontextmanager
+async def warm_fiberd(site: Site, environ: dict[str, str],
+                      tmp_path: Path) -> AsyncIterator[Live]:
+    """fiberd with the Kubernetes home, its grant delivered through a Secret volume under
+    ``tmp_path``, once the grant's template is warm."""
+    volume = tmp_path / "secret"
+    deliver(volume, site)
+    async with running_fiberd(site, environ, **options(site, volume)) as live:
+        await warm(live)
+        yield live
+
+
 def condition(fake: FakeApiServer) -> str | None:
     pod = fake.store.get(PODS, "grants", "grant-pod-1")
     found = [c["status"] for c in pod["status"].get("conditions", []) if c["type"] == CONDITION]
@@ -55,10 +69,7 @@ def condition(fake: FakeApiServer) -> str | None:
 @aio
 async def test_a_secret_grant_warms_publishes_readiness_and_gets_the_claims_gpus(
         site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path) -> None:
-    volume = tmp_path / "secret"
-    deliver(volume, site)
-    async with running_fiberd(site, environ, **options(site, volume)) as live:
-        await warm(live)
+    async with warm_fiberd(site, environ, tmp_path) as live:
         await until(lambda: condition(fake) == "True")
         fiber = await live.clone(target="tests.core.runtime.targetkit:getenv",
                                  args=("CUDA_VISIBLE_DEVICES",))
@@ -71,10 +82,7 @@ async def test_a_secret_grant_warms_publishes_readiness_and_gets_the_claims_gpus
 @aio
 async def test_api_server_down_turns_misses_stale_then_fences_and_recovers(
         site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path) -> None:
-    volume = tmp_path / "secret"
-    deliver(volume, site)
-    async with running_fiberd(site, environ, **options(site, volume)) as live:
-        await warm(live)
+    async with warm_fiberd(site, environ, tmp_path) as live:
         unknown = await live.clone("nobody")
         assert isinstance(unknown, Miss) and unknown.code is MissCode.UNKNOWN_GRANT
         running = await live.clone(target="tests.core.runtime.targetkit:sleep", args=(60,))
@@ -100,10 +108,7 @@ async def test_api_server_down_turns_misses_stale_then_fences_and_recovers(
 @aio
 async def test_pod_deleted_stops_fibers_and_removes_the_grant(
         site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path) -> None:
-    volume = tmp_path / "secret"
-    deliver(volume, site)
-    async with running_fiberd(site, environ, **options(site, volume)) as live:
-        await warm(live)
+    async with warm_fiberd(site, environ, tmp_path) as live:
         fiber = await live.clone(target="tests.core.runtime.targetkit:sleep", args=(60,))
         fake.store.delete(PODS, "grants", "grant-pod-1")
         assert (await fiber.wait()).signal is not None
@@ -117,10 +122,7 @@ async def test_pod_deleted_stops_fibers_and_removes_the_grant(
 async def test_claim_deallocated_bumps_the_epoch(
         site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path,
         claim_name: str) -> None:
-    volume = tmp_path / "secret"
-    deliver(volume, site)
-    async with running_fiberd(site, environ, **options(site, volume)) as live:
-        await warm(live)
+    async with warm_fiberd(site, environ, tmp_path) as live:
         fiber = await live.clone(target="tests.core.runtime.targetkit:sleep", args=(60,))
         uid = fake.store.get(RESOURCE_CLAIMS, "grants", claim_name)["metadata"]["uid"]
         fake.store.put(RESOURCE_CLAIMS, resource_claim(claim_name, "grants", uid=uid))
@@ -133,10 +135,7 @@ async def test_claim_deallocated_bumps_the_epoch(
 @aio
 async def test_a_refused_token_stops_fibers_and_admits_no_clone(
         site: Site, fake: FakeApiServer, environ: dict[str, str], tmp_path: Path) -> None:
-    volume = tmp_path / "secret"
-    deliver(volume, site)
-    async with running_fiberd(site, environ, **options(site, volume)) as live:
-        await warm(live)
+    async with warm_fiberd(site, environ, tmp_path) as live:
         fiber = await live.clone(target="tests.core.runtime.targetkit:sleep", args=(60,))
         del fake.tokens[fake.token]  # every round from here on is answered 401
         assert (await fiber.wait()).signal is not None
