@@ -79,10 +79,8 @@ def test_the_prolog_grants_and_claims_and_the_jobs_fiberd_verifies(tmp_path: Pat
     assert {p: p.stat().st_mtime_ns for p in leases.dir.path.rglob("*")} == before  # no writes
 
 
-def test_a_jobs_gpus_are_claimed_in_one_write_of_the_state(tmp_path: Path, clock: FakeClock,
-                                                            monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
-    prolog(tmp_path, job(6, (3,)), clock)  # the node's supervisor is recorded already
+def count_state_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names the lease state writes from now on (each atomic write of a file), in order."""
     written: list[str] = []
     real = state_module.write_atomic
 
@@ -91,6 +89,14 @@ def test_a_jobs_gpus_are_claimed_in_one_write_of_the_state(tmp_path: Path, clock
         real(dir_fd, name, data, where, mode)
 
     monkeypatch.setattr(state_module, "write_atomic", counted)
+    return written
+
+
+def test_a_jobs_gpus_are_claimed_in_one_write_of_the_state(tmp_path: Path, clock: FakeClock,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    prolog(tmp_path, job(6, (3,)), clock)  # the node's supervisor is recorded already
+    written = count_state_writes(monkeypatch)
     a, b = job(7, (0, 1, 2)), job(8, (1,))
     assert prolog(tmp_path, b, clock) == (["gpu:n1:1"], [])
     written.clear()
@@ -110,14 +116,7 @@ def test_the_epilog_releases_a_jobs_gpus_in_one_write_of_the_state(
         tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     a = job(7, (0, 1, 2))
     prolog(tmp_path, a, clock)
-    written: list[str] = []
-    real = state_module.write_atomic
-
-    def counted(dir_fd: int, name: str, data: bytes, where: Path, mode: int = 0o644) -> None:
-        written.append(name)
-        real(dir_fd, name, data, where, mode)
-
-    monkeypatch.setattr(state_module, "write_atomic", counted)
+    written = count_state_writes(monkeypatch)
     leases = node_leases(job_paths(tmp_path, "n1", 7), clock, TTL)
     assert release_job(leases, a) == (["gpu:n1:0", "gpu:n1:1", "gpu:n1:2"], [])
     assert written == ["state.json"]  # once for the three GPUs, not once per GPU
