@@ -27,12 +27,12 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePath, PurePosixPath
 
-from slurm_fiber.homes.slurm.jobenv import SlurmParseError
+from slurm_fiber.homes.slurm.jobenv import SLUID_PATTERN, SlurmParseError
 from slurm_fiber.record import record
 
 SCOPE = re.compile(r"(?:[A-Za-z0-9_.-]+_)?slurmstepd\.scope")
 JOB_DIR = re.compile(r"job_(\d{1,10})")
-SLUID_DIR = re.compile(r"s[0-9A-Z]{8,20}")
+SLUID_DIR = SLUID_PATTERN
 STEP_DIR = re.compile(r"step_(\d{1,10}(?:\+\d{1,10})?|batch|extern|interactive)")
 TASK_DIR = re.compile(r"task_(\d{1,10}|special)")
 STEP_PARTS = frozenset({"user", "slurm"})
