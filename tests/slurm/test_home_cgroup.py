@@ -1,7 +1,7 @@
 """The Slurm home's cgroup root choice, on a cgroup tree and a /proc the test builds.
 
-(cgroup/v2 cannot run Slurm on this machine, see the cluster notes, so
-Slurm's layout is built as directories with cgroup.procs files.)
+(Slurm's layout is built as directories with cgroup.procs files; the real trees of
+22.05, 24.11 and 26.05 are in test_releases.py and tests/containers.)
 """
 
 from __future__ import annotations
