@@ -63,6 +63,23 @@ echo "squeue_down_rc=$rc" >> "$O/rc.txt"
 if [ -s "$R/down.json" ]; then mv "$R/down.json" "$O/squeue_${rel}_ctld_down.json"
 else mv "$R/down.err" "$O/squeue_${rel}_ctld_down_stderr.txt"; fi  # 24.11+: rc 1, no JSON
 scancel "$C"; wait_gone "$C"
+# The job cgroup layout, when the cluster runs Slurm's cgroup/v2 (`cluster up --slurm-cgroup
+# v2`): job F on n1, as sfalice, reads its batch script's and a step's /proc/self/cgroup,
+# and lists n1's cgroup tree (the node's subtree, /sys/fs/cgroup) while both run.
+if scontrol show config | grep -q '^ProctrackType *= *proctrack/cgroup'; then
+  cat > "$R/cgroup.sh" <<'JOB'
+#!/bin/sh
+o=/tmp/rec/cg-$SLURM_JOB_ID
+cat /proc/self/cgroup > "$o-batch"
+srun --overlap -n1 sh -c "cat /proc/self/cgroup > $o-step; cd /sys/fs/cgroup && find . -mindepth 1 -type d | sed 's,^[.]/,,' | LC_ALL=C sort > $o-tree"
+env | grep -E '^SLURM_(JOB_ID|JOB_SLUID|JOB_USER|CLUSTER_NAME)=' | LC_ALL=C sort > "$o-job"
+echo done > "$o-done"
+JOB
+  F=$(submit -w n1 -J cgroup "$R/cgroup.sh")
+  wait_for "$R/cg-$F-done"; wait_gone "$F"
+  for part in batch step tree; do cp "$R/cg-$F-$part" "$O/cgroup_${rel}_$part.txt"; done
+  cp "$R/cg-$F-job" "$O/cgroup_${rel}_job.env"
+fi
 printf '{"release": "%s", "version": "%s", "jobs": {"A": %s, "B": %s, "C": %s, "D": %s, "E": %s}}\n' \
   "$rel" "$(scontrol -V | cut -d' ' -f2)" "$A" "$B" "$C" "$D" "$E" > "$O/recorded_${rel}.json"
 rm -rf /cluster/record

@@ -5,13 +5,15 @@ list in SLURM_FIBER_CONTAINER_RELEASES): pytest runs every test of one release b
 next. For each release it runs `docker/slurm-cluster/cluster up --release R` (which
 builds what is missing: the debootstrap base and the images are cached outside the repo,
 so a warm `up` takes seconds) and `cluster down` after the release's tests (the
-engine it started is stopped; the next `up` starts it again in about a second). Needs
+engine it started is stopped, and the node cgroups it made for Slurm's cgroup/v2 must be
+gone; the next `up` starts it again in about a second). Needs
 root; without root it skips (which CI turns into a failure). Tests talk to the cluster
 only through `docker exec` (``ContainerCluster.run``), jobs as job users via runuser.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -78,7 +80,11 @@ def container_cluster(request: pytest.FixtureRequest) -> Iterator[ContainerClust
     exports = cluster("env").stdout.split()
     env = dict(os.environ)
     env.update(item.split("=", 1) for item in exports if "=" in item)
+    cgroups = json.loads(cluster("status", "--json").stdout)["cgroups"]
     try:
         yield ContainerCluster(release, env)
     finally:
-        cluster("down")
+        down = cluster("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    left = [path for path in cgroups.values() if Path(path).exists()]
+    assert not left, f"cluster down left the node cgroups {left}"

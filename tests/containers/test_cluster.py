@@ -8,6 +8,7 @@ container is privileged.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -18,6 +19,7 @@ from tests.containers.conftest import CLUSTER, ContainerCluster
 
 USER = "sfalice"
 COMPOSE = CLUSTER.parent / "compose.yaml"
+COMPOSE_V2 = CLUSTER.parent / "compose.cgroup-v2.yaml"  # `cluster up --slurm-cgroup v2`
 # A job author's script (docs/slurm.md): the job's fiberd as a step, then fibers.
 FIBER_JOB = """#!/bin/sh
 #SBATCH --gres=gpu:1 -n1
@@ -74,6 +76,66 @@ def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> Non
     assert "fiberd slurm listening" in log
 
 
+# A job's fiberd (step 0) on n1 under Slurm's cgroup/v2, then one fiber reporting its cgroup.
+CGROUP_JOB = """#!/bin/sh
+#SBATCH -n1 -w n1
+srun --overlap -n1 fiberd-run > "fiberd-$SLURM_JOB_ID.log" 2>&1 &
+i=0
+until fiberctl status --json > status.json 2>/dev/null && grep -q '"ready": true' status.json; do
+  i=$((i+1)); [ $i -gt 600 ] && { echo "fiberd not ready"; exit 1; }; sleep 0.1
+done
+echo "job $SLURM_JOB_ID ${SLURM_JOB_SLUID:-}"
+grep '^0::' /proc/self/cgroup | sed 's/^/batch /'
+fiberctl run -- sh -c 'grep "^0::" /proc/self/cgroup | sed "s/^/fiber /"'
+"""
+
+
+def run_cgroup_job(cluster: ContainerCluster, user: str) -> tuple[dict[str, str], dict]:
+    """CGROUP_JOB as ``user``: its lines by first word, and fiberd's status."""
+    work = f"/tmp/cgroup-job-{cluster.release}-{user}"
+    made = cluster.run("n1", "sh", "-c", f"rm -rf {work} && mkdir {work} && cat > {work}/job.sh",
+                       user=user, stdin=CGROUP_JOB)
+    assert made.returncode == 0, made.stderr
+    sub = cluster.run("n1", "sbatch", "--parsable", f"--chdir={work}", f"--output={work}/out",
+                      f"{work}/job.sh", user=user)
+    assert sub.returncode == 0, sub.stderr
+    state = cluster.wait_finished(sub.stdout.strip().split(";")[0])
+    out = cluster.run("n1", "cat", f"{work}/out").stdout
+    log = cluster.run("n1", "sh", "-c", f"cat {work}/fiberd-*.log").stdout
+    assert state == "COMPLETED", out + log
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    status = json.loads(cluster.run("n1", "cat", f"{work}/status.json").stdout)
+    return lines, status
+
+
+def test_slurm_cgroup_v2_names_the_job_and_fiberd_resolves_it(
+        container_cluster: ContainerCluster) -> None:
+    """Slurm's cgroup/v2 puts the job in <scope>/<job dir>/step_<n>/user/task_0: job_<id> up to
+    24.11, the job's SLUID on 26.05. The job user's fiberd recognises its own step cgroup
+    (which Slurm leaves root's, so it runs uncarved, saying why); root's carves below it."""
+    scope = "/system.slice/n1_slurmstepd.scope"
+    for user in (USER, "root"):
+        lines, status = run_cgroup_job(container_cluster, user)
+        job_id, _, sluid = lines["job"].partition(" ")
+        if container_cluster.release >= "26.05":
+            assert sluid.startswith("s") and len(sluid) == 14, lines
+            job_dir = sluid
+        else:
+            assert sluid == "", lines
+            job_dir = f"job_{job_id}"
+        assert lines["batch"] == f"0::{scope}/{job_dir}/step_batch/user/task_0"
+        task = f"{scope}/{job_dir}/step_0/user/task_0"
+        cgroups = status["status"]["cgroups"]
+        if user == "root":
+            assert cgroups["carved"] and cgroups["root"] == f"/sys/fs/cgroup{task}", cgroups
+            assert lines["fiber"].startswith(f"0::{task}/"), lines
+        else:
+            assert not cgroups["carved"], cgroups
+            assert f"own cgroup: /sys/fs/cgroup{task} is not writable by uid 2001" in \
+                cgroups["reason"], cgroups
+            assert lines["fiber"] == f"0::{task}", lines
+
+
 def test_conform_passes_as_a_job_user(container_cluster: ContainerCluster) -> None:
     out = container_cluster.run(
         "n1", "env", f"SLURM_FIBER_CONFORM_USER={USER}",
@@ -92,7 +154,14 @@ def test_the_compose_file_runs_on_compose_v1_and_v2() -> None:
     for name, service in doc["services"].items():
         assert service["network_mode"] == "host" and "build" not in service, name
         assert not service.get("privileged") and service["device_cgroup_rules"] == ["c 195:* rwm"]
+    v2 = yaml.safe_load(COMPOSE_V2.read_text())
+    assert set(v2) == {"services"} and set(v2["services"]) == {"n1", "n2"}
+    for name, service in v2["services"].items():  # SYS_ADMIN for `unshare --cgroup` only
+        assert service["cap_add"] == ["SYS_ADMIN"] and not service.get("privileged"), name
     if shutil.which("docker-compose"):
-        out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
-                             capture_output=True, text=True, check=False)
-        assert out.returncode == 0, out.stderr
+        env = {**os.environ, "SLURM_FIBER_CGROUP_N1": "/n1", "SLURM_FIBER_CGROUP_N2": "/n2",
+               "SLURM_FIBER_CGROUP2_VIEW": "/view.so"}
+        for files in (["-f", str(COMPOSE)], ["-f", str(COMPOSE), "-f", str(COMPOSE_V2)]):
+            out = subprocess.run(["docker-compose", *files, "config", "-q"], env=env,
+                                 capture_output=True, text=True, check=False)
+            assert out.returncode == 0, out.stderr

@@ -10,12 +10,13 @@ where <step> is a number, "batch", "extern" or "interactive" (a het job
 component is "<n>+<k>"), the task is "task_<k>" or "task_special" (older:
 task_4294967293), and with several slurmd per host the scope is
 "<nodename>_slurmstepd.scope". Slurm 26.05 names the job directory by the
-job's SLUID instead ("s" and base32, e.g. s5K1KKYAYG5D00) unless the site sets
-CgroupJobIdPaths=yes; a SLUID path gives no job id, only the SLUID. The names
-come from Slurm's cgroup_v2.c and the 26.05 release notes as quoted publicly. Real
-26.05.5 daemons give SLUIDs of this shape ("s" and 13 of [0-9A-Z], in SLURM_JOB_SLUID
-and scontrol's SLUID=; tests/homes/slurm/fixtures); the cgroup directory itself was not
-seen (the test clusters run no cgroup plugin).
+job's SLUID instead ("s" and 13 digits of Crockford's base32, e.g. s7B1M90RT51P00;
+the job's SLURM_JOB_SLUID) unless the site sets CgroupJobIdPaths=yes (26.05.2+); a
+SLUID path gives no job id, only the SLUID. Seen from real daemons (the container
+cluster with cgroup/v2, tests/homes/slurm/fixtures/cgroup_*): 22.05.8 and 24.11.5 give
+.../n1_slurmstepd.scope/job_6/step_0/user/task_0, 26.05.5 gives
+.../n1_slurmstepd.scope/s7B1M90RT51P00/step_0/user/task_0 (and a task_special
+beside task_0).
 
 Parsing is pure. The lookups read only /proc/<pid>/cgroup and list
 directories; they never write. Unknown shapes give None, never an exception,
@@ -27,12 +28,12 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePath, PurePosixPath
 
-from slurm_fiber.homes.slurm.jobenv import SlurmParseError
+from slurm_fiber.homes.slurm.jobenv import SLUID_PATTERN, SlurmParseError
 from slurm_fiber.record import record
 
 SCOPE = re.compile(r"(?:[A-Za-z0-9_.-]+_)?slurmstepd\.scope")
 JOB_DIR = re.compile(r"job_(\d{1,10})")
-SLUID_DIR = re.compile(r"s[0-9A-Z]{8,20}")
+SLUID_DIR = SLUID_PATTERN
 STEP_DIR = re.compile(r"step_(\d{1,10}(?:\+\d{1,10})?|batch|extern|interactive)")
 TASK_DIR = re.compile(r"task_(\d{1,10}|special)")
 STEP_PARTS = frozenset({"user", "slurm"})

@@ -66,19 +66,28 @@ def _writable_cgroup(path: Path) -> str | None:
     return None
 
 
-def _other_job(where: SlurmCgroup | None, job_id: int) -> str | None:
-    """Why a cgroup inside Slurm's tree is not this job's; None when it is (or is outside)."""
+def _other_job(where: SlurmCgroup | None, job_id: int, sluid: str | None) -> str | None:
+    """Why a cgroup inside Slurm's tree is not this job's; None when it is (or is outside).
+
+    A SLUID-named job directory (Slurm 26.05) is this job's only when it is the job's
+    own SLUID (SLURM_JOB_SLUID); without one, it is never taken.
+    """
     if where is None or where.job_id == job_id:
         return None
     if where.job_id is None:
-        return f"it is in job cgroup {where.job_dir} (a SLUID), not tied to job {job_id}"
+        if sluid is not None and where.sluid == sluid:
+            return None
+        known = f"job {job_id}'s SLUID is {sluid}" if sluid else f"job {job_id} has no SLUID"
+        return f"it is in job cgroup {where.job_dir} (a SLUID), and {known}"
     return f"it belongs to job {where.job_id}, not {job_id}"
 
 
-def delegated_root(record: Path, mount: Path, job_id: int) -> CgroupChoice | None:
+def delegated_root(record: Path, mount: Path, job_id: int,
+                   sluid: str | None = None) -> CgroupChoice | None:
     """The subtree the prolog recorded in ``record``; None when there is no record.
 
-    Blocks on small reads. A bad record gives ``CgroupChoice(None, reason)``.
+    ``sluid`` is the job's SLUID, if it has one. Blocks on small reads. A bad record
+    gives ``CgroupChoice(None, reason)``.
     """
     try:
         text = record.read_text(errors="replace")[:MAX_RECORD].strip()
@@ -91,7 +100,7 @@ def delegated_root(record: Path, mount: Path, job_id: int) -> CgroupChoice | Non
     if not path.is_absolute() or real == real_mount or real_mount not in real.parents:
         return CgroupChoice(None, f"delegated cgroup {text[:200]!r} in {record} is not a cgroup "
                                   f"below the cgroup2 mount {mount}")
-    problem = _other_job(parse_cgroup_path(real.relative_to(real_mount)), job_id)
+    problem = _other_job(parse_cgroup_path(real.relative_to(real_mount)), job_id, sluid)
     problem = problem and f"delegated cgroup {real}: {problem}"
     problem = problem or _writable_cgroup(real)
     if problem:
@@ -99,9 +108,11 @@ def delegated_root(record: Path, mount: Path, job_id: int) -> CgroupChoice | Non
     return CgroupChoice(real, f"the subtree the prolog delegated ({record})")
 
 
-def own_root(mount: Path, job_id: int, pid: int, proc: Path = Path("/proc")) -> CgroupChoice:
+def own_root(mount: Path, job_id: int, pid: int, proc: Path = Path("/proc"),
+             sluid: str | None = None) -> CgroupChoice:
     """Process ``pid``'s own cgroup when it is this job's step cgroup and writable.
 
+    The job is ``job_id`` and, on Slurm 26.05+, ``sluid`` (its cgroup's name).
     Reads /proc/<pid>/cgroup and stats the tree; never writes, never raises.
     """
     try:
@@ -112,7 +123,7 @@ def own_root(mount: Path, job_id: int, pid: int, proc: Path = Path("/proc")) -> 
     if where is None:
         return CgroupChoice(None, f"own cgroup {relative} is not a Slurm job cgroup "
                                   "(proctrack/linuxproc or no cgroup/v2 plugin): not carving")
-    problem = _other_job(where, job_id)
+    problem = _other_job(where, job_id, sluid)
     if problem:
         return CgroupChoice(None, f"own cgroup {relative}: {problem}")
     if where.step is None:
@@ -139,18 +150,19 @@ def _sharers(root: Path, pid: int) -> list[str]:
 
 
 def choose_cgroup_root(record: Path, mount: Path | None, job_id: int, pid: int,
-                       proc: Path = Path("/proc")) -> CgroupChoice:
+                       proc: Path = Path("/proc"), sluid: str | None = None) -> CgroupChoice:
     """Decide (and, for the own cgroup, prepare) the root of job ``job_id``'s fiberd ``pid``.
 
     Called once by the Slurm home's builder; blocks on small file I/O and
-    never raises. ``mount`` is the cgroup2 mount (None: there is none).
+    never raises. ``mount`` is the cgroup2 mount (None: there is none);
+    ``sluid`` the job's SLUID (Slurm 26.05+), which names its cgroup there.
     """
     if mount is None:
         return CgroupChoice(None, "no cgroup2 mount on this node")
-    delegated = delegated_root(record, mount, job_id)
+    delegated = delegated_root(record, mount, job_id, sluid)
     if delegated is not None:
         return delegated
-    choice = own_root(mount, job_id, pid, proc)
+    choice = own_root(mount, job_id, pid, proc, sluid)
     if choice.path is None:
         return choice
     try:

@@ -315,7 +315,7 @@ async def build_slurm_home(env: Mapping[str, str], clock: Clock, control: Contro
         except OSError as err:
             return CgroupChoice(None, f"{proc}/self/mountinfo: {err.strerror}")
         return choose_cgroup_root(paths.cgroup_file, mount, job.job_id,
-                                  os.getpid() if pid is None else pid, proc)
+                                  os.getpid() if pid is None else pid, proc, job.sluid)
 
     cgroup = await asyncio.to_thread(decide)
     return SlurmHome(job, clock, control, config, cgroup=cgroup, leases=leases)

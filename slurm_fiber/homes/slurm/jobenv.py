@@ -12,7 +12,9 @@ prolog/epilog see SLURM_JOB_ID/UID/GID/USER/PARTITION, SLURMD_NODENAME,
 SLURM_CLUSTER_NAME, SLURM_JOB_GPUS for GPU jobs, SLURM_JOB_ACCOUNT and
 SLURM_JOB_COMMENT when set; no job name and no end time (SLURM_JOB_END_TIME is
 read when a later release provides it). Batch scripts and steps also see
-SLURM_JOB_NAME; steps with their own GRES see SLURM_STEP_GPUS.
+SLURM_JOB_NAME; steps with their own GRES see SLURM_STEP_GPUS. Slurm 26.05 adds
+SLURM_JOB_SLUID everywhere (fixtures env_26.05_*), the job's SLUID, which names
+its cgroup/v2 directory (cgroup_layout).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ NODE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 USER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
 RANGE_PATTERN = re.compile(r"(\d{1,6})(?:-(\d{1,6}))?")
 MAX_INDICES = 1024
+# A SLUID as Slurm 26.05 prints it (src/common/sluid.c print_sluid): "s" and 13 digits of
+# Crockford's base32 (no I, L, O or U), most significant first.
+SLUID_PATTERN = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
 
 # Where a job's GPUs on this node are named, most specific first. The Slurm
 # variables carry the node's indices; CUDA_VISIBLE_DEVICES may be renumbered
@@ -59,6 +64,7 @@ class SlurmJob:
 
     ``gpu_source`` names the variable the GPUs came from (None when the job has
     none). ``end_time`` is Unix seconds when Slurm exported it, else None.
+    ``sluid`` is the job's SLUID (Slurm 26.05+), else None.
     """
 
     job_id: int
@@ -74,6 +80,7 @@ class SlurmJob:
     name: str | None = None
     comment: str | None = None
     end_time: int | None = None
+    sluid: str | None = None
 
 
 def parse_index_list(text: str, what: str) -> tuple[int, ...]:
@@ -170,6 +177,7 @@ def job_from_env(env: Mapping[str, str]) -> SlurmJob:
     """
     gpus, gpu_source = _gpus(env)
     end_time = env.get("SLURM_JOB_END_TIME")
+    sluid = env.get("SLURM_JOB_SLUID")
     return SlurmJob(
         job_id=parse_id(_required(env, "SLURM_JOB_ID"), "SLURM_JOB_ID", allow_zero=False),
         uid=parse_id(_required(env, "SLURM_JOB_UID"), "SLURM_JOB_UID"),
@@ -184,4 +192,5 @@ def job_from_env(env: Mapping[str, str]) -> SlurmJob:
         name=_free_text(env, "SLURM_JOB_NAME"),
         comment=_free_text(env, "SLURM_JOB_COMMENT"),
         end_time=parse_id(end_time, "SLURM_JOB_END_TIME") if end_time else None,
+        sluid=_name(env, "SLURM_JOB_SLUID", SLUID_PATTERN) if sluid else None,
     )

@@ -54,6 +54,9 @@ def test_paths_map_to_job_and_step(path: str, job_id: int | None, sluid: str | N
     "/", "/user.slice/user-0.slice/session-1.scope", f"/{SCOPE}", f"/{SCOPE}/system",
     f"/{SCOPE}/job_x", f"/{SCOPE}/job_", f"/{SCOPE}/../job_1", "/job_1/step_0",
     f"/{SCOPE}/job_99999999999",
+    # not SLUIDs as Slurm prints them: "s" and exactly 13 of Crockford's base32
+    f"/{SCOPE}/s5K1KKYAYG5D0", f"/{SCOPE}/s5K1KKYAYG5D000", f"/{SCOPE}/S5K1KKYAYG5D00",
+    f"/{SCOPE}/s5K1KKYAYG5DU0", f"/{SCOPE}/s5k1kkyayg5d00",
 ])
 def test_paths_outside_jobs_are_none(path: str) -> None:
     assert parse_cgroup_path(path) is None

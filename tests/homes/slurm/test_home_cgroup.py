@@ -1,7 +1,7 @@
 """The Slurm home's cgroup root choice, on a cgroup tree and a /proc the test builds.
 
-(cgroup/v2 cannot run Slurm on this machine, see the cluster notes, so
-Slurm's layout is built as directories with cgroup.procs files.)
+(Slurm's layout is built as directories with cgroup.procs files; the real trees of
+22.05, 24.11 and 26.05 are in test_releases.py and tests/containers.)
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class Tree:
             f"36 25 0:30 / {self.mount} rw,nosuid shared:10 - cgroup2 cgroup2 rw\n")
         return path
 
-    def choose(self, job_id: int = 42):
-        return choose_cgroup_root(self.record, self.mount, job_id, PID, self.proc)
+    def choose(self, job_id: int = 42, sluid: str | None = None):
+        return choose_cgroup_root(self.record, self.mount, job_id, PID, self.proc, sluid)
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_own_cgroup_shared_with_another_process_is_not_carved(tree: Tree) -> Non
 @pytest.mark.parametrize(("where", "reason"), [
     (f"{SCOPE}/job_7/step_0/user/task_0", "belongs to job 7, not 42"),
     (f"{SCOPE}/job_42", "is the job's cgroup, which Slurm manages"),
-    (f"{SCOPE}/s5K1KKYAYG5D00/step_0/user/task_0", "a SLUID"),
+    (f"{SCOPE}/s5K1KKYAYG5D00/step_0/user/task_0", "(a SLUID), and job 42 has no SLUID"),
     ("system.slice/slurmd.service", "not a Slurm job cgroup (proctrack/linuxproc"),
     (f"{SCOPE}/system", "not a Slurm job cgroup"),
 ])
@@ -88,6 +88,19 @@ def test_own_cgroup_refusals(tree: Tree, where: str, reason: str) -> None:
     choice = tree.choose()
     assert choice.path is None and reason in choice.reason
     assert not (tree.mount / where / LEAF).exists()  # nothing written when refusing
+
+
+def test_own_sluid_named_task_cgroup_is_carved(tree: Tree) -> None:
+    """Slurm 26.05's cgroup/v2 names the job dir by SLUID: the job's own SLUID is its cgroup,
+    another job's SLUID is refused like another job's id."""
+    task = tree.place(f"{SCOPE}/s8HHM8YR63YF00/step_0/user/task_0")
+    (task / "cgroup.procs").write_text("")
+    other = tree.choose(sluid="s8HHM8YR631300")
+    assert other.path is None
+    assert "(a SLUID), and job 42's SLUID is s8HHM8YR631300" in other.reason
+    choice = tree.choose(sluid="s8HHM8YR63YF00")
+    assert choice.path == task and choice.reason == "own cgroup (s8HHM8YR63YF00, step 0)"
+    assert (task / LEAF / "cgroup.procs").read_text() == f"{PID}\n"
 
 
 def test_never_above_the_job(tree: Tree) -> None:

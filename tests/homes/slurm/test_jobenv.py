@@ -58,6 +58,12 @@ def test_end_time_when_exported() -> None:
     assert job_from_env(env).end_time == 1767225600
 
 
+def test_sluid_when_exported() -> None:
+    """Slurm 26.05 exports the job's SLUID; 22.05 and 24.11 do not."""
+    assert job_from_env(load_env("env_22.05_prolog_gpu_job.env")).sluid is None
+    assert job_from_env(load_env("env_26.05_step_gpu.env")).sluid == "s8HHM8YR63YF00"
+
+
 @pytest.mark.parametrize(
     ("var", "value", "code"),
     [
@@ -88,6 +94,8 @@ def test_end_time_when_exported() -> None:
         ("SLURM_JOB_GPUS", "3-1", "invalid"),
         ("SLURM_JOB_GPUS", "0-99999", "invalid"),
         ("SLURM_JOB_END_TIME", "soon", "invalid"),
+        ("SLURM_JOB_SLUID", "../job_1", "invalid"),
+        ("SLURM_JOB_SLUID", "s8HHM8YR63YF0", "invalid"),
     ],
 )
 def test_bad_values_are_refused_with_a_code(var: str, value: str | None, code: str) -> None:

@@ -6,7 +6,8 @@ on n1 with a name, an account and a comment; B, the second GPU of n1 (its batch 
 environments); C, two nodes with two GPUs each; D, completed; E, pending and cancelled,
 its comment posing as ``JobState=``. What 22.05 gave (the bare-host recording) is
 tested in test_jobenv.py and test_scontrol.py; the differences the later releases show
-are asserted here by name.
+are asserted here by name. The job cgroups of all three releases under Slurm's cgroup/v2
+(``cgroup_<release>_*``, fixtures/README.md) are tested at the end.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.homes.slurm.cgroup_layout import parse_cgroup_path
+from slurm_fiber.homes.slurm.cgroup_layout import cgroup_of_pid, find_job_cgroup, parse_cgroup_path
+from slurm_fiber.homes.slurm.cgroup_root import own_root
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.scontrol import parse_ping, parse_show_job, parse_squeue_json
 from slurm_fiber.record import replace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RELEASES = ("24.11", "26.05")
+# Recorded with the container cluster running Slurm's cgroup/v2 (`cluster up --slurm-cgroup
+# v2`, record-fixtures.sh job F): cgroup_<release>_{job.env,batch.txt,step.txt,tree.txt}.
+CGROUP_RELEASES = ("22.05", "24.11", "26.05")
+SCOPE = "system.slice/n1_slurmstepd.scope"
 
 
 def jobs(release: str) -> dict[str, int]:
@@ -120,8 +126,8 @@ def test_squeue_with_slurmctld_unreachable_gives_no_json(release: str) -> None:
 
 def test_26_05_sluids_have_the_shape_the_cgroup_layout_reads() -> None:
     """26.05 names a job by its SLUID (the prolog's SLURM_JOB_SLUID, scontrol's SLUID=), which
-    names its cgroup dir unless CgroupJobIdPaths=yes; the test clusters run no cgroup plugin,
-    so the dir itself is not seen, but the SLUIDs it would be named by parse as such."""
+    names its cgroup/v2 directory unless CgroupJobIdPaths=yes (seen in the cgroup_26.05_*
+    recording below): every SLUID the daemons gave parses as such a directory."""
     sluid = env("26.05", "prolog_gpu_job")["SLURM_JOB_SLUID"]
     shown = parse_show_job(text("scontrol_show_job_26.05_two_nodes_detail.txt"), jobs("26.05")["C"])
     for name in (sluid, shown.get("SLUID")):
@@ -129,3 +135,56 @@ def test_26_05_sluids_have_the_shape_the_cgroup_layout_reads() -> None:
         found = parse_cgroup_path(f"/system.slice/slurmstepd.scope/{name}/step_0/user/task_0")
         assert found is not None and found.sluid == name and found.job_id is None
     assert "SLURM_JOB_SLUID" not in env("24.11", "prolog_gpu_job")
+
+
+def cgroup_job(release: str) -> dict[str, str]:
+    lines = text(f"cgroup_{release}_job.env").splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+@pytest.mark.parametrize("release", CGROUP_RELEASES)
+def test_job_cgroups_of_slurm_cgroup_v2(release: str, tmp_path: Path) -> None:
+    """What a job's processes read in /proc/self/cgroup (the v1 lines of a hybrid host, then
+    0::) and the node's tree: job_<id> up to 24.11, the job's SLUID on 26.05 (which then
+    gives no job id); the step's and task's levels are the same on every release."""
+    job = cgroup_job(release)
+    job_id, sluid = int(job["SLURM_JOB_ID"]), job.get("SLURM_JOB_SLUID")
+    job_dir = sluid if release >= "26.05" else f"job_{job_id}"
+    assert (sluid is not None) == (release >= "26.05")
+    for part, step in (("batch", "batch"), ("step", "0")):
+        (tmp_path / "proc" / part).mkdir(parents=True)
+        (tmp_path / "proc" / part / "cgroup").write_text(text(f"cgroup_{release}_{part}.txt"))
+        where = parse_cgroup_path(cgroup_of_pid(part, tmp_path / "proc"))
+        assert where is not None, part
+        assert (str(where.scope), where.job_dir, where.step, where.part, where.task) == (
+            SCOPE, job_dir, step, "user", "0")
+        assert (where.job_id, where.sluid) == ((None, sluid) if sluid else (job_id, None))
+    tree = text(f"cgroup_{release}_tree.txt").split()
+    jobs = {parse_cgroup_path(d).job_dir for d in tree if parse_cgroup_path(d)}
+    assert jobs == {job_dir}
+    levels = {(w.step, w.part, w.task) for d in tree if (w := parse_cgroup_path(d))}
+    assert {("batch", "user", "0"), ("batch", "slurm", None), ("0", "user", "0"),
+            ("0", "slurm", None)} <= levels
+    assert f"{SCOPE}/system" in tree and parse_cgroup_path(f"{SCOPE}/system") is None
+
+
+@pytest.mark.parametrize("release", CGROUP_RELEASES)
+def test_the_home_takes_its_own_step_cgroup_in_the_recorded_tree(release: str,
+                                                                 tmp_path: Path) -> None:
+    """Rebuilt from the recorded tree: the step's fiberd finds its job's directory by name
+    (job_<id> or the SLUID) and takes its own task cgroup, never another job's."""
+    job = cgroup_job(release)
+    job_id, sluid = int(job["SLURM_JOB_ID"]), job.get("SLURM_JOB_SLUID")
+    mount = tmp_path / "cgroup"
+    for directory in text(f"cgroup_{release}_tree.txt").split():
+        (mount / directory).mkdir(parents=True, exist_ok=True)
+        (mount / directory / "cgroup.procs").write_text("")
+    (tmp_path / "proc" / "7").mkdir(parents=True)
+    (tmp_path / "proc" / "7" / "cgroup").write_text(text(f"cgroup_{release}_step.txt"))
+    where = parse_cgroup_path(cgroup_of_pid(7, tmp_path / "proc"))
+    assert where is not None
+    assert find_job_cgroup(mount, where.job_dir) == mount / where.job_path
+    choice = own_root(mount, job_id, 7, tmp_path / "proc", sluid)
+    assert choice.path == mount / where.job_path / "step_0" / "user" / "task_0", choice.reason
+    other = own_root(mount, job_id + 1, 7, tmp_path / "proc", None)
+    assert other.path is None
