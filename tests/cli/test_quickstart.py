@@ -54,7 +54,6 @@ def test_quickstart_json_runs_end_to_end_and_leaves_only_the_audit_log() -> None
         clone = figures[f"clone_{mode}"]
         assert 0 < clone["p50_ms"] <= clone["p99_ms"] and clone["runs"] == CLONES
         assert clone["p50_ms"] < cold and clone["speedup_p50"] > 1
-    assert cold >= 100  # the default preloads import slowly (≥ 200 ms on a quiet machine)
     assert figures["mode"] in {"carved", "uncarved"} and figures["cgroups"]["reason"]
     host = figures["enforcement"]
     backend = figures["cgroups"]["backend"]
