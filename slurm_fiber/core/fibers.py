@@ -30,7 +30,8 @@ descendant might still write, so every file is kept.
 Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
 injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
 and the fiber's process group), and returns once the fiber is gone.
-``stop_all`` does it for many at once (grant removal, expiry, epoch bump).
+``stop_all`` does it for many at once (grant removal, expiry, epoch bump), with
+one ``cgroup.kill`` for all when they share a cgroup that holds nothing else.
 ``DeadlineTimer`` keeps every fiber's deadline, given as a callable (the
 core's decision, which may move when a lease or fence changes), on one heap
 and one timer task, and stops each fiber when its deadline comes;
@@ -262,11 +263,13 @@ class Fiber:
             self.state = FiberState.STOPPING
         self.signal(signal.SIGTERM)
 
-    def _kill_after(self, grace: float) -> None:
-        """The end of a stop's grace: SIGKILL unless it has ended meanwhile."""
+    def _kill_after(self, grace: float, send: bool = True) -> None:
+        """The end of a stop's grace: SIGKILL unless it has ended meanwhile (``send``
+        False: the caller has killed it with others; only say so in its reason)."""
         if self.exit is None:
             self._killed_after = grace
-            self.kill()
+            if send:
+                self.kill()
 
     def kill(self) -> None:
         """SIGKILL now: the whole cgroup when carved, else the pidfd and process group.
@@ -395,10 +398,13 @@ def _unless_empty(path: Path | None) -> Path | None:
     return None
 
 
-async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberEnd]:
+async def stop_all(fibers: Iterable[Fiber], grace: float,
+                   kill_all: Callable[[], None] | None = None) -> list[FiberEnd]:
     """Stop every fiber at once, as ``Fiber.stop`` does one: SIGTERM to each, one grace on
     the clock for all (one timer, not one per fiber), SIGKILL to those still running;
-    returns their exits (in order) once all are gone."""
+    returns their exits (in order) once all are gone. ``kill_all``, when given, is that
+    SIGKILL for all of them in one call (the ``cgroup.kill`` of a cgroup holding every
+    one, and nothing that must live), instead of a kill per fiber."""
     chosen = list(fibers)
     running = [f for f in chosen if f.exit is None]
     if running:
@@ -406,8 +412,10 @@ async def stop_all(fibers: Iterable[Fiber], grace: float) -> list[FiberEnd]:
             fiber._terminate()
         everyone = asyncio.ensure_future(asyncio.gather(*(f.wait() for f in running)))
         if not await first_done(everyone, running[0].clock.sleep(grace)):
+            if kill_all is not None:
+                kill_all()
             for fiber in running:
-                fiber._kill_after(grace)
+                fiber._kill_after(grace, send=kill_all is None)
         await everyone
     return [f.exit for f in chosen if f.exit is not None]
 
