@@ -318,7 +318,8 @@ class Fiber:
         # Read now (reaped once the template is gone), and only while the template's child:
         # one that died after its template did died with it (lost).
         kernel = zombie_exit(self.pid, pidfd, self.parent)
-        if await first_done(self._reported, self.clock.sleep(self.report_timeout)):
+        if self._reported.done() or await first_done(
+                self._reported, self.clock.sleep(self.report_timeout)):
             state, msg = self._reported.result()
             if state is FiberState.EXITED or kernel is None:
                 return state, msg
@@ -410,7 +411,10 @@ async def stop_all(fibers: Iterable[Fiber], grace: float,
     if running:
         for fiber in running:
             fiber._terminate()
-        everyone = asyncio.ensure_future(asyncio.gather(*(f.wait() for f in running)))
+        # Their own end tasks (which never raise, and this wait does not cancel them), not
+        # a wait() task per fiber on top.
+        ends = [f._finished for f in running if f._finished is not None]
+        everyone = asyncio.ensure_future(asyncio.wait(ends))
         if not await first_done(everyone, running[0].clock.sleep(grace)):
             if kill_all is not None:
                 kill_all()
