@@ -104,9 +104,13 @@ async def test_shutdown_kills_fibers_that_ignore_sigterm_and_still_reports_each_
     site.drop()
     async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
         await warm(live)
-        for _ in range(many):
-            await live.clone(target="tests.runtime.targets:stubborn", args=(600,))
-        await until(lambda: len(list(cgroup_root.glob("grant-*/fibers/group-*"))) >= 2)
+        views = [await live.clone(target=f"{T}:ignore_term_and_sleep", args=(600,))
+                 for _ in range(many)]
+        outs = [v.fiber.stdout_path for v in views]
+        # Each has set SIGTERM aside (it says so once it has).
+        await until(lambda: all(p.is_file() and p.read_text() == "ignoring\n" for p in outs),
+                    within=60)
+        assert len(list(cgroup_root.glob("grant-*/fibers/group-*"))) >= 2
         await live.core.shutdown()
         assert live.core.fibers_running() == 0
     ended = exits(site)
