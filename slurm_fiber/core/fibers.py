@@ -263,20 +263,27 @@ class Fiber:
             self.state = FiberState.STOPPING
         self.signal(signal.SIGTERM)
 
-    def _kill_after(self, grace: float, send: bool = True) -> None:
-        """The end of a stop's grace: SIGKILL unless it has ended meanwhile (``send``
-        False: the caller has killed it with others; only say so in its reason)."""
+    def _kill_after(self, grace: float, cgroup_killed: bool = False) -> None:
+        """The end of a stop's grace: SIGKILL unless it has ended meanwhile
+        (``cgroup_killed``: the caller killed a cgroup holding this fiber's; the fiber
+        and its process group still get theirs, in case the fiber left that cgroup)."""
         if self.exit is None:
             self._killed_after = grace
-            if send:
+            if cgroup_killed:
+                self._kill_leader()
+            else:
                 self.kill()
 
     def kill(self) -> None:
-        """SIGKILL now: the whole cgroup when carved, else the pidfd and process group.
+        """SIGKILL now: the whole cgroup when carved, and the pidfd and process group.
         An emptied cgroup is left alone (``cgroup.kill`` waits on the kernel's cgroup lock,
         which thousands of fibers ending at once contend for)."""
         if self.cgroup is not None and cgroups.populated(self.cgroup):
             cgroups.kill(self.cgroup)
+        self._kill_leader()
+
+    def _kill_leader(self) -> None:
+        """SIGKILL the fiber's process (by its pidfd) and the process group it leads."""
         if self.pidfd is not None and not pidfd_exited(self.pidfd):
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -403,9 +410,10 @@ async def stop_all(fibers: Iterable[Fiber], grace: float,
                    kill_all: Callable[[], None] | None = None) -> list[FiberEnd]:
     """Stop every fiber at once, as ``Fiber.stop`` does one: SIGTERM to each, one grace on
     the clock for all (one timer, not one per fiber), SIGKILL to those still running;
-    returns their exits (in order) once all are gone. ``kill_all``, when given, is that
-    SIGKILL for all of them in one call (the ``cgroup.kill`` of a cgroup holding every
-    one, and nothing that must live), instead of a kill per fiber."""
+    returns their exits (in order) once all are gone. ``kill_all``, when given, kills
+    all their cgroups in one call (the ``cgroup.kill`` of a cgroup holding every one,
+    and nothing that must live), instead of a ``cgroup.kill`` per fiber; each fiber's
+    own process and group are still signalled (a fiber may have left its cgroup)."""
     chosen = list(fibers)
     running = [f for f in chosen if f.exit is None]
     if running:
@@ -419,7 +427,7 @@ async def stop_all(fibers: Iterable[Fiber], grace: float,
             if kill_all is not None:
                 kill_all()
             for fiber in running:
-                fiber._kill_after(grace, send=kill_all is None)
+                fiber._kill_after(grace, cgroup_killed=kill_all is not None)
         await everyone
     return [f.exit for f in chosen if f.exit is not None]
 

@@ -127,6 +127,26 @@ async def test_shutdown_kills_fibers_that_ignore_sigterm_and_still_reports_each_
 
 @pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
 @aio
+async def test_a_fiber_that_left_the_fibers_cgroup_is_still_killed_at_shutdown(
+        site: Site, cgroup_root: Path) -> None:
+    # The grant's one cgroup.kill misses it; its own SIGKILL (pidfd, group) does not.
+    site.drop()
+    async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
+        await warm(live)
+        template = str(cgroup_root / "grant-g1" / "template")
+        view = await live.clone(target="tests.runtime.targets:escape", args=(template, 600))
+        out = view.fiber.stdout_path
+        await until(lambda: out.is_file() and out.read_text() == "moved\n")
+        await live.core.shutdown()
+    [end] = exits(site)
+    record = end["exit"]
+    assert isinstance(record, dict) and record["signal"] == signal.SIGKILL
+    await until(lambda: marked_procs(site.mark) == [])
+    assert [p for p in cgroup_root.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
 async def test_slot_groups_go_once_their_leaves_are_gone(cgroup_root: Path) -> None:
     mgr = CgroupManager(cgroup_root)
     grant = mgr.carve_grant("g", Limits())
