@@ -44,11 +44,8 @@ from pathlib import Path
 
 from slurm_fiber.cli.latency import MeasureFailed, clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
-from slurm_fiber.cli.throwaway import AUDIENCE, ISSUER, RUN_MARK, TOKEN_TTL, Site, SiteFailed
+from slurm_fiber.cli.throwaway import Site, SiteFailed
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.mint import generate_key, mint
-from slurm_fiber.core.trust import public_jwk
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SLEEP_ARGV = ["sleep", "600"]
@@ -61,20 +58,8 @@ class ScaleSite(Site):
 
     @classmethod
     def with_grants(cls, root: Path, preloads: Sequence[str], grants: int) -> ScaleSite:
-        site = cls(root, tuple(preloads))
-        key = generate_key()
-        grantdir = site.state / "grants"
-        grantdir.mkdir(parents=True, mode=0o700)
-        for path in (root, site.state):
-            path.chmod(0o700)
-        (root / "issuer.jwks.json").write_text(json.dumps({"keys": [public_jwk(key)]}))
-        now = time.time()
-        spec = FiberSpec(template=TemplateSpec(preload=site.preloads,
-                                               env={RUN_MARK: site.run_id}), limits=Limits())
-        for g in range(grants):
-            token = mint(key, issuer=ISSUER, uid=f"g{g}", audience=AUDIENCE, iat=now,
-                         exp=now + TOKEN_TTL, spec=spec)
-            (grantdir / f"g{g}.jwt").write_text(token)
+        site = cls.create(root, preloads, uids=[f"g{g}" for g in range(grants)])
+        assert isinstance(site, ScaleSite)
         return site
 
     def flags(self, cgroup_root: str) -> list[str]:

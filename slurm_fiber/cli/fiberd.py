@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any
 
 import typer
 
-from slurm_fiber.cli.fiberd_options import option_parameters, resolve_config, with_parameters
+from slurm_fiber.cli.fiberd_options import (
+    option_parameters,
+    plain_flags,
+    resolve_config,
+    with_parameters,
+)
 from slurm_fiber.config import ConfigError
 from slurm_fiber.daemon import FiberdRefused, run_daemon
 from slurm_fiber.homes.select import HomeRefused, lookup, names
@@ -80,5 +86,12 @@ app.command(help=HELP.format(homes=describe_homes()))(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
+    flags = plain_flags(sys.argv[1:])
+    if flags is None:
+        app()
+        return
+    try:
+        fiberd_command(**flags)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)

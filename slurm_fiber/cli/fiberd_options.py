@@ -5,13 +5,20 @@ switch: a bare ``--flag`` / ``--no-flag``) whose help names its environment
 variable, so the table stays the one place an option is described.
 ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags`` turns the
 parsed flags into a ``FiberdConfig``.
+
+``plain_flags`` parses a command line made only of these flags with the
+standard library, as typer would: typer's own parsing imports pydantic (about
+10 MB of a long-running daemon's memory, measured), so the daemons take this
+path first and leave typer anything else (``--help``, an unknown flag, a value
+that looks like a flag), which it parses and explains as before.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 import typer
 
@@ -37,6 +44,38 @@ def option_parameters() -> list[inspect.Parameter]:
         params.append(inspect.Parameter(opt.name, KW, annotation=str | None, default=typer.Option(
             None, opt.flag, metavar=opt.name.upper(), show_default=False, help=help_text)))
     return params
+
+
+class _Declined(Exception):
+    """The command line is not plain flags: typer parses it."""
+
+
+class _PlainParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Declined(message)
+
+
+def plain_flags(argv: Sequence[str], extra: Mapping[str, bool] | None = None
+                ) -> dict[str, object] | None:
+    """``argv`` parsed as typer parses ``option_parameters()`` (and the ``extra`` options:
+    flag -> whether it is a bare switch), keyed by parameter name (values are strings,
+    switches bools, absent ones None); None when it is anything else (typer's to parse).
+    Flags are matched whole (no abbreviations), ``--flag VALUE`` or ``--flag=VALUE``."""
+    parser = _PlainParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--config")
+    for opt in OPTIONS:
+        if opt.switch:
+            parser.add_argument(opt.flag, dest=opt.name, default=None,
+                                action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name)
+    for flag, switch in (extra or {}).items():
+        parser.add_argument(flag, action="store_true" if switch else "store")
+    try:
+        parsed, rest = parser.parse_known_args(list(argv))
+    except _Declined:
+        return None
+    return None if rest else vars(parsed)
 
 
 def with_parameters(fn: Callable[..., Any], params: list[inspect.Parameter]) -> Callable[..., Any]:

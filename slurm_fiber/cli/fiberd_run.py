@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import os
 import signal
+import sys
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -31,6 +32,7 @@ from slurm_fiber.cli.fiberd import STARTUP_ERRORS, fail
 from slurm_fiber.cli.fiberd_options import (
     KW,
     option_parameters,
+    plain_flags,
     resolve_config,
     with_parameters,
 )
@@ -39,6 +41,8 @@ from slurm_fiber.core.misses import Miss
 from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
 from slurm_fiber.homes.select import claiming
 from slurm_fiber.logs import setup_logging
+
+WARM_TIMEOUT = 120.0  # seconds --warm-timeout defaults to
 
 HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber once warm.
 
@@ -152,7 +156,8 @@ PARAMS = [
         False, "--standalone", hidden=True,
         help="deprecated: --home standalone (says so on stderr)")),
     inspect.Parameter("warm_timeout", KW, annotation=float, default=typer.Option(
-        120.0, "--warm-timeout", help="seconds to wait for a warm template before running CMD")),
+        WARM_TIMEOUT, "--warm-timeout",
+        help="seconds to wait for a warm template before running CMD")),
     *option_parameters(),
     inspect.Parameter("cmd", KW, annotation=list[str] | None,
                                     default=typer.Argument(None, metavar="[-- CMD ...]")),
@@ -163,6 +168,31 @@ app.command(help=HELP, context_settings={"allow_interspersed_args": False})(
     with_parameters(fiberd_run_command, PARAMS))
 
 
+def plain_run_flags(argv: list[str]) -> dict[str, object] | None:
+    """fiberd-run's parameters from plain flags and ``-- CMD ...`` (``plain_flags``); None
+    for anything else, which typer parses."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    flags = plain_flags(argv[:split], {"--warm-timeout": False, "--standalone": True})
+    if flags is None:
+        return None
+    try:
+        flags["warm_timeout"] = float(str(flags["warm_timeout"] or WARM_TIMEOUT))
+    except ValueError:
+        return None
+    flags["cmd"] = argv[split + 1:]
+    return flags
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
+    flags = plain_run_flags(sys.argv[1:])
+    if flags is None:
+        app()
+        return
+    try:
+        fiberd_run_command(**flags)
+    except typer.BadParameter as err:  # as typer would say it: a usage error
+        err.show()
+        sys.exit(err.exit_code)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)

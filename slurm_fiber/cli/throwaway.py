@@ -2,14 +2,15 @@
 
 Used by ``slurm-fiber quickstart`` and bench/clone.py. ``Site.create(root,
 preloads)`` makes, under ``root`` (mode 0700), a fresh Ed25519 issuer key
-(kept in memory only), its JWKS, and one grant token whose template preloads
-the given modules, dropped into the standalone home's grantdir. ``Site.start``
-runs the ``fiberd`` console script of this interpreter's environment (the same
-venv) with flags only: the caller's ``FIBERD_*`` variables and systemd's
-``NOTIFY_SOCKET`` are not passed on, so nothing outside ``root`` configures it
-or hears from it. Every template and fiber carries ``SLURM_FIBER_RUN=<run
-id>`` in its environment, which is how ``Site.leftovers`` finds any process of
-this run still alive after the stop. Nothing here needs root.
+(kept in memory only), its JWKS, and one grant token (or one per given UID)
+whose template preloads the given modules, dropped into the standalone
+home's grantdir. ``Site.start`` runs the ``fiberd`` console script of this
+interpreter's environment (the same venv) with flags only: the caller's
+``FIBERD_*`` variables and systemd's ``NOTIFY_SOCKET`` are not passed on, so
+nothing outside ``root`` configures it or hears from it. Every template and
+fiber carries ``SLURM_FIBER_RUN=<run id>`` in its environment, which is how
+``Site.leftovers`` finds any process of this run still alive after the stop.
+Nothing here needs root.
 
 All methods block. Failures raise ``SiteFailed`` with one line a person can act on.
 """
@@ -89,9 +90,10 @@ class Site:
         return self.root / "fiberd.log"
 
     @classmethod
-    def create(cls, root: Path, preloads: Sequence[str], limits: Limits | None = None) -> Site:
-        """Write the issuer's JWKS and one grant (with ``limits``, if given) into a new
-        layout under ``root``."""
+    def create(cls, root: Path, preloads: Sequence[str], limits: Limits | None = None,
+               uids: Sequence[str] = (GRANT,)) -> Site:
+        """Write the issuer's JWKS and a grant per UID in ``uids`` (one, ``quickstart``, by
+        default; with ``limits``, if given) into a new layout under ``root``."""
         site = cls(root, tuple(preloads))
         key = generate_key()
         grantdir = site.state / "grants"
@@ -103,9 +105,10 @@ class Site:
         spec = FiberSpec(template=TemplateSpec(preload=site.preloads,
                                                env={RUN_MARK: site.run_id}),
                          limits=limits or Limits())
-        token = mint(key, issuer=ISSUER, uid=GRANT, audience=AUDIENCE, iat=now,
-                     exp=now + TOKEN_TTL, spec=spec)
-        (grantdir / f"{GRANT}.jwt").write_text(token)
+        for uid in uids:
+            token = mint(key, issuer=ISSUER, uid=uid, audience=AUDIENCE, iat=now,
+                         exp=now + TOKEN_TTL, spec=spec)
+            (grantdir / f"{uid}.jwt").write_text(token)
         return site
 
     def flags(self, cgroup_root: str) -> list[str]:

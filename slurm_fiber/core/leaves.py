@@ -1,27 +1,35 @@
 """The cgroup leaves of a template's spares: made ahead, recycled, removed in the background.
 
-A spare (core/spares.py) sits in its own leaf, ``slot-<n>`` under the grant's
-cgroup. ``LeafPool.take`` gives a free leaf kept from an ended fiber, else
-makes one (off the event loop: ``mkdir`` waits while a migration holds the
-kernel's cgroup lock). ``give_back`` keeps an ended fiber's empty leaf for a
-later spare, unless it had a memory controller (its ``memory.peak`` would
-carry over), holds sub-cgroups, the pool is closed or already holds enough;
-otherwise it is removed in the background. So a Clone creates and removes no
-cgroup. Every background removal (and every kill a caller hands to
-``track``) is kept in view: ``settle`` returns once all are done, which
-``Template.stop`` waits for. With no grant cgroup (uncarved) there are no
-leaves: ``take`` gives None.
+A spare (core/spares.py) sits in its own leaf, ``slot-<n>`` in a slot group
+under the grant's ``fibers`` cgroup (core/cgroups.py), the n-th leaf a pool
+makes in group n // ``SLOTS_PER_GROUP``. ``LeafPool.take`` gives a free leaf
+kept from an ended fiber, else makes one (off the event loop: ``mkdir`` waits
+while a migration holds the kernel's cgroup lock). ``give_back`` keeps an
+ended fiber's empty leaf for a later spare, unless it had a memory controller
+(its ``memory.peak`` would carry over), holds sub-cgroups, the pool is closed
+or already holds enough; otherwise it is removed in the background. So a
+Clone creates and removes no cgroup. Removals are queued and done by one
+worker thread at a time, in batches (all queued while the last batch ran): an
+rmdir takes the kernel's cgroup lock, and thousands of fibers ending at once
+(a mass stop) each removing its leaf on its own thread would contend for it,
+spinning on both cores while fiberd's loop waits for CPU. A group the pool
+has moved past is removed once its last leaf is. Every background removal
+(and every kill a caller hands to ``track``) is kept in view: ``settle``
+returns once all are done, which ``Template.stop`` waits for. With no grant
+cgroup (uncarved) there are no leaves: ``take`` gives None.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
 import os
 from pathlib import Path
 
 from slurm_fiber.core import cgroups
-from slurm_fiber.core.cgroups import GrantCgroup
+from slurm_fiber.core.cgroups import SLOTS_PER_GROUP, GrantCgroup
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +40,24 @@ class LeafCreateFailed(Exception):
 
 class LeafPool:
     """One template's free slot leaves and the removals under way. Not thread-safe;
-    use on fiberd's event loop."""
+    use on fiberd's event loop.
+
+    Its slot groups are its own (``group-<pool>-<k>``, ``pool`` unique in this
+    fiberd), so it alone decides when one is empty: ``_live`` counts each group's
+    leaves from ``take`` (before the mkdir) until their removal is done.
+    """
 
     def __init__(self, cgroup: GrantCgroup | None) -> None:
         self.cgroup = cgroup
+        self._name = next(_POOLS)
         self._free: list[Path] = []
         self._pending: set[asyncio.Future[None]] = set()
+        self._doomed: list[Path] = []  # queued for removal
+        self._remover: asyncio.Future[None] | None = None
+        self._made = 0  # leaves made so far: the next one's group is made // SLOTS_PER_GROUP
+        self._live: collections.Counter[Path] = collections.Counter()
+        self._empty: set[Path] = set()  # groups whose leaves are all removed
+        self._groups: dict[Path, asyncio.Future[None]] = {}  # group -> its mkdir
 
     async def take(self, spare_id: str) -> Path | None:
         """A free slot leaf, else a new one named for ``spare_id``; None when uncarved.
@@ -46,10 +66,22 @@ class LeafPool:
             return None
         if self._free:
             return self._free.pop()
-        leaf = self.cgroup.slot(spare_id)
+        group = self._filling()
+        leaf = self.cgroup.slot(spare_id, group.name.removeprefix("group-"))
+        self._made += 1
+        self._live[group] += 1
+        self._empty.discard(group)
+        made = self._groups.get(group)
+        if made is None:  # the group's first leaf makes it; the others wait for that
+            made = self._groups[group] = asyncio.ensure_future(
+                asyncio.to_thread(cgroups.mkdir_group, group))
         try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
+            await asyncio.shield(made)
             await asyncio.to_thread(cgroups.mkdir, leaf)  # and its v1 mirrors
         except OSError as e:
+            if made.done() and made.exception() is not None:
+                self._groups.pop(group, None)  # the next leaf tries again
+            self._remove([leaf])  # nothing, or a group left empty
             raise LeafCreateFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
         return leaf
 
@@ -60,13 +92,16 @@ class LeafPool:
         if keep and peak is None and len(self._free) < limit and _bare(leaf):
             self._free.append(leaf)
         else:
-            self.track(asyncio.ensure_future(_remove_leaf(leaf)))
+            self._remove([leaf])
+
+    def discard(self, leaf: Path) -> None:
+        """Remove a leaf nothing runs in any more (a dead spare's), in the background."""
+        self._remove([leaf])
 
     def clear(self) -> None:
         """Remove every free leaf, in the background."""
-        for leaf in self._free:
-            self.track(asyncio.ensure_future(_remove_leaf(leaf)))
-        self._free.clear()
+        self._remove(self._free)
+        self._free = []
 
     def track(self, task: asyncio.Future[None]) -> None:
         """Keep a background removal (or a spare's kill) in view for ``settle``."""
@@ -78,6 +113,37 @@ class LeafPool:
         while self._pending:
             await asyncio.gather(*list(self._pending))
 
+    def _filling(self) -> Path:
+        """The group the next new leaf goes in (the pool is carved)."""
+        assert self.cgroup is not None
+        return self.cgroup.group(f"{self._name}-{self._made // SLOTS_PER_GROUP}")
+
+    def _remove(self, leaves: list[Path]) -> None:
+        """Queue ``leaves`` for removal; start the remover unless it runs (it takes them)."""
+        self._doomed += leaves
+        if self._doomed and (self._remover is None or self._remover.done()):
+            self._remover = asyncio.ensure_future(self._remove_queued())
+            self.track(self._remover)
+
+    async def _remove_queued(self) -> None:
+        """Remove the queued leaves, a batch per thread hop, until the queue is empty; with
+        each batch the groups left empty that no new leaf will go in."""
+        while self._doomed:
+            batch, self._doomed = self._doomed, []
+            for leaf in batch:
+                self._live[leaf.parent] -= 1
+                if self._live[leaf.parent] <= 0:
+                    del self._live[leaf.parent]
+                    self._empty.add(leaf.parent)
+            groups = self._empty - {self._filling()}
+            self._empty -= groups
+            for group in groups:
+                self._groups.pop(group, None)
+            await asyncio.to_thread(_remove_leaves, batch, groups)
+
+
+_POOLS = itertools.count()
+
 
 def _bare(leaf: Path) -> bool:
     """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some)."""
@@ -88,8 +154,13 @@ def _bare(leaf: Path) -> bool:
         return False
 
 
-async def _remove_leaf(leaf: Path) -> None:
-    try:
-        await asyncio.to_thread(cgroups.remove_tree, leaf)
-    except OSError as e:
-        log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
+def _remove_leaves(leaves: list[Path], groups: set[Path]) -> None:
+    """rmdir each leaf and its mirrors, then the empty ``groups`` (in a worker thread); a
+    failure is logged."""
+    for leaf in leaves:
+        try:
+            cgroups.remove_tree(leaf)
+        except OSError as e:
+            log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
+    for group in groups:
+        cgroups.remove_if_empty(group)

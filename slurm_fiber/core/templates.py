@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -319,10 +320,14 @@ class Template:
         return await stop_all(chosen, grace)
 
     async def stop(self, grace: float) -> None:
-        """Stop every fiber (SIGTERM, grace, SIGKILL), the spares, then the template;
-        returns once all are gone. The template is ``stopped`` for good (no re-warm)."""
+        """Stop every fiber (SIGTERM, grace, SIGKILL: carved, one ``cgroup.kill`` of the
+        grant's ``fibers`` cgroup, which holds only fibers and spares), the spares, then
+        the template; returns once all are gone. The template is ``stopped`` for good
+        (no re-warm)."""
         self._on(Event.STOP)
-        await self.stop_fibers(grace)
+        fibers = self.cgroup.fibers if self.cgroup is not None else None
+        await stop_all(list(self.fibers.values()), grace,
+                       functools.partial(cgroups.kill, fibers) if fibers is not None else None)
         self._dismiss_spares()
         if self._sock is not None:
             with contextlib.suppress(OSError, wire.WireError):
@@ -520,7 +525,7 @@ class Template:
             spare.spared.set_exception(_NoAnswer("the template is gone"))
         if not spare.spared.cancelled():
             spare.spared.exception()  # retrieved: nobody may be waiting for it
-        self._leaves.track(asyncio.ensure_future(_kill_spare(spare)))
+        self._leaves.track(asyncio.ensure_future(_kill_spare(spare, self._leaves)))
 
     # ------------------------------------------------------------ process
 
@@ -729,10 +734,12 @@ class _NoAnswer(ForkFailed):
     stopping (it is no longer ready; ``fork`` turns this into TemplateNotReady)."""
 
 
-async def _kill_spare(spare: Spare) -> None:
-    """SIGKILL a spare that never ran user code and wait until it and its leaf are gone."""
+async def _kill_spare(spare: Spare, leaves: LeafPool) -> None:
+    """SIGKILL a spare that never ran user code and wait until it is gone; its leaf goes
+    back to ``leaves`` for removal."""
     if spare.cgroup is not None:
-        await cgroups.kill_and_remove(spare.cgroup)
+        await cgroups.empty(spare.cgroup)
+        leaves.discard(spare.cgroup)
     elif spare.pidfd is not None:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(spare.pidfd, signal.SIGKILL)

@@ -4,8 +4,8 @@
 failure: the size cap (before anything is parsed), the three base64url
 segments, the header (before any crypto), the issuer and key, the signature
 (with the algorithm pinned to the key, never the one the header names), then
-the claims of DESIGN §3 and their times against the injected clock. PyJWT's
-algorithm objects do the signature; PyJWT never reads the wall clock here.
+the claims of DESIGN §3 and their times against the injected clock.
+``trust.verify`` checks the signature; nothing here reads the wall clock.
 Leeway widens ``nbf`` and ``iat`` only, never ``exp``, so it cannot lengthen a
 lease. Nothing but ``TokenRefused`` escapes ``verify``: the header and the
 claims are parsed before the signature is checked, so every value in them is
@@ -47,12 +47,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jwt.algorithms import Algorithm, get_default_algorithms
-
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fiberspec import BadFiberClaim, number_in_range, parse_fiber_spec
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
-from slurm_fiber.core.trust import TrustedKey, TrustStore
+from slurm_fiber.core.trust import TrustedKey, TrustStore, verify
 from slurm_fiber.record import replace
 
 MAX_TOKEN_BYTES = 64 * 1024
@@ -60,7 +58,6 @@ MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the last second every d
 ALLOWED_ALGS = ("EdDSA", "ES256")
 SUPPORTED_CRIT: frozenset[str] = frozenset()  # no JWS extension is understood
 _B64URL = re.compile(rb"[A-Za-z0-9_-]*")
-_ALGORITHMS: dict[str, Algorithm] = {a: get_default_algorithms()[a] for a in ALLOWED_ALGS}
 
 
 class TokenReason(enum.StrEnum):
@@ -303,7 +300,7 @@ class TokenVerifier:
             raise TokenRefused(TokenReason.ALG_NOT_ALLOWED,
                                f"key {key.kid!r} is pinned to {key.alg}, token says {parsed.alg}")
         signature = _b64(sig, "signature")
-        if not _ALGORITHMS[key.alg].verify(head + b"." + payload, key.key, signature):
+        if not verify(key.alg, key.key, head + b"." + payload, signature):
             raise TokenRefused(
                 TokenReason.BAD_SIGNATURE, f"signature does not verify with key {key.kid!r}"
             )

@@ -2,7 +2,10 @@
 
 A ``TrustStore`` maps issuer names to JWKS files. Keys are parsed once into
 key objects, each pinned to one algorithm taken from the key itself
-(OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token. Any other key
+(OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token; ``verify``
+checks a signature with such a key (the ``cryptography`` primitives, as PyJWT's
+algorithms do, without importing PyJWT: its package brings x509 and an HTTP
+client, about 4 MB of fiberd's memory, measured). Any other key
 (RSA, oct, other curves, private material, no ``kid``, a duplicate ``kid``, an
 ``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
 why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
@@ -25,8 +28,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from slurm_fiber.record import record
 
@@ -99,17 +104,57 @@ def parse_jwks(issuer: str, data: bytes) -> tuple[dict[str, TrustedKey], list[st
     return keys, skipped
 
 
-def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
-    from jwt.algorithms import ECAlgorithm, OKPAlgorithm  # PyJWT: only where keys are read
+def verify(alg: str, key: PublicKey, message: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` (as a JWS carries it: Ed25519's 64 bytes, or ES256's raw
+    32-byte r and s) signs ``message`` under ``key`` with ``alg`` (EdDSA or ES256); False
+    for any other algorithm, or a key not of it."""
+    try:
+        if alg == "EdDSA" and isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(signature, message)
+            return True
+        if (alg == "ES256" and isinstance(key, ec.EllipticCurvePublicKey)
+                and isinstance(key.curve, ec.SECP256R1) and len(signature) == 64):
+            der = encode_dss_signature(int.from_bytes(signature[:32], "big"),
+                                       int.from_bytes(signature[32:], "big"))
+            key.verify(der, message, ec.ECDSA(hashes.SHA256()))
+            return True
+    except InvalidSignature:
+        pass
+    return False
 
+
+def _ed25519_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
+    return ed25519.Ed25519PublicKey.from_public_bytes(_coordinate(jwk, "x"))
+
+
+def _p256_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
+    x, y = _coordinate(jwk, "x"), _coordinate(jwk, "y")
+    if len(x) != 32 or len(y) != 32:
+        raise ValueError("a P-256 coordinate is not 32 bytes")
+    numbers = ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
+                                            ec.SECP256R1())
+    return numbers.public_key()  # ValueError for a point not on the curve
+
+
+def _coordinate(jwk: Mapping[str, Any], name: str) -> bytes:
+    value = jwk.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} is missing or not a string")
+    try:
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except ValueError:
+        raise ValueError(f"{name!r} is not base64url") from None
+
+
+def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
     kty, crv = jwk.get("kty"), jwk.get("crv")
     if "d" in jwk:
         raise ValueError("carries private key material; publish public keys only")
-    loader: Callable[[Any], object]
+    loader: Callable[[Mapping[str, Any]], PublicKey]
     if kty == "OKP" and crv == "Ed25519":
-        alg, loader = "EdDSA", OKPAlgorithm.from_jwk
+        alg, loader = "EdDSA", _ed25519_from_jwk
     elif kty == "EC" and crv == "P-256":
-        alg, loader = "ES256", ECAlgorithm.from_jwk
+        alg, loader = "ES256", _p256_from_jwk
     else:
         raise ValueError(f"kty={kty!r} crv={crv!r} is not accepted (only Ed25519 or P-256)")
     if jwk.get("alg", alg) != alg:
@@ -118,7 +163,7 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
         raise ValueError(f"says use {jwk.get('use')!r}, not 'sig'")
     try:
         key = loader(jwk)
-    except Exception as err:  # PyJWT raises several types for bad key material
+    except (ValueError, TypeError) as err:
         raise ValueError(f"bad key material ({err})") from None
     if not isinstance(key, PublicKey):
         raise ValueError("is not a public key")

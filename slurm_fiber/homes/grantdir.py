@@ -56,12 +56,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-import jwt
-
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent
+from slurm_fiber.core.tokens import TokenRefused, decode_unverified
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.safefs import read_upto
 
@@ -125,10 +124,10 @@ _Reading = bytes | _Bad | _InFlux | _Same
 def unverified_uid(token: bytes) -> str | None:
     """The ``sub`` a JWT-shaped token names, unverified; None when it names no valid UID."""
     try:
-        claims = jwt.decode(token.strip(), options={"verify_signature": False})
-    except (jwt.PyJWTError, ValueError, TypeError):
+        claims = decode_unverified(token).claims
+    except TokenRefused:
         return None
-    uid = claims.get("sub") if isinstance(claims, dict) else None
+    uid = claims.get("sub")
     return uid if valid_uid(uid) else None
 
 

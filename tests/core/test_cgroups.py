@@ -103,7 +103,7 @@ def test_carve_join_kill_wait_remove(cgroup_root: Path):
     # This machine offers no memory/pids controller: both limits reported, none enforced.
     assert [o.enforced for o in grant.limits] == [False, False]
     leaf = grant.slot("f1")
-    leaf.mkdir()
+    leaf.mkdir(parents=True)
     proc = _sleeper(leaf)
     assert cgroups.populated(leaf) and cgroups.pids(grant.path) == [proc.pid]
     cgroups.kill(leaf)
@@ -119,8 +119,8 @@ def test_sweep_removes_a_dead_fiberds_cgroups_and_their_processes(cgroup_root: P
     for uid in ("a", "b"):
         grant = old.carve_grant(uid, Limits())
         assert grant is not None
-        grant.slot("x").mkdir()
-    straggler = _sleeper(cgroup_root / "grant-a" / "slot-x")
+        grant.slot("x").mkdir(parents=True)
+    straggler = _sleeper(cgroup_root / "grant-a" / "fibers" / "group-0" / "slot-x")
     removed = asyncio.run(CgroupManager(cgroup_root).sweep())
     assert [p.name for p in removed] == ["grant-a", "grant-b"]
     assert straggler.wait(timeout=10) == -9
@@ -246,8 +246,10 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
         assert "a *:* rwm" not in listed and "c 1:3 rwm" in listed
         assert grant.devices is not None and grant.devices.confined
         leaf = grant.slot("f1")
+        cgroups.mkdir_group(leaf.parent)
         cgroups.mkdir(leaf)
-        assert cgroups.mirrors(leaf) == [v1[c] / name / "slot-f1" for c in v1]
+        assert cgroups.mirrors(leaf) == [v1[c] / name / "fibers" / "group-0" / "slot-f1"
+                                         for c in v1]
         assert all(m.is_dir() for m in cgroups.mirrors(leaf))
         asyncio.run(mgr.remove_grant("u:1"))
         assert not any((v1[c] / name).exists() for c in v1)

@@ -9,7 +9,7 @@ from pathlib import Path
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.mint import generate_key
 from slurm_fiber.core.tokens import TokenReason, TokenRefused, TokenVerifier
-from slurm_fiber.core.trust import TrustStore, parse_jwks, public_jwk
+from slurm_fiber.core.trust import TrustStore, parse_jwks, public_jwk, verify
 from tests.core.tokenkit import AUDIENCE, Issuer
 
 
@@ -100,3 +100,30 @@ def test_public_jwk_kid_is_the_rfc7638_thumbprint():
     x = bytes.fromhex("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")
     jwk = public_jwk(Ed25519PublicKey.from_public_bytes(x))
     assert jwk["kid"] == "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"
+
+
+def test_verify_checks_each_algorithm_with_its_own_key_and_signature_shape():
+    # Signed as PyJWT signs (the reference), checked by trust.verify (no PyJWT).
+    from jwt.algorithms import ECAlgorithm, OKPAlgorithm
+
+    message = b"head.payload"
+    ed, p256 = generate_key("EdDSA"), generate_key("ES256")
+    ed_sig = OKPAlgorithm().sign(message, ed)
+    es_sig = ECAlgorithm(ECAlgorithm.SHA256).sign(message, p256)
+    assert verify("EdDSA", ed.public_key(), message, ed_sig)
+    assert verify("ES256", p256.public_key(), message, es_sig)
+    assert not verify("EdDSA", ed.public_key(), b"head.other", ed_sig)
+    assert not verify("ES256", p256.public_key(), b"head.other", es_sig)
+    assert not verify("ES256", p256.public_key(), message, es_sig[:-1])  # not 2 x 32 bytes
+    assert not verify("ES256", ed.public_key(), message, ed_sig)  # a key of another algorithm
+    assert not verify("EdDSA", p256.public_key(), message, es_sig)
+    assert not verify("RS256", ed.public_key(), message, ed_sig)
+
+
+def test_a_p256_key_off_the_curve_or_short_is_not_loaded():
+    jwk = public_jwk(generate_key("ES256"))
+    off = dict(jwk, y=jwk["x"])  # (x, x) is not a point of P-256
+    short = dict(jwk, x=jwk["x"][:-2])
+    keys, skipped = parse_jwks("i", json.dumps({"keys": [off, short]}).encode())
+    assert keys == {} and len(skipped) == 2
+    assert all("bad key material" in line for line in skipped)

@@ -22,6 +22,16 @@ def sleep(seconds: float) -> str:
     return "slept"
 
 
+def escape(cgroup: str, seconds: float) -> str:
+    """Ignore SIGTERM, move into ``cgroup`` (out of the fiber's own), say so, then sleep."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+    print("moved", flush=True)
+    time.sleep(seconds)
+    return "outlived"
+
+
 def stubborn(seconds: float) -> str:
     """Ignore SIGTERM, then sleep: only SIGKILL ends it early."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -5,7 +5,10 @@ for CI): removing the grant and shutting fiberd down stop every one, each exit i
 audited once with its reason (none ``lost``), nothing of them runs afterwards and
 no cgroup is left. Deadlines are kept by one timer on the injected clock: many
 fibers add one sleeper, and they fire in deadline order. A pidfd above FD_SETSIZE
-is read correctly (select() refused it, and fibers were killed as lost).
+is read correctly (select() refused it, and fibers were killed as lost). Fibers
+that ignore SIGTERM, more than one slot group of them, are killed at shutdown
+(one cgroup.kill for the grant) and each exit is still reported by the
+template; a slot group goes once its leaves are gone, so none piles up.
 """
 
 from __future__ import annotations
@@ -17,11 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.cgroups import SLOTS_PER_GROUP, CgroupManager
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.fibers import DeadlineTimer, Fiber
+from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.leaves import LeafPool
 from slurm_fiber.core.templates import FiberRequest
 from slurm_fiber.core.waiting import pidfd_exited
-from tests.core.processkit import aio, marked_procs, stop_on_fake_clock, warm_template
+from tests.core.processkit import (
+    aio,
+    cgroup_dirs,
+    marked_procs,
+    stop_on_fake_clock,
+    warm_template,
+)
 from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
 
 MANY = 300
@@ -80,6 +92,77 @@ async def test_shutdown_stops_hundreds_of_fibers_and_leaves_no_cgroup(
         assert live.core.fibers_running() == 0
     await assert_all_stopped(site, "fiberd_shutdown")
     assert [p for p in cgroup_root.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_shutdown_kills_fibers_that_ignore_sigterm_and_still_reports_each_exit(
+        site: Site, cgroup_root: Path) -> None:
+    # More fibers than one slot group holds: after the grace one cgroup.kill of the grant's
+    # fibers takes them all, and the template (not under it) reaps and reports each.
+    many = SLOTS_PER_GROUP + 50
+    site.drop()
+    async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
+        await warm(live)
+        views = [await live.clone(target=f"{T}:ignore_term_and_sleep", args=(600,))
+                 for _ in range(many)]
+        outs = [v.fiber.stdout_path for v in views]
+        # Each has set SIGTERM aside (it says so once it has).
+        await until(lambda: all(p.is_file() and p.read_text() == "ignoring\n" for p in outs),
+                    within=60)
+        assert len(list(cgroup_root.glob("grant-*/fibers/group-*"))) >= 2
+        await live.core.shutdown()
+        assert live.core.fibers_running() == 0
+    ended = exits(site)
+    assert len(ended) == many and len({e["fiber"] for e in ended}) == many
+    for end in ended:
+        record = end["exit"]
+        assert isinstance(record, dict)
+        assert record["state"] == "exited" and record["signal"] == signal.SIGKILL
+        assert record["reason"]["code"] == "fiberd_shutdown"  # type: ignore[index]
+        assert "killed after" in record["reason"]["message"]  # type: ignore[index]
+    await until(lambda: marked_procs(site.mark) == [])
+    assert [p for p in cgroup_root.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_a_fiber_that_left_the_fibers_cgroup_is_still_killed_at_shutdown(
+        site: Site, cgroup_root: Path) -> None:
+    # The grant's one cgroup.kill misses it; its own SIGKILL (pidfd, group) does not.
+    site.drop()
+    async with running_fiberd(site, cgroup_root=str(cgroup_root)) as live:
+        await warm(live)
+        template = str(cgroup_root / "grant-g1" / "template")
+        view = await live.clone(target="tests.core.runtime.targetkit:escape", args=(template, 600))
+        out = view.fiber.stdout_path
+        await until(lambda: out.is_file() and out.read_text() == "moved\n")
+        await live.core.shutdown()
+    [end] = exits(site)
+    record = end["exit"]
+    assert isinstance(record, dict) and record["signal"] == signal.SIGKILL
+    await until(lambda: marked_procs(site.mark) == [])
+    assert [p for p in cgroup_root.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
+@aio
+async def test_slot_groups_go_once_their_leaves_are_gone(cgroup_root: Path) -> None:
+    mgr = CgroupManager(cgroup_root)
+    grant = mgr.carve_grant("g", Limits())
+    assert grant is not None
+    pool = LeafPool(grant)
+    leaves = [await pool.take(str(n)) for n in range(2 * SLOTS_PER_GROUP + 10)]
+    groups = {leaf.parent for leaf in leaves if leaf is not None}
+    assert len(groups) == 3 and all(g.parent == grant.fibers for g in groups)
+    for leaf in leaves:
+        assert leaf is not None
+        pool.give_back(leaf, None, keep=False, limit=1)
+    await pool.settle()
+    # Every leaf is gone, and every group but the one new leaves still go in.
+    assert [p.name for p in cgroup_dirs(grant.fibers)] == [max(groups).name]
+    await mgr.remove_grant("g")
+    assert cgroup_dirs(cgroup_root) == []
 
 
 @aio

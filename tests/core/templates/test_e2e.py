@@ -52,8 +52,8 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
         assert seen["i"] == i and seen["fiber_id"] == f"f{i}"
         assert seen["warmed_by_parent"] and seen["same_modules"]
         assert seen["n_modules"] == len(HEAVY)
-        assert fiber.cgroup is not None and fiber.cgroup.parent == grant.path
-        assert seen["cgroup"] == f"/{cgroup_root.name}/grant-job-7/{fiber.cgroup.name}"
+        assert fiber.cgroup is not None and fiber.cgroup.parent.parent == grant.fibers
+        assert seen["cgroup"] == "/" + str(fiber.cgroup.relative_to(cgroup_root.parent))
         assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,2", "NVIDIA_VISIBLE_DEVICES": "0,GPU-2",
                                "ROCR_VISIBLE_DEVICES": "0,2", "GPU_DEVICE_ORDINAL": "0,2",
                                "ZE_AFFINITY_MASK": "0,2"}
@@ -69,8 +69,13 @@ async def test_hundred_fibers_from_one_warm_template(tmp_path: Path, mark: str,
     # or removed, so what remains besides the template's is a few spare slots.
     for batch in range(0, N, 20):
         assert len({fiber.cgroup for fiber, _ in results[batch:batch + 20]}) == 20
-    kept = [d.name for d in cgroup_dirs(grant.path) if d != grant.template]
-    assert len(kept) <= 3 and all(name.startswith("slot-") for name in kept)
+    # (Removals run in the background, in batches: wait for them to catch up.)
+    for _ in range(500):
+        kept = [d.name for d in cgroup_dirs(grant.fibers) if d.name.startswith("slot-")]
+        if len(kept) <= 3:
+            break
+        await asyncio.sleep(0.02)
+    assert len(kept) <= 3 and len(cgroup_dirs(grant.fibers)) - len(kept) <= 1  # one group
     await t.stop(1.0)
     await mgr.remove_grant("job-7")
     assert marked_procs(mark) == []

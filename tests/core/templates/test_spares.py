@@ -44,7 +44,8 @@ async def test_a_clone_takes_the_idle_spare_in_its_own_leaf_and_a_new_one_follow
     end = time.monotonic() + 10
     while (leaf := unified_cgroup(spare)).endswith("/template") and time.monotonic() < end:
         await asyncio.sleep(0.01)
-    assert leaf.startswith(f"/{cgroup_root.name}/grant-g/slot-")
+    assert leaf.startswith(f"/{cgroup_root.name}/grant-g/fibers/group-")
+    assert leaf.rpartition("/")[2].startswith("slot-")
     assert unified_cgroup(t.pid) == f"/{cgroup_root.name}/grant-g/template"
     assert t.fibers == {} and t.to_json()["spares"] == 1  # a spare is not a fiber
 
