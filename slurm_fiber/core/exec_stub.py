@@ -140,6 +140,10 @@ def serve(argv: list[str]) -> int:
     """The maker's loop (argv: PARENT FD): one stub per request, until end of file.
     Returns its exit code."""
     parent, fd = int(argv[0]), int(argv[1])
+    # Whatever else the template let through posix_spawn is no stub's business: every
+    # stub, and the program it execs, starts with stdio and its order channel only.
+    os.closerange(3, fd)
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
     die_with_parent(parent)
     _default_glibc_signals()
     gc.disable()  # a collection in a stub would touch, and so copy, the maker's whole heap

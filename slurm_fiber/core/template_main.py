@@ -257,7 +257,10 @@ class Server:
 
     def handle_request(self) -> bool:
         """Serve one message; False when the parent is gone or said stop."""
-        data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+        # Close-on-exec from the start: a received fd the template still holds when it
+        # spawns its stub maker must not reach the maker, its stubs and their programs.
+        data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, wire.MAX_FDS,
+                                          socket.MSG_CMSG_CLOEXEC)
         if not data:
             return False
         try:
