@@ -194,19 +194,22 @@ def pids(cgroup: Path) -> list[int]:
 def kill(cgroup: Path) -> None:
     """SIGKILL every process in the subtree; returns at once (see ``wait_empty``).
 
-    Uses ``cgroup.kill``; a v1 freezer group is frozen, signalled and thawed; on
-    kernels with neither, signals each listed pid. A cgroup that no longer exists
-    is not an error.
+    Uses ``cgroup.kill``; a v1 freezer group is frozen, signalled and thawed; a
+    group with neither (another v1 hierarchy, an older kernel) has each listed pid
+    signalled. A cgroup that no longer exists is not an error.
     """
-    if (cgroup / "freezer.state").exists():  # v1 freezer (where cgroup.kill is EACCES)
+    if (cgroup / "freezer.state").exists():  # v1 freezer
         _freeze_kill(cgroup)
         return
-    try:
-        (cgroup / "cgroup.kill").write_text("1\n")
-        return
-    except FileNotFoundError:
-        if not cgroup.exists():
+    kill_file = cgroup / "cgroup.kill"
+    if kill_file.exists():  # v1 has none, and creating one there is refused (EACCES)
+        try:
+            kill_file.write_text("1\n")
             return
+        except FileNotFoundError:
+            pass
+    if not cgroup.exists():
+        return
     for pid in pids(cgroup):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

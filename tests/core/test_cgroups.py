@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -256,6 +257,27 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
     finally:
         assert mgr.close() == []
     assert not any(path.exists() for path in v1.values())
+
+
+@pytest.mark.skipif("devices" not in V1.mounts, reason="a cgroup v1 devices hierarchy")
+def test_kill_ends_the_processes_of_a_v1_group_that_has_no_cgroup_kill() -> None:
+    """A v1 hierarchy but the freezer (here devices, as the epilog meets Slurm's) has no
+    cgroup.kill, and creating one is refused: each listed process is signalled instead."""
+    group = V1.root("devices", f"sf-kill-{os.getpid()}") / "job"
+    group.mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        (group / "cgroup.procs").write_text(f"{proc.pid}\n")
+        cgroups.kill(group)
+        assert proc.wait(10) == -signal.SIGKILL
+        assert not (group / "cgroup.kill").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        group.rmdir()
+        group.parent.rmdir()
+    cgroups.kill(group)  # gone: not an error
 
 
 def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
