@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import tempfile
@@ -45,9 +46,11 @@ def test_call_clone_returns_result_or_error(served) -> None:
     with FiberdClient(served.path) as c:
         c.clone(call={"target": "math:fsum", "args": [[0.5, 0.25]]}, wait=True)
         assert c.wait_exit()["result"] == 0.75
+    with pytest.raises(ValueError) as here:  # its wording changes between Pythons
+        math.sqrt(-1)
     with FiberdClient(served.path) as c:
         c.clone(call={"target": "math:sqrt", "args": [-1]}, wait=True)
-        assert c.wait_exit()["error"] == {"type": "ValueError", "message": "math domain error"}
+        assert c.wait_exit()["error"] == {"type": "ValueError", "message": str(here.value)}
 
 
 def test_env_additions_reach_the_fiber_but_device_vars_are_refused(served, tmp_path) -> None:
