@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.cgroups import GrantCgroup
+from slurm_fiber.core.cgroups import GrantCgroup, V1Layout
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.fibers import Fiber
@@ -38,6 +38,13 @@ def cgroup2_usable() -> bool:
     except OSError:
         return False
     return (UNIFIED / "cgroup.controllers").is_file()
+
+
+def v1_usable(controller: str) -> bool:
+    """Whether this process may make groups in the cgroup v1 ``controller`` hierarchy (a
+    container may show the host's mounted read-only: mounted is not enough)."""
+    mount = V1Layout.of_self().mounts.get(controller)
+    return mount is not None and os.access(mount, os.W_OK)
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

@@ -15,7 +15,7 @@ from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager, safe_name
 from slurm_fiber.core.enforcement import grant_enforcement
 from slurm_fiber.core.grant import Limits
-from tests.core.processkit import cgroup_dirs
+from tests.core.processkit import cgroup_dirs, v1_usable
 
 NEEDS_CGROUP2 = pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
 
@@ -259,7 +259,7 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
     assert not any(path.exists() for path in v1.values())
 
 
-@pytest.mark.skipif("devices" not in V1.mounts, reason="a cgroup v1 devices hierarchy")
+@pytest.mark.skipif(not v1_usable("devices"), reason="a writable cgroup v1 devices hierarchy")
 def test_kill_ends_the_processes_of_a_v1_group_that_has_no_cgroup_kill() -> None:
     """A v1 hierarchy but the freezer (here devices, as the epilog meets Slurm's) has no
     cgroup.kill, and creating one is refused: each listed process is signalled instead."""

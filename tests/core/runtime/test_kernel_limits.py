@@ -26,12 +26,12 @@ import pytest
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.cgroups import V1Layout
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
-from tests.core.processkit import UNIFIED, cgroup2_usable
+from tests.core.processkit import UNIFIED, cgroup2_usable, v1_usable
 from tests.core.runtime.fiberdkit import Site
 
 LAYOUT = V1Layout.of_self()
-HOST_BACKENDS = [b for b, ok in (("hybrid", cgroup2_usable() and "memory" in LAYOUT.mounts),
-                                 ("v1", "freezer" in LAYOUT.mounts)) if ok]
+HOST_BACKENDS = [b for b, ok in (("hybrid", cgroup2_usable() and v1_usable("memory")),
+                                 ("v1", v1_usable("freezer"))) if ok]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="v1 cgroups are root's")
 PYTHON = sys.executable
 
