@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def test_shell_lock_claims_and_python_reads(tmp_path: Path) -> None:
     assert Dir(tmp_path).claim("kind-lab", rec("kind-lab")) == h
 
 
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq, the shell reader, is not installed")
 def test_python_claims_and_shell_reads(tmp_path: Path) -> None:
     Dir(tmp_path).claim("gpu1", rec("gpu1", purpose="from python", budget_gib=8))
     again = subprocess.run(["bash", "-c", SHELL_CLAIM, "sh", str(tmp_path), "gpu1"],
