@@ -33,7 +33,7 @@ the working directory (environment and flags).
 | allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
-| spares | 1 | fiber processes a ready template forks ahead, in their cgroups (0..16; 0: none) |
+| spares | 1 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
@@ -391,7 +391,8 @@ OPTIONS: tuple[Option, ...] = (
            "groups (ids or names) whose members are allowed on the socket"),
     Option("grace", _seconds(0, 3600, zero_ok=True), "seconds between SIGTERM and SIGKILL"),
     Option("spares", _count(0, 16),
-           "fiber processes each ready template forks ahead (0: fork on each Clone)"),
+           "fiber processes each ready template forks ahead, from its grant's first Clone "
+           "on (0: fork on each Clone)"),
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",
            switch=True),

@@ -553,7 +553,7 @@ class Core:
         env = template_env(os.environ, spec.template, channel)
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
                                     clock=self.clock, python=self.python, spares=self.spares,
-                                    timeout=self.template_timeout)
+                                    timeout=self.template_timeout, spares_once_cloned=True)
 
     def _enforced(self, uid: str, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The record of what carving wrote; audited (``enforcement``) when it differs from

@@ -185,7 +185,7 @@ class Template:
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
                  spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                 exec_stubs: int | None = None) -> None:
+                 exec_stubs: int | None = None, spares_once_cloned: bool = False) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -204,8 +204,10 @@ class Template:
         self._task: asyncio.Task[None] | None = None
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
         self.exec_stubs = spares if exec_stubs is None else exec_stubs
-        # Stubs are kept once the grant has run an exec fiber (a call-only grant pays none).
-        self._pools = {Kind.FIBER: SparePool(Kind.FIBER, spares),
+        # Stubs are kept once the grant has run an exec fiber (a call-only grant pays none);
+        # with ``spares_once_cloned``, fiber spares once it has run any (a grant never
+        # cloned holds its template only).
+        self._pools = {Kind.FIBER: SparePool(Kind.FIBER, 0 if spares_once_cloned else spares),
                        Kind.STUB: SparePool(Kind.STUB, 0)}
         self._leaves = LeafPool(cgroup)
 
@@ -214,15 +216,17 @@ class Template:
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                    exec_stubs: int | None = None) -> Template:
+                    exec_stubs: int | None = None,
+                    spares_once_cloned: bool = False) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
-        ``spares`` spare processes and, from its first exec fiber on, ``exec_stubs``
-        exec stubs (default: as many as spares). ``timeout``: seconds it and its spares
-        may take to answer (module doc). Raises OSError if the process cannot be started
-        (e.g. ``state_dir`` not writable)."""
+        ``spares`` spare processes (with ``spares_once_cloned``, from its first fiber on)
+        and, from its first exec fiber on, ``exec_stubs`` exec stubs (default: as many
+        as spares). ``timeout``: seconds it and its spares may take to answer (module
+        doc). Raises OSError if the process cannot be started (e.g. ``state_dir`` not
+        writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
-                       exec_stubs=exec_stubs)
+                       exec_stubs=exec_stubs, spares_once_cloned=spares_once_cloned)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -277,6 +281,7 @@ class Template:
         fiber's cgroup cannot be made.
         """
         request.check()
+        self._pools[Kind.FIBER].target = self.spares  # a first fiber: keep spares from now on
         stubs = self._pools[Kind.STUB]
         if request.mode == "exec" and stubs.target != self.exec_stubs:
             stubs.target = self.exec_stubs  # the first exec: keep stubs from now on

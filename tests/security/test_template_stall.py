@@ -146,6 +146,8 @@ async def test_clones_in_the_rewarm_window_after_a_sigkill_get_cold(site: Site) 
     site.drop()
     async with running_fiberd(site) as live:
         await warm(live)
+        ran = await unless_hung(live.clone(target=ADD, args=(1, 1)))  # cloned: spares kept
+        assert isinstance(ran, FiberView) and (await ran.wait()).exit_code == 0
         old = template_pid(live)
         await until(lambda: len(marked_procs(site.mark)) == 2)  # the template and its spare
         spawned = marked_procs(site.mark)

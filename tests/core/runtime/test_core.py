@@ -55,6 +55,25 @@ async def test_delivered_grant_is_warm_before_the_first_clone_and_runs_in_it(sit
 
 
 @aio
+async def test_a_grant_never_cloned_holds_its_template_alone(site: Site) -> None:
+    """Idle grants do not multiply idle processes: a template forks its spare ahead only
+    once its grant has been cloned, and keeps one from then on."""
+
+    def spares() -> object:
+        [grant] = live.core.list_grants()
+        return grant["template"]["spares"]  # type: ignore[index]
+
+    site.drop()
+    async with running_fiberd(site) as live:
+        await warm(live)
+        assert spares() == 0 and len(marked_procs(site.mark)) == 1  # the template
+        fiber = await live.clone(target="tests.core.runtime.targetkit:imported", args=("os",))
+        assert (await fiber.wait()).exit_code == 0
+        await until(lambda: spares() == 1)
+    assert not marked_procs(site.mark)
+
+
+@aio
 async def test_removal_stops_fibers_denies_and_redelivery_lifts(site: Site) -> None:
     token = site.drop()
     async with running_fiberd(site) as live:
