@@ -13,8 +13,6 @@ import os
 import sys
 from typing import Any
 
-import typer
-
 from slurm_fiber.cli.fiberd_options import (
     option_parameters,
     plain_flags,
@@ -63,13 +61,28 @@ def describe_homes() -> str:
     return "\n".join(lines)
 
 
-def fail(line: str) -> typer.Exit:
-    """Print ``fiberd: line`` to stderr; the Exit(1) to raise."""
-    typer.echo(f"fiberd: {line}", err=True)
-    return typer.Exit(1)
+class CommandExit(Exception):
+    """Leave the command with exit status ``code`` (its line, if any, already printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def say(line: str) -> None:
+    """One line on stderr, as the commands print their errors and progress."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def fail(line: str) -> CommandExit:
+    """Print ``fiberd: line`` to stderr; the CommandExit(1) to raise."""
+    say(f"fiberd: {line}")
+    return CommandExit(1)
 
 
 def fiberd_command(**flags: Any) -> None:
+    """Run the daemon with ``flags`` until it stops. Raises CommandExit(1) when it refuses
+    to start or ends for another reason than a stop request."""
     try:
         config = resolve_config(flags, os.environ)
         setup_logging(config.log_format, config.log_level)
@@ -80,18 +93,32 @@ def fiberd_command(**flags: Any) -> None:
         raise fail(why)
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-app.command(help=HELP.format(homes=describe_homes()))(
-    with_parameters(fiberd_command, option_parameters()))
+def typer_app() -> Any:
+    """The typer command for a command line that is not plain flags (``--help``, an
+    unknown flag): built, with the list of homes, only then (typer and the installed
+    homes' metadata stay out of a daemon's memory)."""
+    import typer
+
+    def command(**flags: Any) -> None:
+        try:
+            fiberd_command(**flags)
+        except CommandExit as done:
+            raise typer.Exit(done.code) from None
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                      rich_markup_mode=None)
+    app.command(help=HELP.format(homes=describe_homes()))(
+        with_parameters(command, option_parameters()))
+    return app
 
 
 def main() -> None:
     """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
     flags = plain_flags(sys.argv[1:])
     if flags is None:
-        app()
+        typer_app()()
         return
     try:
         fiberd_command(**flags)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
+    except CommandExit as done:
+        sys.exit(done.code)

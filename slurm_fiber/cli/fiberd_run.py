@@ -26,9 +26,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, cast
 
-import typer
-
-from slurm_fiber.cli.fiberd import STARTUP_ERRORS, fail
+from slurm_fiber.cli.fiberd import STARTUP_ERRORS, CommandExit, fail, say
 from slurm_fiber.cli.fiberd_options import (
     KW,
     option_parameters,
@@ -63,13 +61,13 @@ def choose_home(flags: Mapping[str, object], standalone: bool,
                 environ: Mapping[str, str]) -> dict[str, object]:
     """The flags with the home decided: --standalone (deprecated), else --home, else
     $FIBERD_HOME, else the first registered home that claims the environment (slurm
-    inside a job), else standalone. Raises typer.BadParameter (usage, exit 2) for
-    --standalone with another --home."""
+    inside a job), else standalone. Raises UsageError (exit 2) for --standalone with
+    another --home."""
     out = dict(flags)
     if standalone:
         if out.get("home") not in (None, "", "standalone"):
-            raise typer.BadParameter(f"--standalone (deprecated: --home standalone) "
-                                     f"contradicts --home {out['home']}")
+            raise UsageError(f"--standalone (deprecated: --home standalone) "
+                             f"contradicts --home {out['home']}")
         out["home"] = "standalone"
     elif not out.get("home") and not environ.get("FIBERD_HOME"):
         out["home"] = claiming(environ)
@@ -93,8 +91,8 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
             states = ", ".join(f"{u}: {s}" for u, s in templates.items())
             fenced = ("; fenced: the control plane has not answered yet"
                       if core.health()["state"] == "never" else "")
-            typer.echo(f"fiberd-run: warming ({states or 'no grant yet'}{fenced}) "
-                       f"{tick // ticks_per_second} s", err=True)
+            say(f"fiberd-run: warming ({states or 'no grant yet'}{fenced}) "
+                f"{tick // ticks_per_second} s")
         await asyncio.sleep(1 / ticks_per_second)
     return core.ready()
 
@@ -106,7 +104,7 @@ async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
                            exec=ExecTarget(tuple(argv), os.getcwd()))
     outcome = await core.clone(request, Stdio(0, 1, 2))
     if isinstance(outcome, Miss):
-        typer.echo(f"fiberd-run: clone missed: {outcome.code}: {outcome.reason}", err=True)
+        say(f"fiberd-run: clone missed: {outcome.code}: {outcome.reason}")
         return 1
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, outcome.fiber.signal, signal.SIGINT)
@@ -130,42 +128,63 @@ async def run(fiberd_flags: dict[str, object], argv: list[str], warm_timeout: fl
         if await wait_warm(fiberd, warm_timeout, stop):
             status = await run_command(fiberd, argv)
         else:
-            typer.echo(f"fiberd-run: no grant template warmed within {warm_timeout:g} s "
-                       f"(grantdir {config.grantdir})", err=True)
+            say(f"fiberd-run: no grant template warmed within {warm_timeout:g} s "
+                f"(grantdir {config.grantdir})")
         stop.set()
         await serving
         return status
 
 
+class UsageError(Exception):
+    """A command line that contradicts itself: a usage error (exit 2), as typer says it."""
+
+
 def fiberd_run_command(**flags: Any) -> None:
+    """Serve, and run ``cmd`` once warm. Raises CommandExit with the status (module doc),
+    UsageError for contradicting flags."""
     argv = list(flags.pop("cmd") or [])
     warm_timeout = float(flags.pop("warm_timeout"))
     standalone = bool(flags.pop("standalone"))
     if standalone:
-        typer.echo("fiberd-run: --standalone is deprecated; use --home standalone", err=True)
+        say("fiberd-run: --standalone is deprecated; use --home standalone")
     fiberd_flags = choose_home(flags, standalone, os.environ)
     try:
         status = asyncio.run(run(fiberd_flags, argv, warm_timeout))
     except STARTUP_ERRORS as err:
         raise fail(str(err)) from None
-    raise typer.Exit(status)
+    raise CommandExit(status)
 
 
-PARAMS = [
-    inspect.Parameter("standalone", KW, annotation=bool, default=typer.Option(
-        False, "--standalone", hidden=True,
-        help="deprecated: --home standalone (says so on stderr)")),
-    inspect.Parameter("warm_timeout", KW, annotation=float, default=typer.Option(
-        WARM_TIMEOUT, "--warm-timeout",
-        help="seconds to wait for a warm template before running CMD")),
-    *option_parameters(),
-    inspect.Parameter("cmd", KW, annotation=list[str] | None,
-                                    default=typer.Argument(None, metavar="[-- CMD ...]")),
-]
+def typer_app() -> Any:
+    """The typer command for a command line that is not plain flags (``--help``, an
+    unknown flag): built only then, so a daemon started with plain flags never loads
+    typer."""
+    import typer
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-app.command(help=HELP, context_settings={"allow_interspersed_args": False})(
-    with_parameters(fiberd_run_command, PARAMS))
+    def command(**flags: Any) -> None:
+        try:
+            fiberd_run_command(**flags)
+        except UsageError as err:
+            raise typer.BadParameter(str(err)) from None
+        except CommandExit as done:
+            raise typer.Exit(done.code) from None
+
+    params = [
+        inspect.Parameter("standalone", KW, annotation=bool, default=typer.Option(
+            False, "--standalone", hidden=True,
+            help="deprecated: --home standalone (says so on stderr)")),
+        inspect.Parameter("warm_timeout", KW, annotation=float, default=typer.Option(
+            WARM_TIMEOUT, "--warm-timeout",
+            help="seconds to wait for a warm template before running CMD")),
+        *option_parameters(),
+        inspect.Parameter("cmd", KW, annotation=list[str] | None,
+                          default=typer.Argument(None, metavar="[-- CMD ...]")),
+    ]
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                      rich_markup_mode=None)
+    app.command(help=HELP, context_settings={"allow_interspersed_args": False})(
+        with_parameters(command, params))
+    return app
 
 
 def plain_run_flags(argv: list[str]) -> dict[str, object] | None:
@@ -187,12 +206,15 @@ def main() -> None:
     """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
     flags = plain_run_flags(sys.argv[1:])
     if flags is None:
-        app()
+        typer_app()()
         return
     try:
         fiberd_run_command(**flags)
-    except typer.BadParameter as err:  # as typer would say it: a usage error
-        err.show()
-        sys.exit(err.exit_code)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
+    except UsageError as err:  # as typer would say it: a usage error
+        import typer
+
+        bad = typer.BadParameter(str(err))
+        bad.show()
+        sys.exit(bad.exit_code)
+    except CommandExit as done:
+        sys.exit(done.code)

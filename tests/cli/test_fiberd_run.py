@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 
-from slurm_fiber.cli.fiberd_run import choose_home
+from slurm_fiber.cli.fiberd_run import UsageError, choose_home
 
 FIBERD_RUN = str(Path(sys.executable).with_name("fiberd-run"))
 
@@ -32,7 +31,7 @@ def test_home_from_the_environment_is_left_to_fiberd() -> None:
 
 
 def test_standalone_with_another_home_is_a_usage_error() -> None:
-    with pytest.raises(typer.BadParameter, match="contradicts --home slurm"):
+    with pytest.raises(UsageError, match="contradicts --home slurm"):
         choose_home({"home": "slurm"}, True, {})
     done = subprocess.run([FIBERD_RUN, "--standalone", "--home", "slurm", "--", "true"],
                           capture_output=True, text=True, timeout=60)
