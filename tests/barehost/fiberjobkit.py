@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from tests.barehost.clusterkit import SlurmCluster
 
 FIBERCTL = '"$SF/fiberctl"'  # in a job script: the site venv's fiberctl
+# A job script's lines that SIGKILL the job's fiberd (its pid from ``fiberctl status``).
+KILL_FIBERD = f"""pid=$({FIBERCTL} status --json | sed 's/.*"pid": \\([0-9]*\\).*/\\1/')
+kill -9 "$pid"
+"""
 READY_S = 60  # how long a job waits for its fiberd before it gives up
 
 PRELUDE = f"""#!/bin/sh

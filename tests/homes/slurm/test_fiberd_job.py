@@ -26,6 +26,7 @@ from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config
 from tests.barehost.fiberjobkit import (
     FIBERCTL,
+    KILL_FIBERD,
     alive,
     audit_events,
     ended,
@@ -174,9 +175,7 @@ def test_fiberd_killed_with_a_fiber_running_leaves_nothing(
         slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
     """fiberd-run's python gets SIGKILL while a fiber runs; the script then ends: the epilog
     must stop the orphaned template and fiber and release what fiberd held."""
-    body = LONG_FIBER + f"""pid=$({FIBERCTL} status --json | sed 's/.*"pid": \\([0-9]*\\).*/\\1/')
-kill -9 "$pid"
-sleep 0.5
+    body = LONG_FIBER + KILL_FIBERD + """sleep 0.5
 for p in $(grep -o '"pid": [0-9]*' "ls-$id.json" | cut -d' ' -f2); do
   kill -0 "$p" 2>/dev/null && echo "$p"
 done > "survivors-$id"

@@ -19,8 +19,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_fiber.homes.slurm.cgroup_v1 import read_cgroup_conf
-from tests.barehost.fiberjobkit import FIBERCTL, ended, fiberd_pid, job_script, wait_file
+from slurm_fiber.homes.slurm.cgroup_v1 import job_groups, read_cgroup_conf
+from tests.barehost.fiberjobkit import (
+    FIBERCTL,
+    KILL_FIBERD,
+    ended,
+    fiberd_pid,
+    job_script,
+    wait_file,
+)
 
 if TYPE_CHECKING:
     from tests.barehost.clusterkit import SlurmCluster
@@ -137,3 +144,18 @@ mv "oom-$id.tmp" "oom-$id"
     said = "\n".join(lines[:-1])
     assert "out of memory: the kernel's OOM killer killed it" in said, said
     assert lines[-2] == "rc 137", lines  # 128 + SIGKILL
+
+
+def test_a_confined_jobs_epilog_finishes_and_the_node_stays_in_service(
+        confined: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    """A job user's fiberd carved below Slurm's v1 groups and was SIGKILLed, so its groups
+    are left and Slurm cannot remove the job's: the epilog's processes step goes through
+    them (devices and memory have no cgroup.kill) and finishes, so the node is not drained
+    (a step that fails drains it), and the job's groups are gone."""
+    work = job_dir(job_user)
+    job = confined.submit(job_script(confined, work, KILL_FIBERD), "-w", "n2", "-t", "2",
+                          workdir=work, user=job_user)
+    assert ended(confined, job) == "COMPLETED"  # after the epilog: COMPLETING until it ends
+    state = confined.run("sinfo", "-h", "-n", "n2", "-o", "%T").stdout.strip()
+    assert "drain" not in state, state
+    assert job_groups(confined.env["SLURM_CONF"], "n2", job_user.uid, job) == []
