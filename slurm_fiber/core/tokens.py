@@ -39,25 +39,21 @@ Every refusal carries one ``TokenReason`` (the closed set below) and a one-line
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fiberspec import BadFiberClaim, number_in_range, parse_fiber_spec
 from slurm_fiber.core.grant import VerifiedToken, valid_uid
-from slurm_fiber.core.trust import TrustedKey, TrustStore, verify
+from slurm_fiber.core.trust import TrustedKey, TrustStore, b64url_decode, verify
 from slurm_fiber.record import replace
 
 MAX_TOKEN_BYTES = 64 * 1024
 MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the last second every date library shows
 ALLOWED_ALGS = ("EdDSA", "ES256")
 SUPPORTED_CRIT: frozenset[str] = frozenset()  # no JWS extension is understood
-_B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
 
 class TokenReason(enum.StrEnum):
@@ -133,11 +129,9 @@ def _json_object(segment: bytes, what: str, dup_reason: TokenReason) -> dict[str
 
 
 def _b64(segment: bytes, what: str) -> bytes:
-    if not _B64URL.fullmatch(segment) or len(segment) % 4 == 1:
-        raise TokenRefused(TokenReason.MALFORMED, f"the {what} is not base64url")
     try:
-        return base64.urlsafe_b64decode(segment + b"=" * (-len(segment) % 4))
-    except binascii.Error:
+        return b64url_decode(segment)
+    except ValueError:  # binascii.Error is one
         raise TokenRefused(TokenReason.MALFORMED, f"the {what} is not base64url") from None
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from slurm_fiber.record import record
+
+_B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -136,13 +139,21 @@ def _p256_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
     return numbers.public_key()  # ValueError for a point not on the curve
 
 
+def b64url_decode(data: bytes) -> bytes:
+    """Unpadded base64url (RFC 7515 §2), strictly: any byte outside its alphabet, or a
+    length no encoding has, raises ValueError (no character is skipped)."""
+    if not _B64URL.fullmatch(data) or len(data) % 4 == 1:
+        raise ValueError("not base64url")
+    return base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
+
+
 def _coordinate(jwk: Mapping[str, Any], name: str) -> bytes:
     value = jwk.get(name)
     if not isinstance(value, str):
         raise ValueError(f"{name!r} is missing or not a string")
     try:
-        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-    except ValueError:
+        return b64url_decode(value.encode("ascii"))
+    except (UnicodeEncodeError, ValueError):
         raise ValueError(f"{name!r} is not base64url") from None
 
 

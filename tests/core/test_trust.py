@@ -127,3 +127,12 @@ def test_a_p256_key_off_the_curve_or_short_is_not_loaded():
     keys, skipped = parse_jwks("i", json.dumps({"keys": [off, short]}).encode())
     assert keys == {} and len(skipped) == 2
     assert all("bad key material" in line for line in skipped)
+
+
+def test_a_coordinate_with_a_byte_outside_base64url_is_not_loaded():
+    """A lax decoder would skip the stray bytes and load the key the rest spells."""
+    jwk = public_jwk(generate_key("EdDSA"))
+    stray = dict(jwk, kid="stray", x=jwk["x"][:20] + "!\n" + jwk["x"][20:])
+    keys, skipped = parse_jwks("i", json.dumps({"keys": [jwk, stray]}).encode())
+    assert len(keys) == 1 and len(skipped) == 1
+    assert "'x' is not base64url" in skipped[0]
