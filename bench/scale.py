@@ -11,7 +11,10 @@ as bench/clone.py uses, its own flags only, default poll interval and grace 1 s)
           fiberd's PSS (/proc/<pid>/smaps_rollup). It stops rising at the first N the
           machine refuses or that ``--budget`` seconds of starting cannot reach, and
           says why (the miss or error, fiberd's open fds against its limit, memory).
-          Then fiberd is stopped (SIGTERM → exit, timed) with every fiber running.
+          Then fiberd is stopped (SIGTERM → exit, timed) with every fiber running,
+          and, for the same N in the same hierarchies, the kernel's share of that stop
+          is measured with no fiberd (bench/stop_bound.py: one cgroup.kill, reap,
+          rmdir every leaf); ``stop_over_bound`` is fiberd's stop time over it.
   grants  for each G in ``--grants`` (1,10,100): a fresh fiberd with G grants (the
           quickstart's preloads), once every template is ready: idle CPU, Clone
           p50/p99 on the first grant, fiberd's PSS, the PSS of each grant's processes
@@ -41,6 +44,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from stop_bound import stop_bound  # bench/stop_bound.py
 
 from slurm_fiber.cli.latency import MeasureFailed, clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
@@ -147,6 +152,14 @@ def why_stopped(site: ScaleSite, err: str) -> str:
     alive = site.proc is not None and site.proc.poll() is None
     return (f"{err}; fiberd {'alive' if alive else 'dead'}, {open_fds(site.pid)} open fds "
             f"(RLIMIT_NOFILE {limit}), PSS {pss_mb(site.pid)} MB")
+
+
+def carving_parents(pid: int) -> list[Path]:
+    """The directories holding fiberd ``pid``'s ``slurm-fiber.<pid>`` trees, the cgroup2
+    one first (where bench/stop_bound.py lays out its bound the same way)."""
+    trees = [Path(t) for t in leftover_cgroups(pid) if os.path.basename(t) == f"slurm-fiber.{pid}"]
+    return sorted((t.parent for t in trees), key=lambda p: not (p / "cgroup.kill").exists()
+                  and not (p / "cgroup.controllers").exists())
 
 
 def leftover_cgroups(pid: int) -> list[str]:
@@ -258,10 +271,27 @@ def fiber_sweep(tmp: Path, ns: list[int], opts: argparse.Namespace) -> dict[str,
     finally:
         if site.proc is not None and site.proc.poll() is None:
             running = int(site.request("status").get("fibers_running") or 0)  # type: ignore[call-overload]
+        parents = carving_parents(site.pid)
         end = stop(site)
     print(f"stop with {running} fibers: {end}", file=sys.stderr)
     return {"cgroups": mode, "points": points, "stopped_rising": stopped_at,
-            "stop": {"fibers": running, **end.__dict__}}
+            "stop": {"fibers": running, **end.__dict__},
+            "stop_bound": the_stop_bound(running, parents, end.seconds)}
+
+
+def the_stop_bound(n: int, parents: list[Path], took: float) -> dict[str, object]:
+    """bench/stop_bound.py for ``n`` processes in fiberd's hierarchies, with fiberd's stop
+    time ``took`` as a ratio to it; why not, when it cannot run."""
+    if not n or not parents or not (parents[0] / "cgroup.controllers").exists():
+        return {"skipped": "no fibers at stop, or fiberd did not carve in cgroup v2"}
+    try:
+        bound = stop_bound(n, parents)
+    except OSError as err:
+        return {"skipped": f"cannot lay out the bound: {err}"}
+    print(f"stop bound (kernel only, {len(parents)} hierarchies): {bound}; fiberd's stop "
+          f"{took / bound['total_s']:.2f}x it", file=sys.stderr)
+    return {**bound, "parents": [str(p) for p in parents],
+            "stop_over_bound": round(took / bound["total_s"], 2)}
 
 
 def grant_sweep(tmp: Path, gs: list[int], opts: argparse.Namespace) -> list[dict[str, object]]:

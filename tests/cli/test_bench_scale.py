@@ -21,6 +21,14 @@ def test_bench_scale_quick_prints_its_figures_and_leaves_nothing(tmp_path: Path)
     assert points[-1]["running"] == 20 and points[-1]["listed"] == 20
     assert all(p["lost"] == 0 and 0 < p["p50_ms"] <= p["p99_ms"] for p in points)
     assert figures["fibers"]["stop"]["fibers"] == 20
+    bound = figures["fibers"]["stop_bound"]
+    if figures["fibers"]["cgroups"] == "carved":  # as root: the kernel's share of the stop
+        assert bound["n"] == 20 and bound["hierarchies"] >= 1, bound
+        assert bound["total_s"] > 0 and bound["stop_over_bound"] > 0
+        for parent in map(Path, bound["parents"]):
+            assert not list(parent.glob("slurm-fiber-bound.*"))
+    else:
+        assert "skipped" in bound
     assert [g["g"] for g in figures["grants"]] == [1, 2]
     assert all(g["per_grant_pss_mb"] > 0 for g in figures["grants"])
     assert figures["clean_stops"] is True
