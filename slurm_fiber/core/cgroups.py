@@ -176,10 +176,20 @@ def join(cgroup: Path, pid: int = 0) -> None:
 def populated(cgroup: Path) -> bool:
     """Whether any process lives in the subtree (False once the cgroup is gone)."""
     try:
-        text = (cgroup / "cgroup.events").read_text()
+        text = read_small(cgroup / "cgroup.events")
     except FileNotFoundError:  # gone, or a v1 group (no events file): look at its pids
         return cgroup.is_dir() and bool(pids(cgroup))
-    return re.search(r"^populated 1$", text, re.M) is not None
+    return b"\npopulated 1\n" in b"\n" + text
+
+
+def read_small(path: Path) -> bytes:
+    """The first 4 KiB of a control file, raw: a third of ``read_text``'s cost, and a
+    fiber's end reads three (thousands end at once in a mass stop). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def pids(cgroup: Path) -> list[int]:
@@ -508,7 +518,7 @@ def _v2_memory(parent: Path) -> bool:
 
 def _read_int(path: Path) -> int | None:
     try:
-        return int(path.read_text().split()[0])
+        return int(read_small(path).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -522,10 +532,10 @@ def oom_kills(cgroup: Path) -> int | None:
         if path is None:
             continue
         try:
-            text = (path / file).read_text()
+            text = read_small(path / file)
         except OSError:
             continue
-        found = re.search(r"^oom_kill (\d+)$", text, re.M)
+        found = re.search(rb"^oom_kill (\d+)$", text, re.M)
         if found:
             return int(found.group(1))
     return None

@@ -70,6 +70,7 @@ from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.ends import LateReports, end_reading, report_or_exit, survivors_frozen
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, zombie_exit
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ class Fiber:
     stderr_path: Path | None = None
     report_timeout: float = 10.0
     parent: int | None = None
+    late: LateReports | None = field(default=None, repr=False)  # the template's, shared
     state: FiberState = FiberState.RUNNING
     exit: FiberEnd | None = None
     pidfd: int | None = field(default=None, repr=False)
@@ -310,12 +312,17 @@ class Fiber:
     async def _outcome(self) -> tuple[FiberState, dict[str, object]]:
         """How the fiber ended: the template's report; else, when none comes within
         ``report_timeout`` of the fiber's exit (a stalled template), the kernel's record;
-        ``lost`` when neither is known. Returns once the fiber process has exited."""
+        ``lost`` when neither is known. Returns once the fiber process has exited.
+
+        Thousands end at once in a mass stop, so the common path creates no task: one
+        future woken by the report or the pidfd, and the kernel's record read only when
+        the report has not come with the exit."""
         pidfd = self.pidfd
         if pidfd is None:
             return await self._reported
-        exited = asyncio.ensure_future(pidfd_wait(pidfd))
-        if await first_done(self._reported, exited):
+        if not self._reported.done():
+            await report_or_exit(self._reported, pidfd)
+        if self._reported.done():
             state, msg = self._reported.result()
             if state is FiberState.LOST:  # its template died: it dies by its death signal
                 if not pidfd_exited(pidfd):
@@ -325,8 +332,8 @@ class Fiber:
         # Read now (reaped once the template is gone), and only while the template's child:
         # one that died after its template did died with it (lost).
         kernel = zombie_exit(self.pid, pidfd, self.parent)
-        if self._reported.done() or await first_done(
-                self._reported, self.clock.sleep(self.report_timeout)):
+        late = self.late if self.late is not None else LateReports(self.clock)
+        if await late.wait(self._reported, self.report_timeout):
             state, msg = self._reported.result()
             if state is FiberState.EXITED or kernel is None:
                 return state, msg
@@ -336,14 +343,11 @@ class Fiber:
 
     async def _finish(self) -> FiberEnd:
         state, msg = await self._outcome()
-        peak = cgroups.memory_peak(self.cgroup) if self.cgroup else None
+        peak = ooms = None
         if self.cgroup is not None:
-            await cgroups.empty(self.cgroup)
-        ooms = cgroups.oom_kills(self.cgroup) if self.cgroup else None
-        if self.cgroup is not None:
-            # Nothing in the cgroup is left to write to the output files: drop empty ones.
-            self.stdout_path = _unless_empty(self.stdout_path)
-            self.stderr_path = _unless_empty(self.stderr_path)
+            found = await end_reading(self.cgroup, self.stdout_path, self.stderr_path)
+            peak, ooms = found.peak, found.oom_kills
+            self.stdout_path, self.stderr_path = found.stdout, found.stderr
         assert self._result is not None
         result = self._result.finish()
         if self.pidfd is not None:
@@ -390,22 +394,6 @@ class Fiber:
         return StopReason("signal", "killed by SIGKILL, not by fiberd and not out of memory")
 
 
-def _unless_empty(path: Path | None) -> Path | None:
-    """``path``, or None after removing it when it is empty or gone (never raises: a file
-    that cannot be checked or removed is kept and named)."""
-    if path is None:
-        return None
-    try:
-        if os.stat(path).st_size:
-            return path
-        os.unlink(path)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return path
-    return None
-
-
 async def stop_all(fibers: Iterable[Fiber], grace: float,
                    kill_all: Callable[[], None] | None = None) -> list[FiberEnd]:
     """Stop every fiber at once, as ``Fiber.stop`` does one: SIGTERM to each, one grace on
@@ -416,20 +404,25 @@ async def stop_all(fibers: Iterable[Fiber], grace: float,
     own process and group are still signalled (a fiber may have left its cgroup)."""
     chosen = list(fibers)
     running = [f for f in chosen if f.exit is None]
+    frozen = survivors_frozen() if len(running) >= MASS_STOP else contextlib.nullcontext()
     if running:
-        for fiber in running:
-            fiber._terminate()
-        # Their own end tasks (which never raise, and this wait does not cancel them), not
-        # a wait() task per fiber on top.
-        ends = [f._finished for f in running if f._finished is not None]
-        everyone = asyncio.ensure_future(asyncio.wait(ends))
-        if not await first_done(everyone, running[0].clock.sleep(grace)):
-            if kill_all is not None:
-                kill_all()
+        with frozen:
             for fiber in running:
-                fiber._kill_after(grace, cgroup_killed=kill_all is not None)
-        await everyone
+                fiber._terminate()
+            # Their own end tasks (which never raise, and this wait does not cancel them),
+            # not a wait() task per fiber on top.
+            ends = [f._finished for f in running if f._finished is not None]
+            everyone = asyncio.ensure_future(asyncio.wait(ends))
+            if not await first_done(everyone, running[0].clock.sleep(grace)):
+                if kill_all is not None:
+                    kill_all()
+                for fiber in running:
+                    fiber._kill_after(grace, cgroup_killed=kill_all is not None)
+            await everyone
     return [f.exit for f in chosen if f.exit is not None]
+
+
+MASS_STOP = 100  # fibers stopped at once from which the collector is kept off the survivors
 
 
 Deadline = Callable[[], float | None]

@@ -86,6 +86,7 @@ from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
+from slurm_fiber.core.ends import LateReports
 from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
@@ -195,6 +196,7 @@ class Template:
         self.python = python
         self.spares = spares
         self.timeout = timeout
+        self._late = LateReports(clock)  # its fibers' waits for lagging exit reports
         self.pid: int | None = None
         self.fibers: dict[str, Fiber] = {}
         self.life = Lifecycle(backoff)
@@ -498,7 +500,7 @@ class Template:
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
             stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
             stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None,
-            report_timeout=self.timeout, parent=self.pid)
+            report_timeout=self.timeout, parent=self.pid, late=self._late)
         fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
         pool.use(spare, fiber)
@@ -673,10 +675,11 @@ class Template:
         elif kind == "exit":
             spare_id = str(msg.get("id"))
             for pool in self._pools.values():
-                fiber = pool.fiber(spare_id)
-                if fiber is not None:
+                if (fiber := pool.fiber(spare_id)) is not None:
                     fiber.reported_exit(msg)
-                elif (idle := pool.idle_one(spare_id)) is not None:
+                    return
+            for pool in self._pools.values():
+                if (idle := pool.idle_one(spare_id)) is not None:
                     self._bury(pool, idle)  # it died idle (killed, or its set-up failed)
 
     def _spared(self, pool: SparePool, spare: Spare, msg: dict[str, object]) -> None:

@@ -37,7 +37,12 @@ async def pidfd_wait(pidfd: int) -> None:
         return
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(pidfd, set_done, done)
+
+    def exited() -> None:  # a pidfd stays readable: unwatched at once, not polled again
+        loop.remove_reader(pidfd)
+        set_done(done)
+
+    loop.add_reader(pidfd, exited)
     try:
         await done
     finally:
