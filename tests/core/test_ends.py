@@ -13,13 +13,18 @@ from slurm_fiber.core.ends import LateReports, survivors_frozen
 from tests.core.processkit import aio
 
 
+async def one_wait(clock: FakeClock) -> tuple[asyncio.Future[object], asyncio.Task[bool]]:
+    """A report not in yet, and a wait for it of 10 s begun now."""
+    reported: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(LateReports(clock).wait(reported, 10.0))
+    await clock.settle()  # the wait has begun: its timeout counts from now
+    return reported, waiting
+
+
 @aio
 async def test_a_wait_ends_when_its_report_comes_and_leaves_no_sleeper() -> None:
     clock = FakeClock()
-    late = LateReports(clock)
-    reported: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(late.wait(reported, 10.0))
-    await clock.settle()
+    reported, waiting = await one_wait(clock)
     assert not waiting.done() and clock.sleepers == 1
     reported.set_result("exit")
     await clock.settle()
@@ -30,10 +35,7 @@ async def test_a_wait_ends_when_its_report_comes_and_leaves_no_sleeper() -> None
 @aio
 async def test_a_wait_with_no_report_ends_at_its_timeout_not_before() -> None:
     clock = FakeClock()
-    late = LateReports(clock)
-    reported: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(late.wait(reported, 10.0))
-    await clock.settle()  # the wait has begun: its timeout counts from now
+    _, waiting = await one_wait(clock)
     await clock.advance_and_settle(9.5)
     assert not waiting.done()
     await clock.advance_and_settle(0.5)
