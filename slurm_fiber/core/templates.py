@@ -81,11 +81,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core import cgroups, stall, template_main
+from slurm_fiber.core import cgroups, stall
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
+from slurm_fiber.core.dirtrust import safe_path_entry
 from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
 from slurm_fiber.core.grant import TemplateSpec
 from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
@@ -168,6 +169,26 @@ def template_env(base: Mapping[str, str], spec: TemplateSpec,
     """The environment a template starts with: ``base``, the grant's env, then the
     channel's visibility variables, which always win (a grant cannot widen its devices)."""
     return {**base, **spec.env, **channel.env()}
+
+
+def template_command(python: str, env: Mapping[str, str], fd: int,
+                     parent: int) -> tuple[list[str], dict[str, str], list[str]]:
+    """The argv and env that start a template (``template_main``), and the PYTHONPATH entries
+    left out as unsafe (one line each, for fiberd's log)."""
+    env = dict(env)
+    dropped = []
+    if env.get("PYTHONPATH"):
+        kept = []
+        for entry in env["PYTHONPATH"].split(os.pathsep):
+            why = safe_path_entry(entry)
+            if why is None:
+                kept.append(entry)
+            else:
+                dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
+            "--parent", str(parent)]
+    return argv, env, dropped
 
 
 class Template:
@@ -537,7 +558,7 @@ class Template:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path = self.state_dir / f"template-{safe_name(self.uid)}.log"
-        argv, env, dropped = template_main.command(self.python, self.env, theirs.fileno(),
+        argv, env, dropped = template_command(self.python, self.env, theirs.fileno(),
                                                    os.getpid())
         for line in dropped:
             log.warning("template of %s: %s", self.uid, line)
