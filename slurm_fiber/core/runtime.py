@@ -27,7 +27,6 @@ import contextlib
 import itertools
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -184,7 +183,7 @@ class Core:
         self._listed: dict[str, int] = {}  # fiber id -> registration order (list pages)
         self._registered = itertools.count(1)
         self._ids = itertools.count(1)
-        self._prefix = secrets.token_hex(3)
+        self._prefix = os.urandom(3).hex()
         self._deadlines = DeadlineTimer(clock, grace)  # every fiber's, on one timer
         self._released: set[str] = set()  # fiber ids whose release is audited
         self._tasks: set[asyncio.Task[Any]] = set()
