@@ -29,7 +29,6 @@ import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +75,7 @@ from slurm_fiber.core.templates import (
     template_env,
 )
 from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
+from slurm_fiber.record import field, record
 
 log = logging.getLogger("slurm_fiber.core.runtime")
 
@@ -98,7 +98,7 @@ class CloneFailed(Exception):
     """A Clone the book allowed but the template could not start (one line; audited)."""
 
 
-@dataclass
+@record
 class _Grant:
     """One admitted grant's processes and resources."""
 

@@ -77,7 +77,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -101,6 +100,7 @@ from slurm_fiber.core.lifecycle import (
 )
 from slurm_fiber.core.spares import Kind, Spare, SparePool
 from slurm_fiber.core.waiting import first_done, pidfd_wait, set_done, stopped
+from slurm_fiber.record import field, record
 
 __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template",
            "TemplateNotReady", "TemplateState", "WarmError", "template_env"]
@@ -124,7 +124,7 @@ class ForkFailed(Exception):
     """The template could not start the fiber (one-line reason)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FiberRequest:
     """One fiber to fork. ``mode`` "call" runs ``target`` ("module:function") with
     ``args``/``kwargs`` (JSON values) in the warm interpreter; "exec" execs ``argv``.
