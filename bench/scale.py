@@ -23,7 +23,10 @@ as bench/clone.py uses, its own flags only, default poll interval and grace 1 s)
 
 After every stop it checks that nothing of the run is left: no process carrying the
 run's mark, no cgroup named after the stopped fiberd (``slurm-fiber.<pid>``) under
-/sys/fs/cgroup. The machine is shared: read ratios, not absolute times. Run it as
+/sys/fs/cgroup. Before the sweeps it measures the floor fiberd's PSS stands on, this
+interpreter importing asyncio and cryptography's ec and ed25519 (bench/fiberd_pss.py),
+and reports fiberd's PSS at N=0 over it (``fiberd_pss_over_floor``). The machine is
+shared: read ratios, not absolute times. Run it as
 root (or with a delegated cgroup) to carve cgroups, as fiberd runs in a job.
 ``--plot FILE`` draws cost against N and G (PNG; the ``plot`` extra). ``--quick``
 is a smoke run small enough for a test. Ends with one JSON line.
@@ -45,6 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fiberd_pss import floor_here  # bench/ is sys.path[0] for a script
 from stop_bound import stop_bound  # bench/stop_bound.py
 
 from slurm_fiber.cli.latency import MeasureFailed, clone_round_trips, percentiles
@@ -370,6 +374,7 @@ def main() -> int:
         opts.fibers, opts.grants, opts.clones, opts.quiet = "0,20", "1,2", 5, 0.5
     ns = sorted(int(x) for x in opts.fibers.split(",") if x)
     gs = sorted(int(x) for x in opts.grants.split(",") if x)
+    floor = floor_here(sys.executable)["floor"]  # before any fiberd: nothing shared with one
     with tempfile.TemporaryDirectory(prefix="slurm-fiber-scale-") as tmp:
         try:
             fibers = fiber_sweep(Path(tmp), ns, opts)
@@ -378,7 +383,11 @@ def main() -> int:
             print(json.dumps({"bench": "scale", "failed": str(err)}))
             return 1
     figures: dict[str, object] = {"bench": "scale", "fibers": fibers, "grants": grants,
-                                  "nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+                                  "nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                                  "floor": floor}
+    idle = [p for p in fibers["points"] if p["n"] == 0]  # type: ignore[attr-defined]
+    if idle:
+        figures["fiberd_pss_over_floor"] = round(idle[0]["fiberd_pss_mb"] / floor["pss_mb"], 3)
     if opts.plot:
         try:
             plot(figures, opts.plot)

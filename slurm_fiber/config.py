@@ -56,21 +56,19 @@ peer's credentials decide, supplementary groups included (docs/socket-protocol.m
 
 from __future__ import annotations
 
-import difflib
 import grp
 import ipaddress
 import math
 import os
 import pwd
 import re
-import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from slurm_fiber import defaults
 from slurm_fiber.core.devices import Device
+from slurm_fiber.record import field, record
 
 ENV_PREFIX = "FIBERD_"
 CONFIG_ENV = "FIBERD_CONFIG"
@@ -91,7 +89,7 @@ class _Refused(ValueError):
     """A parser's refusal; the loader adds the option and its source."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FiberdConfig:
     """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
 
@@ -343,7 +341,7 @@ def _trust(value: object) -> dict[str, str]:
 # ---- the option table
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Option:
     """One option: its name (the TOML key), parser, whether it is a path, and its help line."""
 
@@ -492,12 +490,16 @@ def _absolute(value: Any, base: str) -> Any:
 
 
 def _unknown(option: str, source: str, candidates: list[str]) -> ConfigError:
+    import difflib  # only on this error: kept out of fiberd's memory otherwise
+
     near = difflib.get_close_matches(option, candidates, n=1)
     hint = f"; did you mean {near[0]}?" if near else ""
     return ConfigError(option, source, f"is not a fiberd option{hint}")
 
 
 def _from_file(path: str) -> dict[str, tuple[object, str]]:
+    import tomllib  # only with a config file: tomllib (and datetime) stay out otherwise
+
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)

@@ -1,11 +1,13 @@
-"""Value classes that cost next to nothing to define: ``@record`` for the Slurm hooks' path.
+"""Value classes that cost next to nothing to define: ``@record`` for the hooks and fiberd.
 
 The prolog and epilog start a fresh interpreter for every job and define some
 twenty value classes (the job, its paths, the site config, the grant spec,
 lease records). As dataclasses they cost about 1.5 ms each to create (each
 compiles several generated functions) plus ``dataclasses`` itself, which
 imports ``inspect`` (with ast, dis and tokenize): together 35-50 ms of a
-hook's wall time on a 2-core machine. ``@record`` gives a class what
+hook's wall time on a 2-core machine. In fiberd, which lives as long as its
+job, the generated functions of its seventy-odd value classes held about
+0.5 MB of its memory (measured with tracemalloc). ``@record`` gives a class what
 ``@dataclass`` and ``@dataclass(frozen=True)`` give for the part this project
 uses, and compiles nothing:
 

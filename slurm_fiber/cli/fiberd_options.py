@@ -6,27 +6,31 @@ variable, so the table stays the one place an option is described.
 ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags`` turns the
 parsed flags into a ``FiberdConfig``.
 
-``plain_flags`` parses a command line made only of these flags with the
-standard library, as typer would: typer's own parsing imports pydantic (about
-10 MB of a long-running daemon's memory, measured), so the daemons take this
-path first and leave typer anything else (``--help``, an unknown flag, a value
-that looks like a flag), which it parses and explains as before. Nothing here
-imports typer until typer is asked to parse (``option_parameters``): a daemon
-started with plain flags never loads it (about 3.5 MB of PSS, measured).
+``plain_flags`` parses a command line made only of these flags, as typer would:
+typer's own parsing imports pydantic (about 10 MB of a long-running daemon's
+memory, measured), so the daemons take this path first and leave typer anything
+else (``--help``, an unknown flag, a value that looks like a flag), which it
+parses and explains as before. Nothing here imports typer until typer is asked
+to parse (``option_parameters``): a daemon started with plain flags never loads
+it (about 3.5 MB of PSS, measured). ``plain_flags`` is a loop over the words, not
+argparse: argparse's help formatter imports shutil and with it bz2, lzma and zlib,
+all of which would stay in the daemon's memory.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from slurm_fiber.config import OPTIONS, FiberdConfig, default_text, load_config
 from slurm_fiber.homes.select import home_defaults
 
 KW = inspect.Parameter.KEYWORD_ONLY
 CONFIG_HELP = "TOML file of options (env FIBERD_CONFIG); flags and env override it"
+# Words that start with "-" and are still values, as argparse takes them: "-", a negative number.
+DASH_VALUE = re.compile(r"-|-\d+|-\d*\.\d+")
 
 
 def option_parameters() -> list[inspect.Parameter]:
@@ -49,36 +53,44 @@ def option_parameters() -> list[inspect.Parameter]:
     return params
 
 
-class _Declined(Exception):
-    """The command line is not plain flags: typer parses it."""
-
-
-class _PlainParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Declined(message)
-
-
 def plain_flags(argv: Sequence[str], extra: Mapping[str, bool] | None = None
                 ) -> dict[str, object] | None:
     """``argv`` parsed as typer parses ``option_parameters()`` (and the ``extra`` options:
-    flag -> whether it is a bare switch), keyed by parameter name (values are strings,
-    switches bools, absent ones None); None when it is anything else (typer's to parse).
-    Flags are matched whole (no abbreviations), ``--flag VALUE`` or ``--flag=VALUE``."""
-    parser = _PlainParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--config")
+    flag -> whether it is a bare switch, False when absent), keyed by parameter name
+    (values are strings, switches bools, absent ones None; the last of a repeated flag
+    wins); None when it is anything else (typer's to parse): an unknown word, a value
+    missing or starting with "-" (but "-" and a negative number), ``--switch=VALUE``.
+    Flags are matched whole (no abbreviations), ``--flag VALUE`` or ``--flag=VALUE``; a
+    switch is ``--flag`` or ``--no-flag``."""
+    valued = {"--config": "config"}
+    negatable: dict[str, str] = {}
+    bare: dict[str, str] = {}
+    parsed: dict[str, object] = {"config": None}
     for opt in OPTIONS:
-        if opt.switch:
-            parser.add_argument(opt.flag, dest=opt.name, default=None,
-                                action=argparse.BooleanOptionalAction)
-        else:
-            parser.add_argument(opt.flag, dest=opt.name)
+        (negatable if opt.switch else valued)[opt.flag] = opt.name
+        parsed[opt.name] = None
     for flag, switch in (extra or {}).items():
-        parser.add_argument(flag, action="store_true" if switch else "store")
-    try:
-        parsed, rest = parser.parse_known_args(list(argv))
-    except _Declined:
-        return None
-    return None if rest else vars(parsed)
+        name = flag.removeprefix("--").replace("-", "_")
+        (bare if switch else valued)[flag] = name
+        parsed[name] = False if switch else None
+    words = iter(argv)
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if flag in valued:
+            if not eq:
+                value = next(words, "--")
+                if value.startswith("-") and not DASH_VALUE.fullmatch(value):
+                    return None
+            parsed[valued[flag]] = value
+        elif eq:
+            return None
+        elif word in negatable or word in bare:
+            parsed[negatable.get(word) or bare[word]] = True
+        elif word.startswith("--no-") and f"--{word[5:]}" in negatable:
+            parsed[negatable[f"--{word[5:]}"]] = False
+        else:
+            return None
+    return parsed
 
 
 def with_parameters(fn: Callable[..., Any], params: list[inspect.Parameter]) -> Callable[..., Any]:

@@ -67,12 +67,12 @@ import signal
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import Limits
+from slurm_fiber.record import record
 
 if TYPE_CHECKING:
     import asyncio
@@ -85,7 +85,7 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupStatus:
     """Whether fiberd carves cgroups, and why (one line, for status and audit)."""
 
@@ -103,7 +103,7 @@ class CgroupStatus:
                 "root": str(self.root) if self.root else None}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LimitOutcome:
     """One limit file: the value asked for and whether the kernel enforces it."""
 
@@ -123,7 +123,7 @@ class LimitOutcome:
                 "reason": self.reason}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GrantCgroup:
     """A carved grant: its cgroup, its template's leaf, and how its limits fared."""
 
@@ -370,7 +370,7 @@ NVIDIA_MAJOR = 195  # /dev/nvidia<N>; a granted one also needs nvidiactl (255), 
 _NVIDIA_UVM = ("nvidia-uvm",)  # /proc/devices names whose every minor a granted NVIDIA GPU needs
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class V1Layout:
     """The cgroup v1 hierarchies of this host: controller -> mount point, and this
     process's own cgroup in each (``/proc/self/cgroup``)."""
@@ -424,7 +424,7 @@ class V1Layout:
         return mount / self.own.get(controller, "/").strip("/") / name
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceRule:
     """How a grant's device cgroup fared: ``confined`` when ``devices.deny a`` and the
     allow list hold (read back from ``devices.list``), else ``reason`` says why not."""

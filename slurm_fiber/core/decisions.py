@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
 
 from slurm_fiber.core.bookstate import BookState, HeldToken, Horizon, StateFile
 from slurm_fiber.core.clock import Clock
@@ -43,6 +42,7 @@ from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.tokens import TokenReason, TokenRefused
+from slurm_fiber.record import record
 
 RETRY_HINT = 1.0  # seconds: the retry_after given when nothing better is known
 
@@ -57,7 +57,7 @@ class Warmth(enum.StrEnum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TemplateView:
     """What the runtime knows about a grant's template when a Clone asks."""
 
@@ -92,7 +92,7 @@ class DeadlineCause(enum.StrEnum):
     REMOVED = "removed"  # the grant was removed (or denied)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Deadline:
     """When a fiber must be stopped (monotonic seconds) and why then."""
 
@@ -100,7 +100,7 @@ class Deadline:
     cause: DeadlineCause
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Start:
     """Clone decided: start a fiber for ``uid`` under ``epoch``, stopping it at ``deadline``."""
 
@@ -112,7 +112,7 @@ class Start:
     spec: FiberSpec
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Admitted:
     """A token was admitted. ``new_grant``: the UID had no token before (warm its template)."""
 
@@ -123,7 +123,7 @@ class Admitted:
     spec: FiberSpec
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Removed:
     """A grant was removed; the UID is denied until ``until`` (Unix time; None: not denied)."""
 
@@ -132,7 +132,7 @@ class Removed:
     until: float | None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GrantView:
     """One grant for listing: UID, tokens, lease end, the grant in force, and whether expired."""
 

@@ -27,7 +27,8 @@ are confined "env only" (``core.enforcement``), never more.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from slurm_fiber.record import record
 
 # Vendor variables per device kind. "gpu" is exposed through every vendor's
 # variable, since which runtime the engine uses is not known here.
@@ -50,7 +51,7 @@ NO_DEVICE: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Device:
     """One device: kind ("gpu"), index as the scheduler numbers it, node path, uuid if known."""
 
@@ -60,7 +61,7 @@ class Device:
     uuid: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceChannel:
     """An ordered, duplicate-free set of devices."""
 

@@ -36,13 +36,13 @@ import heapq
 import itertools
 import os
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import set_done
+from slurm_fiber.record import record
 
 
 async def report_or_exit(reported: asyncio.Future[Any], pidfd: int) -> None:
@@ -122,7 +122,7 @@ class LateReports:
             await self.clock.sleep(due - now)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EndReading:
     """What a carved fiber's end found once its process had exited: ``peak`` memory
     (bytes, None: unknown), OOM kills counted in its cgroup (None: unknown), and its

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass
+
+from slurm_fiber.record import record
 
 _WARM_GUESS = 1.0  # seconds a warm is expected to take before one has been measured
 
@@ -118,7 +119,7 @@ class Backoff:
         return self._next
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WarmError:
     """Why a template failed to warm: the exception class and one line."""
 

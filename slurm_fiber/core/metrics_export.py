@@ -27,12 +27,12 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import ScopeClaim
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
+from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, write_atomic
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def scope_labels(home: str, scope: Iterable[ScopeClaim]) -> dict[str, str]:
     return labels
 
 
-@dataclass
+@record
 class Labelled:
     """A collector view of ``metrics``' registry with ``labels()`` added to every sample.
 
@@ -166,7 +166,7 @@ def textfile_name(labels: Mapping[str, str]) -> str:
     return f"slurm_fiber_job_{job}.prom" if job else "slurm_fiber.prom"
 
 
-@dataclass
+@record
 class MetricsTextfile:
     """The metrics as ``name`` in ``dir_fd``, rewritten by ``run()`` every REFRESH seconds.
 
@@ -225,7 +225,7 @@ class MetricsTextfile:
             os.close(self.dir_fd)
 
 
-@dataclass
+@record
 class MetricsExport:
     """What ``start_export`` started; ``await close()`` stops it all (idempotent)."""
 

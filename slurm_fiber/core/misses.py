@@ -11,7 +11,8 @@ conform) key on ``code`` and ``retryable``, never on text.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from slurm_fiber.record import record
 
 
 class MissCode(enum.StrEnum):
@@ -48,7 +49,7 @@ _RETRYABLE = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Miss:
     """A Clone that started nothing.
 

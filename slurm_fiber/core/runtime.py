@@ -27,10 +27,8 @@ import contextlib
 import itertools
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,6 +75,7 @@ from slurm_fiber.core.templates import (
     template_env,
 )
 from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
+from slurm_fiber.record import field, record
 
 log = logging.getLogger("slurm_fiber.core.runtime")
 
@@ -99,7 +98,7 @@ class CloneFailed(Exception):
     """A Clone the book allowed but the template could not start (one line; audited)."""
 
 
-@dataclass
+@record
 class _Grant:
     """One admitted grant's processes and resources."""
 
@@ -184,7 +183,7 @@ class Core:
         self._listed: dict[str, int] = {}  # fiber id -> registration order (list pages)
         self._registered = itertools.count(1)
         self._ids = itertools.count(1)
-        self._prefix = secrets.token_hex(3)
+        self._prefix = os.urandom(3).hex()
         self._deadlines = DeadlineTimer(clock, grace)  # every fiber's, on one timer
         self._released: set[str] = set()  # fiber ids whose release is audited
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -2,9 +2,10 @@
 
 fiberd starts this module with ``--fd N`` (its end of a SEQPACKET
 socketpair, see ``template_wire``) and ``--parent PID``, by the command
-``command`` builds: ``python -P`` (the current directory is not put on
-``sys.path``) with a PYTHONPATH stripped of entries anyone but fiberd's uid or
-root could write. In order, the template:
+``templates.template_command`` builds (fiberd never imports this module):
+``python -P`` (the current directory is not put on ``sys.path``) with a
+PYTHONPATH stripped of entries anyone but fiberd's uid or root could write.
+In order, the template:
 
 0. rebuilds ``sys.path`` from the entries that are safe (``dirtrust`` over ``safefs``:
    absolute, existing, owned by fiberd's uid or root, writable by nobody
@@ -83,7 +84,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from slurm_fiber.core import exec_stub
@@ -108,26 +109,6 @@ STUB_TIMEOUT = 10.0  # seconds the stub maker may take to clone one stub
 # Around each fork and in each spare, signal masks and dispositions are set with the C
 # module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
 # Python code whose reference counting copies pages of the shared heap (~5 µs each here).
-
-
-def command(python: str, env: Mapping[str, str], fd: int,
-            parent: int) -> tuple[list[str], dict[str, str], list[str]]:
-    """The argv and env that start a template (fiberd's side), and the PYTHONPATH entries
-    left out as unsafe (one line each, for fiberd's log)."""
-    env = dict(env)
-    dropped = []
-    if env.get("PYTHONPATH"):
-        kept = []
-        for entry in env["PYTHONPATH"].split(os.pathsep):
-            why = safe_path_entry(entry)
-            if why is None:
-                kept.append(entry)
-            else:
-                dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
-            "--parent", str(parent)]
-    return argv, env, dropped
 
 
 def safe_sys_path() -> None:

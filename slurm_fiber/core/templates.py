@@ -77,15 +77,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core import cgroups, stall, template_main
+from slurm_fiber.core import cgroups, stall
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.cgroups import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
+from slurm_fiber.core.dirtrust import safe_path_entry
 from slurm_fiber.core.ends import LateReports
 from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
 from slurm_fiber.core.grant import TemplateSpec
@@ -101,6 +101,7 @@ from slurm_fiber.core.lifecycle import (
 )
 from slurm_fiber.core.spares import Kind, Spare, SparePool
 from slurm_fiber.core.waiting import first_done, pidfd_wait, set_done, stopped
+from slurm_fiber.record import field, record
 
 __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template",
            "TemplateNotReady", "TemplateState", "WarmError", "template_env"]
@@ -124,7 +125,7 @@ class ForkFailed(Exception):
     """The template could not start the fiber (one-line reason)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FiberRequest:
     """One fiber to fork. ``mode`` "call" runs ``target`` ("module:function") with
     ``args``/``kwargs`` (JSON values) in the warm interpreter; "exec" execs ``argv``.
@@ -169,6 +170,26 @@ def template_env(base: Mapping[str, str], spec: TemplateSpec,
     """The environment a template starts with: ``base``, the grant's env, then the
     channel's visibility variables, which always win (a grant cannot widen its devices)."""
     return {**base, **spec.env, **channel.env()}
+
+
+def template_command(python: str, env: Mapping[str, str], fd: int,
+                     parent: int) -> tuple[list[str], dict[str, str], list[str]]:
+    """The argv and env that start a template (``template_main``), and the PYTHONPATH entries
+    left out as unsafe (one line each, for fiberd's log)."""
+    env = dict(env)
+    dropped = []
+    if env.get("PYTHONPATH"):
+        kept = []
+        for entry in env["PYTHONPATH"].split(os.pathsep):
+            why = safe_path_entry(entry)
+            if why is None:
+                kept.append(entry)
+            else:
+                dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
+            "--parent", str(parent)]
+    return argv, env, dropped
 
 
 class Template:
@@ -539,7 +560,7 @@ class Template:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path = self.state_dir / f"template-{safe_name(self.uid)}.log"
-        argv, env, dropped = template_main.command(self.python, self.env, theirs.fileno(),
+        argv, env, dropped = template_command(self.python, self.env, theirs.fileno(),
                                                    os.getpid())
         for line in dropped:
             log.warning("template of %s: %s", self.uid, line)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+
+from slurm_fiber.record import field, record
 
 SELF_LEAF = "_fiberd"
 TREE_PREFIX = "slurm-fiber."  # + pid: the tree a fiberd delegates itself in the hierarchy's root
@@ -59,7 +60,7 @@ def _unescape(value: str) -> str:
     return value
 
 
-@dataclass
+@record
 class Delegation:
     """What delegation did: the ``root`` to carve, the ``leaf`` this process moved into.
 
@@ -100,7 +101,7 @@ class Delegation:
         return failures
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Placement:
     """Where fiberd carves: ``root`` (None: nowhere), ``reason`` in one line, any delegation."""
 

@@ -54,7 +54,6 @@ import os
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import valid_uid
@@ -62,6 +61,7 @@ from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.core.tokens import TokenRefused, decode_unverified
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
+from slurm_fiber.record import record
 from slurm_fiber.safefs import read_upto
 
 MAX_TOKEN_BYTES = 64 * 1024
@@ -85,7 +85,7 @@ class GrantDirRefused(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Held:
     """A file's last good reading: its content hash and the UID its token names."""
 
@@ -93,7 +93,7 @@ class _Held:
     uid: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Bad:
     """A file skipped this poll; ``version`` tells a changed bad file from the same one."""
 

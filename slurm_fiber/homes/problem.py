@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from slurm_fiber.record import record
 
 log = logging.getLogger("slurm_fiber.homes")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Problem:
     """One skipped input: ``code`` to key on, ``subject`` it concerns, ``reason`` for people."""
 

@@ -27,7 +27,6 @@ in a Slurm job) and this module stays importable by every option parser.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -190,6 +189,8 @@ def lookup(name: str) -> HomeEntry:
     for installed, spec in _installed():
         if installed == name:
             return _load(name, spec)
+    import difflib  # only on this error: kept out of fiberd's memory otherwise
+
     near = difflib.get_close_matches(name, names(), n=1)
     hint = f"; did you mean {near[0]}?" if near else ""
     raise UnknownHome(f"no home named {name!r} (known: {', '.join(names())}){hint}")

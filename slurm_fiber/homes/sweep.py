@@ -31,13 +31,13 @@ import asyncio
 import logging
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
+from slurm_fiber.record import record
 
 log = logging.getLogger("slurm_fiber.sweep")
 
@@ -46,7 +46,7 @@ EMPTY_WITHIN = 10.0  # seconds a swept tree may take to empty after cgroup.kill
 READY_RESET_WITHIN = 5.0  # seconds the "not ready" publish may hold up delivery at start
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SweptTree:
     """A dead predecessor's cgroup tree: its owner pid, the pids killed in it, and whether
     it is gone (``problem`` says why not)."""
@@ -65,7 +65,7 @@ class SweptTree:
         return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupSweep:
     """What the start-up sweep removed: the own root's grant cgroups and dead trees."""
 

@@ -32,4 +32,5 @@ def test_bench_scale_quick_prints_its_figures_and_leaves_nothing(tmp_path: Path)
     assert [g["g"] for g in figures["grants"]] == [1, 2]
     assert all(g["per_grant_pss_mb"] > 0 for g in figures["grants"])
     assert figures["clean_stops"] is True
+    assert figures["floor"]["pss_mb"] > 0 and figures["fiberd_pss_over_floor"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,7 +19,6 @@ import enum
 import re
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
@@ -38,6 +37,7 @@ from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.misses import Miss
+from slurm_fiber.record import record, replace
 
 VERSION = 3  # the newest this fiberd speaks
 VERSIONS = (1, 2, 3)  # every one it accepts (docs/socket-protocol.md, "Versions")
@@ -101,7 +101,7 @@ class ApiError(Exception):
 # --- requests -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CloneOp:
     """``clone``: start a fiber. ``stdio`` names the passed descriptors, in order."""
 
@@ -115,7 +115,7 @@ class CloneOp:
     hangup: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FiberOp:
     """``inspect_fiber``: one fiber by id."""
 
@@ -125,7 +125,7 @@ class FiberOp:
         return (self.fiber,)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StopOp:
     """``stop_fiber``: stop a fiber, ``grace`` seconds between SIGTERM and SIGKILL."""
 
@@ -136,7 +136,7 @@ class StopOp:
         return (self.fiber, self.grace, peer)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SignalOp:
     """``signal_fiber``: send a signal to a fiber."""
 
@@ -147,7 +147,7 @@ class SignalOp:
         return (self.fiber, self.signum, peer)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ListOp:
     """``list_fibers``: one page (v3: ``after`` a cursor, ``limit`` records), or all."""
 
@@ -158,7 +158,7 @@ class ListOp:
         return (self.after, self.limit)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PlainOp:
     """The ops that take no fields: list_grants, status, health, ready, metrics."""
 
@@ -168,7 +168,7 @@ class PlainOp:
         return ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BatchItem:
     """One item of a ``clone_batch``: the client's ``key`` for it and its clone, or the
     ApiError that refuses this item alone (the others still run); ``stdio`` names the
@@ -180,7 +180,7 @@ class BatchItem:
     error: ApiError | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BatchOp:
     """``clone_batch``: many clones of one grant in one request. ``grant``, ``token`` and
     ``env`` hold for every item (an item's ``env`` adds to it); descriptors come item by
@@ -194,7 +194,7 @@ class BatchOp:
 Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     """A validated request: the echoed id, the op's row in ``TABLE`` and its fields."""
 
@@ -438,7 +438,7 @@ def _stop(f: _Fields) -> StopOp:
     return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OpSpec:
     """One op of the protocol: its name, request and reply types, and who answers it.
 

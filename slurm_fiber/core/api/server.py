@@ -42,7 +42,6 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core.api.framing import (
@@ -80,6 +79,7 @@ from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_grou
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.misses import Miss
+from slurm_fiber.record import record
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get 
 LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ServerConfig:
     """Where and how to serve. ``allowed_uids`` None means {the daemon's uid, root}."""
 
@@ -119,7 +119,7 @@ class ServerConfig:
         return frozenset({os.getuid(), 0})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Refusal:
     """One refused request or connection, as given to the audit callback."""
 

@@ -11,16 +11,16 @@ the only way a clone that starts nothing answers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from slurm_fiber.core.misses import Miss
+from slurm_fiber.record import field, record
 
 JsonMap = Mapping[str, object]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Peer:
     """Who is on the other end of a connection, from SO_PEERCRED at accept time."""
 
@@ -32,7 +32,7 @@ class Peer:
         return {"pid": self.pid, "uid": self.uid, "gid": self.gid}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CallTarget:
     """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter.
 
@@ -48,7 +48,7 @@ class CallTarget:
     pickled: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ExecTarget:
     """Exec mode: exec ``argv`` (argv[0] looked up on PATH), in ``cwd`` when given."""
 
@@ -56,7 +56,7 @@ class ExecTarget:
     cwd: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Stdio:
     """Descriptors the caller passed for the fiber's stdin/stdout/stderr (None: not passed).
 
@@ -71,7 +71,7 @@ class Stdio:
     stderr: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CloneRequest:
     """A validated clone: which grant, what to run, env additions, and who asks.
 
@@ -89,7 +89,7 @@ class CloneRequest:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FiberExit:
     """How a fiber ended: exit code or killing signal, resource usage, and a call's outcome.
 

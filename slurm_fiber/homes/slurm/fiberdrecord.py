@@ -11,7 +11,9 @@ Writing is atomic (safefs.write_atomic), so a reader sees a whole record or
 none; reading never follows a link, never blocks on a FIFO and reads at
 most MAX_RECORD_BYTES, so a job user's planted record cannot stall the
 epilog (which runs as root and reads it). psutil is imported only to inspect the recorded process
-(the epilog imports this module for every job, most of which left no fiberd).
+(the epilog imports this module for every job, most of which left no fiberd); fiberd
+takes its own start time from /proc (``start_time``), as psutil computes it, so psutil
+stays out of its memory.
 """
 
 from __future__ import annotations
@@ -55,12 +57,23 @@ def record_path(state_dir: Path) -> Path:
     return state_dir / RECORD_NAME
 
 
+def start_time(pid: int) -> float:
+    """When process ``pid`` started, in Unix seconds, as psutil's ``create_time`` has it
+    (``is_running`` compares the two): its start in clock ticks after boot (/proc/<pid>/stat)
+    plus the boot time (/proc/stat ``btime``). Raises OSError."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        ticks = int(f.read().rpartition(b")")[2].split()[19])
+    with open("/proc/stat", "rb") as f:
+        btime = next((float(line.split()[1]) for line in f if line.startswith(b"btime ")), None)
+    if btime is None:
+        raise OSError("no btime in /proc/stat")
+    return ticks / os.sysconf("SC_CLK_TCK") + btime
+
+
 def this_process(socket: Path, cgroup_root: Path | None) -> FiberdRecord:
     """The record for the calling process (fiberd-run) with its socket and cgroup root."""
-    import psutil
-
     pid = os.getpid()
-    return FiberdRecord(pid=pid, start=round(psutil.Process(pid).create_time(), 2),
+    return FiberdRecord(pid=pid, start=round(start_time(pid), 2),
                         socket=str(socket), uid=os.geteuid(),
                         cgroup_root=None if cgroup_root is None else str(cgroup_root))
 

@@ -14,6 +14,7 @@ from slurm_fiber.homes.slurm.fiberdrecord import (
     read_record,
     record_path,
     remove_record,
+    start_time,
     this_process,
     write_record,
 )
@@ -55,6 +56,22 @@ def test_read_tolerates_junk_links_and_oversize(tmp_path: Path) -> None:
     record_path(tmp_path).symlink_to(tmp_path / "elsewhere.json")
     record, why = read_record(tmp_path)
     assert record is None and why is not None  # a link is never followed
+
+
+def test_start_time_is_psutils_create_time() -> None:
+    """fiberd records its start from /proc; the epilog checks it with psutil: they agree."""
+    import psutil
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        for pid in (os.getpid(), child.pid):
+            assert start_time(pid) == pytest.approx(psutil.Process(pid).create_time(), abs=1e-6)
+        assert FiberdRecord(child.pid, round(start_time(child.pid), 2), "s", None, 0).is_running()
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(OSError):
+        start_time(child.pid)
 
 
 def test_a_dead_or_reused_pid_is_not_fiberd() -> None:
