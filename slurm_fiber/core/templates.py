@@ -15,8 +15,8 @@ A ready template keeps ``spares`` *spare* fiber processes forked ahead of
 need: each already sits in its own cgroup leaf (``slot-<n>`` under the
 grant's cgroup), tied to the template by its death signal, waiting on an
 order channel whose other end fiberd holds. A fiber's leaf, once empty, is
-kept for a later spare (unless it has a memory controller, whose
-``memory.peak`` would carry over, or sub-cgroups), so a Clone creates and
+kept for a later spare (unless its memory figures would carry over, see
+``core/leaves.py``, or it has sub-cgroups), so a Clone creates and
 removes no cgroup: both wait on the kernel's cgroup lock, which a
 concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
 order directly (one message, no round trip through the template) and
