@@ -299,7 +299,9 @@ class Template:
             if request.id in self.fibers:
                 raise ForkFailed(f"fiber id {request.id} is in use")
             try:
-                spare = await self._take_spare(self._pools[Kind.FIBER])
+                # Not another idle one: the spares may have died with the template, unseen
+                # yet; asking the template tells (not ready) instead of failing the Clone.
+                spare = await self._take_spare(self._pools[Kind.FIBER], idle=not gone)
             except _NoAnswer:
                 raise self._not_ready() from None
             self._refill()
@@ -398,11 +400,12 @@ class Template:
 
     # ------------------------------------------------------------ spares
 
-    async def _take_spare(self, pool: SparePool) -> Spare:
-        """An idle spare of ``pool``, else a new one once the template has made it."""
-        idle = pool.take()
-        if idle is not None:
-            return idle
+    async def _take_spare(self, pool: SparePool, *, idle: bool = True) -> Spare:
+        """An idle spare of ``pool`` (when ``idle``), else a new one once the template has
+        made it."""
+        kept = pool.take() if idle else None
+        if kept is not None:
+            return kept
         spare = await self._ask_spare(pool)
         try:
             await asyncio.shield(spare.spared)
