@@ -23,10 +23,12 @@ machine falls on all of them alike:
       (n/5 samples), as a caller that is not hammering fiberd sees it. Paced,
       any cgroup move on a Clone's path would cost an RCU grace period; the
       template's spare (fiberd ``--spares``) keeps it off;
-  (f) for exec mode's baseline: ``subprocess.run(["true"])`` from this process, and
-      the CPU an exec Clone costs in all (fiberd, its template, the fiber and the
-      spare or exec stub made to replace the one used: the CPU of fiberd's process
-      tree, children reaped included, over the exec samples, per Clone).
+  (f) for exec mode's baseline: ``subprocess.run(["true"])`` from this process;
+  (g) the CPU a Clone costs, per mode and per process: fiberd itself, its template,
+      the fibers (each spare or exec stub from its fork to its exit, and what it
+      exec'd), the helpers alive under the template (idle spares and stubs, the stub
+      maker) and this client, over the samples, per Clone. Their sum over the CPUs
+      is what bounds throughput; ``total`` is exec mode's old single figure.
 
 Targets: Clone p50 ≤ 1.5x the floor's p50, and ≥ 20x faster than (a) when
 (a) takes ≥ 200 ms. The report says for each mode whether they were met.
@@ -83,30 +85,52 @@ def spawn_true(n: int) -> list[float]:
     return out
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants, each with its reaped children's."""
+ROLES = ("fiberd", "template", "fibers", "helpers", "client")
+
+
+def _times(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself and of the children it reaped (0, 0 when gone)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-    return total
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    ticks = [int(f) for f in fields[11:15]]  # utime stime cutime cstime
+    return (ticks[0] + ticks[1]) / tick, (ticks[2] + ticks[3]) / tick
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        return []  # gone meanwhile
+
+
+def cpu_by_role(pid: int) -> dict[str, float]:
+    """CPU seconds so far of fiberd ``pid`` and what runs under it, by role (``ROLES``):
+    fiberd itself, its templates, the fibers they reaped, their live children (spares,
+    stubs, stub makers, with what those reaped) and this process."""
+    out = dict.fromkeys(ROLES, 0.0)
+    out["fiberd"] = _times(pid)[0]
+    for template in _children(pid):
+        out["template"], out["fibers"] = map(sum, zip((out["template"], out["fibers"]),
+                                                      _times(template), strict=True))
+        out["helpers"] += sum(sum(_times(c)) for c in _children(template))
+    me = os.times()
+    out["client"] = me.user + me.system
+    return out
 
 
 def measure(site: Site, n: int, cold_runs: int, rounds: int,
             pace: float) -> dict[str, list[float]]:
-    """Samples (seconds) of every path, taken in interleaved rounds; ``exec_cpu`` holds
-    one figure per round: CPU seconds per exec Clone."""
+    """Samples (seconds) of every path, taken in interleaved rounds; ``cpu_<mode>_<role>``
+    hold one figure per round: CPU seconds per Clone of that mode in that role."""
     samples: dict[str, list[float]] = {k: [] for k in ("cold_start", "fork_floor",
                                                        "forkserver", "pipeline", "clone_call",
                                                        "clone_exec", "clone_call_paced",
-                                                       "spawn_true", "exec_cpu")}
+                                                       "spawn_true")}
+    samples.update({f"cpu_{mode}_{role}": [] for mode in MODES for role in ROLES})
     assert site.proc is not None
     for k, (cold_n, n_i) in enumerate(zip(split(cold_runs, rounds), split(n, rounds),
                                           strict=True)):
@@ -119,11 +143,13 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int,
         samples["spawn_true"] += spawn_true(n_i)
         for mode in MODES:
             warmup = 3 if k == 0 else 0
-            cpu = tree_cpu(site.proc.pid)
+            before = cpu_by_role(site.proc.pid)
             samples[f"clone_{mode}"] += clone_round_trips(site.socket, mode, n_i, grant=GRANT,
                                                           warmup=warmup)
-            if mode == "exec":
-                samples["exec_cpu"].append((tree_cpu(site.proc.pid) - cpu) / (n_i + warmup))
+            after = cpu_by_role(site.proc.pid)
+            for role in ROLES:
+                samples[f"cpu_{mode}_{role}"].append((after[role] - before[role])
+                                                     / (n_i + warmup))
         samples["clone_call_paced"] += clone_round_trips(site.socket, "call", max(1, n_i // 5),
                                                          grant=GRANT, warmup=0, pause=pace)
     return samples
@@ -131,7 +157,8 @@ def measure(site: Site, n: int, cold_runs: int, rounds: int,
 
 def report(samples: dict[str, list[float]]) -> dict[str, object]:
     """The figures: percentiles per path, ratios vs the floor and the cold start, targets."""
-    figures: dict[str, object] = {k: {**percentiles(v), "n": len(v)} for k, v in samples.items()}
+    figures: dict[str, object] = {k: {**percentiles(v), "n": len(v)} for k, v in samples.items()
+                                  if not k.startswith("cpu_")}
     floor = statistics.median(samples["fork_floor"])
     cold = statistics.median(samples["cold_start"])
     targets: dict[str, object] = {}
@@ -150,7 +177,12 @@ def report(samples: dict[str, list[float]]) -> dict[str, object]:
     targets["cold_start_is_slow_enough"] = cold * 1000 >= COLD_MIN_MS
     targets["clone_exec_over_spawn_true"] = ratio(statistics.median(samples["clone_exec"]),
                                                   statistics.median(samples["spawn_true"]))
-    targets["exec_clone_cpu_ms"] = round(statistics.median(samples["exec_cpu"]) * 1000, 2)
+    cpu = {mode: {role: round(statistics.median(samples[f"cpu_{mode}_{role}"]) * 1000, 2)
+                  for role in ROLES} for mode in MODES}
+    for per_role in cpu.values():
+        per_role["total"] = round(sum(per_role.values()), 2)
+    targets["cpu_per_clone_ms"] = cpu
+    targets["exec_clone_cpu_ms"] = cpu["exec"]["total"]
     figures["targets"] = targets
     return figures
 
@@ -178,8 +210,10 @@ def print_table(figures: dict[str, object]) -> None:
               f"{t['faster_than_cold']}x faster than cold "
               f"({'meets' if t['cold_target_met'] else 'MISSES'} >= {COLD_FACTOR:g}x)")
     print(f"Clone exec (true): p50 = {targets['clone_exec_over_spawn_true']}x "  # type: ignore[index]
-          f"subprocess.run(true)'s; CPU per exec Clone (fiberd's tree) "
-          f"{targets['exec_clone_cpu_ms']} ms")  # type: ignore[index]
+          "subprocess.run(true)'s")
+    for mode, per_role in targets["cpu_per_clone_ms"].items():  # type: ignore[index]
+        print(f"CPU per {mode} Clone, ms: " + ", ".join(f"{role} {ms}"
+                                                       for role, ms in per_role.items()))
     if not targets["cold_start_is_slow_enough"]:  # type: ignore[index]
         print(f"note: the cold start took under {COLD_MIN_MS:g} ms here; add preloads")
 
@@ -188,7 +222,7 @@ def plot(samples: dict[str, list[float]], path: Path) -> None:
     """Latency CDFs of every path, log time axis, as a PNG at ``path``."""
     plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    latencies = {k: v for k, v in samples.items() if k != "exec_cpu"}  # CPU, not latency
+    latencies = {k: v for k, v in samples.items() if not k.startswith("cpu_")}  # not CPU
     plots.latency_cdfs(ax, latencies, xlabel="latency (ms, log scale)",
                        ylabel="fraction of starts",
                        title="start latency CDF, same preloads, one run")

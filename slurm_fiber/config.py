@@ -33,7 +33,7 @@ the working directory (environment and flags).
 | allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
-| spares | 1 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
+| spares | 2 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
@@ -113,7 +113,7 @@ class FiberdConfig:
     allowed_uids: tuple[int, ...] = ()
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
-    spares: int = 1
+    spares: int = 2  # two Clones arriving together (-j2 on two cores) both find one
     strict_limits: bool = False
     template_timeout: float = 10.0
     log_format: str = "text"

@@ -83,7 +83,7 @@ def test_list_options_from_toml_arrays_and_comma_separated_text(tmp_path: Path) 
 
 
 def test_spares_come_from_any_source_as_a_count(tmp_path: Path) -> None:
-    assert load_config(env={}).spares == 1
+    assert load_config(env={}).spares == 2
     assert load_config(write(tmp_path, "spares = 0\n"), {}).spares == 0
     assert load_config(env={"FIBERD_SPARES": "4"}).spares == 4
     assert load_config(env={}, flags={"spares": "16"}).spares == 16

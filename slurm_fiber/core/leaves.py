@@ -5,10 +5,13 @@ under the grant's ``fibers`` cgroup (core/cgroups.py), the n-th leaf a pool
 makes in group n // ``SLOTS_PER_GROUP``. ``LeafPool.take`` gives a free leaf
 kept from an ended fiber, else makes one (off the event loop: ``mkdir`` waits
 while a migration holds the kernel's cgroup lock). ``give_back`` keeps an
-ended fiber's empty leaf for a later spare, unless it had a memory controller
-(its ``memory.peak`` would carry over), holds sub-cgroups, the pool is closed
+ended fiber's empty leaf for a later spare, unless its memory figures would
+carry over to the next fiber (``cgroups.renew_memory``: a v1 memory mirror's
+peak is reset when no more than a small residue is left charged to it; v2's
+``memory.peak`` cannot be reset for every reader), it holds sub-cgroups, the pool is closed
 or already holds enough; otherwise it is removed in the background. So a
-Clone creates and removes no cgroup. Removals are queued and done by one
+Clone creates and removes no cgroup (on a hybrid host, none of the five
+it would otherwise make and remove each time). Removals are queued and done by one
 worker thread at a time, in batches (all queued while the last batch ran): an
 rmdir takes the kernel's cgroup lock, and thousands of fibers ending at once
 (a mass stop) each removing its leaf on its own thread would contend for it,
@@ -87,9 +90,11 @@ class LeafPool:
 
     def give_back(self, leaf: Path, peak: int | None, *, keep: bool, limit: int) -> None:
         """An ended fiber's leaf: kept for a later spare when ``keep`` (the template still
-        serves), it had no memory peak, holds no sub-cgroup and fewer than ``limit`` are
-        free; else removed in the background."""
-        if keep and peak is None and len(self._free) < limit and _bare(leaf):
+        serves), fewer than ``limit`` are free, it holds no sub-cgroup and it had no
+        memory peak or its memory figures were renewed (``cgroups.renew_memory``); else
+        removed in the background."""
+        if keep and len(self._free) < limit and _bare(leaf) \
+                and (peak is None or cgroups.renew_memory(leaf)):
             self._free.append(leaf)
         else:
             self._remove([leaf])

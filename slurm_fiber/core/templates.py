@@ -15,8 +15,8 @@ A ready template keeps ``spares`` *spare* fiber processes forked ahead of
 need: each already sits in its own cgroup leaf (``slot-<n>`` under the
 grant's cgroup), tied to the template by its death signal, waiting on an
 order channel whose other end fiberd holds. A fiber's leaf, once empty, is
-kept for a later spare (unless it has a memory controller, whose
-``memory.peak`` would carry over, or sub-cgroups), so a Clone creates and
+kept for a later spare (unless its memory figures would carry over, see
+``core/leaves.py``, or it has sub-cgroups), so a Clone creates and
 removes no cgroup: both wait on the kernel's cgroup lock, which a
 concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
 order directly (one message, no round trip through the template) and
@@ -322,7 +322,9 @@ class Template:
             if request.id in self.fibers:
                 raise ForkFailed(f"fiber id {request.id} is in use")
             try:
-                spare = await self._take_spare(self._pools[Kind.FIBER])
+                # Not another idle one: the spares may have died with the template, unseen
+                # yet; asking the template tells (not ready) instead of failing the Clone.
+                spare = await self._take_spare(self._pools[Kind.FIBER], idle=not gone)
             except _NoAnswer:
                 raise self._not_ready() from None
             self._refill()
@@ -421,11 +423,12 @@ class Template:
 
     # ------------------------------------------------------------ spares
 
-    async def _take_spare(self, pool: SparePool) -> Spare:
-        """An idle spare of ``pool``, else a new one once the template has made it."""
-        idle = pool.take()
-        if idle is not None:
-            return idle
+    async def _take_spare(self, pool: SparePool, *, idle: bool = True) -> Spare:
+        """An idle spare of ``pool`` (when ``idle``), else a new one once the template has
+        made it."""
+        kept = pool.take() if idle else None
+        if kept is not None:
+            return kept
         spare = await self._ask_spare(pool)
         try:
             await asyncio.shield(spare.spared)

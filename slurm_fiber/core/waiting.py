@@ -74,9 +74,12 @@ def set_done(fut: asyncio.Future[None]) -> None:
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (field 3, the state,
     first); None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
+    try:  # one open, read and close (no buffered file: its fstat, ioctl and seeks)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     return text.rpartition(b")")[2].decode(errors="replace").split()

@@ -25,8 +25,8 @@ from tests.core.runtime.fiberdkit import AUDIENCE, Site
 BIN = Path(sys.executable).parent
 
 # Marked processes once a grant has run one exec fiber (e.g. ``start_long_fiber``): the
-# template, its spare, the fiber, and the stub maker with an idle exec stub.
-PROCESSES = 5
+# template, its two spares, the fiber, and the stub maker with two idle exec stubs.
+PROCESSES = 7
 
 
 def flags(site: Site, **over: str | None) -> list[str]:

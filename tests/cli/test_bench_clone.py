@@ -31,6 +31,11 @@ def test_bench_clone_prints_its_figures_and_a_plot(tmp_path: Path) -> None:
                                                  "faster_than_cold", "cold_target_met"}
     assert figures["targets"]["pipeline_over_floor"] > 0
     assert figures["targets"]["clone_call_over_pipeline"] > 0
+    for mode in ("call", "exec"):  # CPU per Clone by process, summed in total
+        cpu = figures["targets"]["cpu_per_clone_ms"][mode]
+        assert set(cpu) == {"fiberd", "template", "fibers", "helpers", "client", "total"}
+        assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"),
+                                             abs=0.05)
     assert figures["left_running"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -100,6 +100,25 @@ def test_a_fiber_over_its_memory_limit_is_oom_killed_and_its_exit_says_so(
     assert calm["exit_code"] == 0 and calm["rusage"]["oom_kills"] == 0, calm  # type: ignore[index]
 
 
+@needs_root
+def test_an_ended_fibers_leaf_serves_again_with_its_memory_peak_renewed(
+        site: Site, backend: str) -> None:
+    # On v1 memory a leaf is reused once its peak is reset (cgroups.renew_memory): a
+    # Clone makes and removes no cgroup, and a fiber after a big one reports its own peak.
+    site.drop(memory=512 << 20)
+    with serving(site, backend) as sock, FiberdClient(sock) as client:
+        def clone(code: str) -> tuple[str, dict[str, object]]:
+            fiber = client.clone(grant="g1", wait=True, exec={"argv": [PYTHON, "-c", code]})
+            return str(fiber["cgroup"]), client.wait_exit(within=60)
+
+        big_leaf, big = clone("b = b'x' * (64 << 20)")
+        after = [clone("pass") for _ in range(4)]
+    assert big["rusage"]["memory_peak"] >= 64 << 20, big  # type: ignore[index]
+    assert big_leaf in [leaf for leaf, _ in after], (big_leaf, after)
+    for _, end in after:
+        assert end["exit_code"] == 0 and end["rusage"]["memory_peak"] < 32 << 20, end  # type: ignore[index]
+
+
 BOMB = """
 import errno, os, sys
 r, w = os.pipe()
