@@ -32,8 +32,13 @@ def escape(cgroup: str, seconds: float) -> str:
     return "outlived"
 
 
+STUBBORN_NOW = "ignoring SIGTERM"
+
+
 def stubborn(seconds: float) -> str:
-    """Ignore SIGTERM, then sleep: only SIGKILL ends it early."""
+    """Ignore SIGTERM, say so on stdout (``STUBBORN_NOW``), then sleep: only SIGKILL ends
+    it early (a SIGTERM before the line may still end it)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(STUBBORN_NOW, flush=True)
     time.sleep(seconds)
     return "outlived"

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 from slurm_fiber.core.handles import FiberView
 from tests.core.processkit import aio, marked_procs
-from tests.core.runtime.fiberdkit import PEER, Live, Site, running_fiberd, warm
+from tests.core.runtime.fiberdkit import PEER, Live, Site, running_fiberd, until, warm
+from tests.core.runtime.targetkit import STUBBORN_NOW
 
 STUBBORN = "tests.core.runtime.targetkit:stubborn"  # ignores SIGTERM: only SIGKILL ends it
 
 
 async def started(live: Live, target: str = STUBBORN) -> FiberView:
+    """A fiber of ``target`` running; a stubborn one once it ignores SIGTERM (a stop that
+    came sooner would end it on SIGTERM, not after the grace)."""
     fiber = await live.clone(target=target, args=(60,))
     assert isinstance(fiber, FiberView), fiber
+    out = fiber.fiber.stdout_path
+    if target == STUBBORN:
+        assert out is not None
+        await until(lambda: out.exists() and STUBBORN_NOW in out.read_text())
     return fiber
 
 
