@@ -34,6 +34,7 @@ the working directory (environment and flags).
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 2 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
+| spares_idle | 300 | seconds with no Clone before a grant's spares and exec stubs go (0: never) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
@@ -114,6 +115,7 @@ class FiberdConfig:
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
     spares: int = 2  # two Clones arriving together (-j2 on two cores) both find one
+    spares_idle: float = 300.0  # a grant not cloned for this long holds its template alone
     strict_limits: bool = False
     template_timeout: float = 10.0
     log_format: str = "text"
@@ -391,6 +393,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("spares", _count(0, 16),
            "fiber processes each ready template forks ahead, from its grant's first Clone "
            "on (0: fork on each Clone)"),
+    Option("spares_idle", _seconds(0, 86400, zero_ok=True),
+           "seconds without a Clone after which a grant's spares and exec stubs are "
+           "dismissed, until its next Clone (0: kept while the grant lives)"),
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",
            switch=True),

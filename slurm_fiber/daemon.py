@@ -219,7 +219,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
-                grace=config.grace, spares=config.spares, strict_limits=config.strict_limits,
+                grace=config.grace, spares=config.spares,
+                spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
                 template_timeout=config.template_timeout)
     server = ApiServer(core, _server_config(config), clock=clock,
                        audit=_audit_refusal(audit))

@@ -89,6 +89,12 @@ def test_spares_come_from_any_source_as_a_count(tmp_path: Path) -> None:
     assert load_config(env={}, flags={"spares": "16"}).spares == 16
 
 
+def test_spares_idle_is_seconds_and_zero_keeps_them() -> None:
+    assert load_config(env={}).spares_idle == 300
+    assert load_config(env={"FIBERD_SPARES_IDLE": "0"}).spares_idle == 0
+    assert load_config(env={}, flags={"spares_idle": "2.5"}).spares_idle == 2.5
+
+
 def test_metrics_are_off_by_default_and_listen_on_loopback_unless_a_host_is_named(
         tmp_path: Path) -> None:
     config = load_config(env={})

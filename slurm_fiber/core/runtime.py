@@ -150,7 +150,9 @@ class Core:
 
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
     the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
-    processes each ready template forks ahead. ``template_timeout`` is the
+    processes each ready template forks ahead; ``spares_idle``, the clock
+    seconds without a Clone after which a grant's spares and exec stubs are
+    dismissed until its next Clone (None: never). ``template_timeout`` is the
     seconds a template or spare may take to answer before the template is
     killed and re-warmed. ``python`` is the interpreter templates run.
     ``strict_limits``: refuse (``unenforceable``) a grant asking for a limit
@@ -160,8 +162,8 @@ class Core:
 
     def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
-                 spares: int = 1, template_timeout: float = DEFAULT_TIMEOUT,
-                 python: str = sys.executable,
+                 spares: int = 1, spares_idle: float | None = None,
+                 template_timeout: float = DEFAULT_TIMEOUT, python: str = sys.executable,
                  prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False) -> None:
         self.home = home
         self.book = book
@@ -172,6 +174,7 @@ class Core:
         self.state_dir = state_dir
         self.grace = grace
         self.spares = spares
+        self.spares_idle = spares_idle
         self.template_timeout = template_timeout
         self.python = python
         self.prune_after = prune_after
@@ -294,13 +297,24 @@ class Core:
         return cooled
 
     async def maintain(self, every: float = 1.0) -> None:
-        """Run expiry and pruning every ``every`` clock seconds until cancelled."""
+        """Run expiry, pruning and the shedding of idle grants' spares every ``every``
+        clock seconds until cancelled."""
         while True:
             await self.clock.sleep(every)
             try:
                 await self.expire_due()
             except OSError as err:
                 log.error("upkeep failed: %s", err)
+            self.shed_idle_spares()
+
+    def shed_idle_spares(self) -> list[str]:
+        """Dismiss the spares and exec stubs of grants not cloned for ``spares_idle``
+        (``Template.shed_idle_spares``); the UIDs shed now."""
+        shed = [uid for uid, grant in self._grants.items() if grant.template.shed_idle_spares()]
+        for uid in shed:
+            log.info("grant %s: not cloned for %g s, its spares dismissed until its next "
+                     "Clone", uid, self.spares_idle)
+        return shed
 
     async def shutdown(self) -> None:
         """Refuse new work, stop every fiber and template, release devices and cgroups.
@@ -552,7 +566,8 @@ class Core:
         env = template_env(os.environ, spec.template, channel)
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
                                     clock=self.clock, python=self.python, spares=self.spares,
-                                    timeout=self.template_timeout, spares_once_cloned=True)
+                                    timeout=self.template_timeout, spares_once_cloned=True,
+                                    spares_idle=self.spares_idle)
 
     def _enforced(self, uid: str, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The record of what carving wrote; audited (``enforcement``) when it differs from

@@ -207,7 +207,8 @@ class Template:
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
                  spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                 exec_stubs: int | None = None, spares_once_cloned: bool = False) -> None:
+                 exec_stubs: int | None = None, spares_once_cloned: bool = False,
+                 spares_idle: float | None = None) -> None:
         self.uid = uid
         self.spec = spec
         self.env = dict(env)
@@ -216,6 +217,8 @@ class Template:
         self.clock = clock
         self.python = python
         self.spares = spares
+        self.spares_idle = spares_idle
+        self._last_fork: float | None = None  # clock mono of the last fork asked
         self.timeout = timeout
         self._late = LateReports(clock)  # its fibers' waits for lagging exit reports
         self.pid: int | None = None
@@ -239,17 +242,19 @@ class Template:
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                    exec_stubs: int | None = None,
-                    spares_once_cloned: bool = False) -> Template:
+                    exec_stubs: int | None = None, spares_once_cloned: bool = False,
+                    spares_idle: float | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
         ``spares`` spare processes (with ``spares_once_cloned``, from its first fiber on)
         and, from its first exec fiber on, ``exec_stubs`` exec stubs (default: as many
-        as spares). ``timeout``: seconds it and its spares may take to answer (module
-        doc). Raises OSError if the process cannot be started (e.g. ``state_dir`` not
-        writable)."""
+        as spares), until ``spares_idle`` clock seconds pass with no fork
+        (``shed_idle_spares``; None: never). ``timeout``: seconds it and its spares may
+        take to answer (module doc). Raises OSError if the process cannot be started
+        (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
-                       exec_stubs=exec_stubs, spares_once_cloned=spares_once_cloned)
+                       exec_stubs=exec_stubs, spares_once_cloned=spares_once_cloned,
+                       spares_idle=spares_idle)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -304,6 +309,7 @@ class Template:
         fiber's cgroup cannot be made.
         """
         request.check()
+        self._last_fork = self.clock.mono()
         self._pools[Kind.FIBER].target = self.spares  # a first fiber: keep spares from now on
         stubs = self._pools[Kind.STUB]
         if request.mode == "exec" and stubs.target != self.exec_stubs:
@@ -537,6 +543,20 @@ class Template:
 
         fiber.on_done(gone)
         return fiber
+
+    def shed_idle_spares(self) -> bool:
+        """When no fork was asked for ``spares_idle`` clock seconds, dismiss the spares and
+        exec stubs (idle or being made) and keep none until the next fork, which forks on
+        the spot and restores them; whether it did now. Called by the core's upkeep."""
+        pools = self._pools.values()
+        if (self.spares_idle is None or self._last_fork is None
+                or self.clock.mono() - self._last_fork < self.spares_idle
+                or not any(p.target for p in pools)):
+            return False
+        for pool in pools:
+            pool.target = 0
+        self._dismiss_spares()
+        return True
 
     def _dismiss_spares(self) -> None:
         """Bury every spare not yet handed an order (idle or being made); remove the free

@@ -61,7 +61,8 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
                          uid: str = "grant-1", spares: int = 1,
-                         timeout: float = 10.0, exec_stubs: int = 0) -> Template:
+                         timeout: float = 10.0, exec_stubs: int = 0,
+                         spares_idle: float | None = None) -> Template:
     """A template whose env carries the test's mark and can import ``tests``
     (no exec stubs unless asked: ``exec_template`` tests exec fibers from both kinds)."""
     spec = TemplateSpec(preload=preload, warm=warm,
@@ -71,7 +72,7 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
     state.mkdir(exist_ok=True)
     return await Template.start(uid, spec, env, cgroup, state_dir=state,
                                 clock=clock or SystemClock(), spares=spares, timeout=timeout,
-                                exec_stubs=exec_stubs)
+                                exec_stubs=exec_stubs, spares_idle=spares_idle)
 
 
 async def read_line(fd: int) -> bytes:

@@ -74,6 +74,27 @@ async def test_a_grant_never_cloned_holds_its_template_alone(site: Site) -> None
 
 
 @aio
+async def test_a_grant_not_cloned_for_spares_idle_is_back_to_its_template_alone(
+        site: Site) -> None:
+    """The upkeep dismisses the spares of a grant not cloned for ``spares_idle`` seconds;
+    its next Clone forks on the spot and brings them back."""
+
+    def spares() -> object:
+        [grant] = live.core.list_grants()
+        return grant["template"]["spares"]  # type: ignore[index]
+
+    site.drop()
+    async with running_fiberd(site, spares_idle=1.0) as live:
+        await warm(live)
+        for _ in range(2):
+            fiber = await live.clone(target="tests.core.runtime.targetkit:sleep", args=(0,))
+            assert (await fiber.wait()).exit_code == 0
+            await until(lambda: spares() == 2)
+            await until(lambda: spares() == 0 and len(marked_procs(site.mark)) == 1)
+    assert not marked_procs(site.mark)
+
+
+@aio
 async def test_removal_stops_fibers_denies_and_redelivery_lifts(site: Site) -> None:
     token = site.drop()
     async with running_fiberd(site) as live:

@@ -4,7 +4,8 @@ A Clone hands an idle spare its order (no fork, no cgroup move on its path)
 and a replacement is forked behind it, into an ended fiber's leaf when one
 is free; with ``spares=0`` each Clone makes its spare on the spot. A spare
 killed from outside never costs a Clone, and a stopped template leaves no
-spare process or leaf behind.
+spare process or leaf behind. A template not asked to fork for ``spares_idle``
+clock seconds dismisses its spares and exec stubs until its next fork.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.templates import FiberRequest
 from tests.core.processkit import (
     aio,
     cgroup_dirs,
     idle_spares,
+    idle_stub,
     marked_procs,
+    stop_on_fake_clock,
     unified_cgroup,
     wait_dead,
     warm_template,
@@ -100,3 +104,29 @@ async def test_an_idle_spare_killed_from_outside_does_not_cost_a_clone(
     await t.stop(1.0)
     await mgr.remove_grant("g")  # (fails if any spare's leaf were left)
     assert marked_procs(mark) == [] and cgroup_dirs(cgroup_root) == []
+
+
+@aio
+async def test_spares_and_stubs_go_after_spares_idle_without_a_fork_and_come_back_with_one(
+        tmp_path: Path, mark: str):
+    clock = FakeClock()
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, exec_stubs=1,
+                            spares_idle=60.0)
+    ran = await t.fork(FiberRequest(id="x1", mode="exec", argv=["true"], cwd="/"))
+    assert (await ran.wait()).exit_code == 0
+    [spare] = await idle_spares(t)
+    stub = await idle_stub(t)
+    await clock.advance_and_settle(59.0)
+    assert not t.shed_idle_spares()  # cloned 59 s ago: recent enough
+    await clock.advance_and_settle(1.0)
+    assert t.shed_idle_spares()
+    assert wait_dead(spare) and wait_dead(stub)
+    assert t.idle_spares == [] and t.to_json()["spares"] == 0
+    assert t.to_json()["exec_stubs"] == 0
+    assert not t.shed_idle_spares()  # nothing left to dismiss
+    fiber = await t.fork(FiberRequest(id="c1", target=f"{T}:add", args=(2, 3)))
+    assert (await fiber.wait()).result == {"ok": True, "result": 5}  # forked on the spot
+    assert len(await idle_spares(t)) == 1  # and kept again from this fork on
+    await stop_on_fake_clock(t, clock)
+    assert marked_procs(mark) == []
+
