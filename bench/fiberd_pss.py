@@ -2,11 +2,13 @@
 
 Each sample measures, in this order, on the same interpreter and environment:
 
-  floor   a fresh interpreter importing what any fiberd must (asyncio, then
-          cryptography's ec and ed25519, which verify grants), read from its own
-          /proc/self/smaps_rollup after each stage: ``bare``, ``asyncio``,
-          ``floor`` (both); it exits before fiberd starts, so neither shares pages
-          with the other;
+  floor   a fresh interpreter importing what any fiberd must: asyncio, which
+          imports ssl and so maps the libcrypto fiberd verifies grants with
+          (core/ossl.py); read from its own /proc/self/smaps_rollup after each
+          stage: ``bare``, then ``floor`` (asyncio); for comparison also
+          ``cryptography`` (its ec and ed25519 on top, which fiberd verified with
+          until it called libcrypto itself). It exits before fiberd starts, so
+          neither shares pages with the other;
   fiberd  fiberd with one grant whose template is warm and no fiber running,
           read from /proc/<pid>/smaps_rollup ``--settle`` seconds after it is ready.
 
@@ -16,9 +18,9 @@ mapping them) and USS (Private_Clean + Private_Dirty: what fiberd alone holds).
 
 Where:
   standalone (default)  a throwaway site, as bench/scale.py runs it: this venv's
-          ``fiberd`` with the standalone home. This process maps cryptography too
-          (it mints the grant), so both PSS figures are lower than alone; compare
-          them with each other, and USS across runs.
+          ``fiberd`` with the standalone home. This process maps libcrypto too, so
+          both PSS figures are lower than alone; compare them with each other,
+          and USS across runs.
   --slurm  a batch job per sample, as ``--user`` (an unprivileged account), on the
           cluster SLURM_CONF names (else bare-host's of this checkout, which must
           be up with hooks: docker/slurm-cluster/bare-host up). The job measures
@@ -57,9 +59,9 @@ def rollup():
     return open("/proc/self/smaps_rollup").read()
 stages = {"bare": rollup()}
 import asyncio
-stages["asyncio"] = rollup()
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 stages["floor"] = rollup()
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+stages["cryptography"] = rollup()
 print(json.dumps(stages))
 """
 RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
@@ -184,7 +186,7 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, list[float]]:
         "fiberd_uss_mb": [s["fiberd"]["uss_mb"] for s in samples],
         "floor_pss_mb": [s["floor"]["floor"]["pss_mb"] for s in samples],
         "floor_uss_mb": [s["floor"]["floor"]["uss_mb"] for s in samples],
-        "asyncio_pss_mb": [s["floor"]["asyncio"]["pss_mb"] for s in samples],
+        "with_cryptography_pss_mb": [s["floor"]["cryptography"]["pss_mb"] for s in samples],
         "bare_pss_mb": [s["floor"]["bare"]["pss_mb"] for s in samples],
         "pss_over_floor": [s["pss_over_floor"] for s in samples],
     }

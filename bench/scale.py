@@ -24,7 +24,7 @@ as bench/clone.py uses, its own flags only, default poll interval and grace 1 s)
 After every stop it checks that nothing of the run is left: no process carrying the
 run's mark, no cgroup named after the stopped fiberd (``slurm-fiber.<pid>``) under
 /sys/fs/cgroup. Before the sweeps it measures the floor fiberd's PSS stands on, this
-interpreter importing asyncio and cryptography's ec and ed25519 (bench/fiberd_pss.py),
+interpreter importing asyncio (with ssl and its libcrypto; bench/fiberd_pss.py),
 and reports fiberd's PSS at N=0 over it (``fiberd_pss_over_floor``). The machine is
 shared: read ratios, not absolute times. Run it as
 root (or with a delegated cgroup) to carve cgroups, as fiberd runs in a job.

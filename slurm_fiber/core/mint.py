@@ -28,7 +28,9 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from slurm_fiber.core.fiberspec import fiber_spec_to_json, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec, valid_uid
-from slurm_fiber.core.trust import PrivateKey, public_jwk
+from slurm_fiber.core.trust import public_jwk
+
+PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 
 ALGS = ("EdDSA", "ES256")
 

@@ -3,9 +3,11 @@
 A ``TrustStore`` maps issuer names to JWKS files. Keys are parsed once into
 key objects, each pinned to one algorithm taken from the key itself
 (OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token; ``verify``
-checks a signature with such a key (the ``cryptography`` primitives, as PyJWT's
-algorithms do, without importing PyJWT: its package brings x509 and an HTTP
-client, about 4 MB of fiberd's memory, measured). Any other key
+checks a signature with such a key through the OpenSSL Python's ``ssl`` has
+loaded (core/ossl.py: neither PyJWT, whose package brings x509 and an HTTP
+client, nor ``cryptography``, 7.6 MB of a job's fiberd, is imported to
+verify). ``public_jwk`` (for whoever mints: the CLI, the prolog, tests) takes
+``cryptography`` keys and imports it when called. Any other key
 (RSA, oct, other curves, private material, no ``kid``, a duplicate ``kid``, an
 ``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
 why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
@@ -27,19 +29,16 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-
+from slurm_fiber.core.ossl import PublicKey
 from slurm_fiber.record import record
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 _B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
-PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
-PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 MAX_JWKS_BYTES = 1 << 20
 RACY_WINDOW_NS = 2_000_000_000
 
@@ -54,9 +53,15 @@ class TrustedKey:
     key: PublicKey
 
 
-def public_jwk(key: PublicKey | PrivateKey) -> dict[str, str]:
-    """The public JWK of ``key`` with ``kid`` (RFC 7638 thumbprint), ``alg`` and ``use``."""
-    pub = key.public_key() if isinstance(key, PrivateKey) else key
+def public_jwk(key: ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+               | ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> dict[str, str]:
+    """The public JWK of a ``cryptography`` key with ``kid`` (RFC 7638 thumbprint), ``alg``
+    and ``use``. ValueError for a key neither Ed25519 nor P-256."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    private = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+    pub = key.public_key() if isinstance(key, private) else key
     if isinstance(pub, ed25519.Ed25519PublicKey):
         raw = pub.public_bytes_raw()
         members, alg = {"crv": "Ed25519", "kty": "OKP", "x": _b64(raw)}, "EdDSA"
@@ -111,32 +116,15 @@ def verify(alg: str, key: PublicKey, message: bytes, signature: bytes) -> bool:
     """Whether ``signature`` (as a JWS carries it: Ed25519's 64 bytes, or ES256's raw
     32-byte r and s) signs ``message`` under ``key`` with ``alg`` (EdDSA or ES256); False
     for any other algorithm, or a key not of it."""
-    try:
-        if alg == "EdDSA" and isinstance(key, ed25519.Ed25519PublicKey):
-            key.verify(signature, message)
-            return True
-        if (alg == "ES256" and isinstance(key, ec.EllipticCurvePublicKey)
-                and isinstance(key.curve, ec.SECP256R1) and len(signature) == 64):
-            der = encode_dss_signature(int.from_bytes(signature[:32], "big"),
-                                       int.from_bytes(signature[32:], "big"))
-            key.verify(der, message, ec.ECDSA(hashes.SHA256()))
-            return True
-    except InvalidSignature:
-        pass
-    return False
+    return alg == key.alg and key.verify(message, signature)
 
 
 def _ed25519_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
-    return ed25519.Ed25519PublicKey.from_public_bytes(_coordinate(jwk, "x"))
+    return PublicKey.ed25519(_coordinate(jwk, "x"))
 
 
 def _p256_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
-    x, y = _coordinate(jwk, "x"), _coordinate(jwk, "y")
-    if len(x) != 32 or len(y) != 32:
-        raise ValueError("a P-256 coordinate is not 32 bytes")
-    numbers = ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
-                                            ec.SECP256R1())
-    return numbers.public_key()  # ValueError for a point not on the curve
+    return PublicKey.p256(_coordinate(jwk, "x"), _coordinate(jwk, "y"))  # on the curve
 
 
 def b64url_decode(data: bytes) -> bytes:
@@ -176,8 +164,6 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
         key = loader(jwk)
     except (ValueError, TypeError) as err:
         raise ValueError(f"bad key material ({err})") from None
-    if not isinstance(key, PublicKey):
-        raise ValueError("is not a public key")
     return alg, key
 
 

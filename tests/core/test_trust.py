@@ -110,14 +110,22 @@ def test_verify_checks_each_algorithm_with_its_own_key_and_signature_shape():
     ed, p256 = generate_key("EdDSA"), generate_key("ES256")
     ed_sig = OKPAlgorithm().sign(message, ed)
     es_sig = ECAlgorithm(ECAlgorithm.SHA256).sign(message, p256)
-    assert verify("EdDSA", ed.public_key(), message, ed_sig)
-    assert verify("ES256", p256.public_key(), message, es_sig)
-    assert not verify("EdDSA", ed.public_key(), b"head.other", ed_sig)
-    assert not verify("ES256", p256.public_key(), b"head.other", es_sig)
-    assert not verify("ES256", p256.public_key(), message, es_sig[:-1])  # not 2 x 32 bytes
-    assert not verify("ES256", ed.public_key(), message, ed_sig)  # a key of another algorithm
-    assert not verify("EdDSA", p256.public_key(), message, es_sig)
-    assert not verify("RS256", ed.public_key(), message, ed_sig)
+    keys, skipped = parse_jwks("i", json.dumps({"keys": [public_jwk(ed), public_jwk(p256)]})
+                               .encode())
+    assert not skipped
+    ed_key, p256_key = (keys[public_jwk(k)["kid"]].key for k in (ed, p256))
+    assert verify("EdDSA", ed_key, message, ed_sig)
+    assert verify("ES256", p256_key, message, es_sig)
+    assert not verify("EdDSA", ed_key, b"head.other", ed_sig)
+    assert not verify("ES256", p256_key, b"head.other", es_sig)
+    assert not verify("ES256", p256_key, message, es_sig[:-1])  # not 2 x 32 bytes
+    assert not verify("ES256", ed_key, message, ed_sig)  # a key of another algorithm
+    assert not verify("EdDSA", p256_key, message, es_sig)
+    assert not verify("RS256", ed_key, message, ed_sig)
+    flipped = bytes([es_sig[0] ^ 1]) + es_sig[1:]
+    assert not verify("ES256", p256_key, message, flipped)
+    assert not verify("ES256", p256_key, message, bytes(64))  # r = s = 0
+    assert not verify("EdDSA", ed_key, message, bytes([ed_sig[0] ^ 1]) + ed_sig[1:])
 
 
 def test_a_p256_key_off_the_curve_or_short_is_not_loaded():
