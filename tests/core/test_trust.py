@@ -144,3 +144,24 @@ def test_a_coordinate_with_a_byte_outside_base64url_is_not_loaded():
     keys, skipped = parse_jwks("i", json.dumps({"keys": [jwk, stray]}).encode())
     assert len(keys) == 1 and len(skipped) == 1
     assert "'x' is not base64url" in skipped[0]
+
+
+def test_es256_signatures_reach_openssl_in_the_der_cryptography_makes():
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+    from slurm_fiber.core.ossl import _dss_der
+
+    for r, s in ((1, 2), (0x7F, 0x80), (2**255, 2**248 - 1), (2**256 - 1, 0x80 << 240)):
+        raw = r.to_bytes(32, "big") + s.to_bytes(32, "big")
+        assert _dss_der(raw[:32], raw[32:]) == encode_dss_signature(r, s)
+
+
+def test_a_signature_of_the_wrong_length_is_refused_and_leaves_no_openssl_error():
+    import ssl
+
+    ed = generate_key("EdDSA")
+    keys, _ = parse_jwks("i", json.dumps({"keys": [public_jwk(ed)]}).encode())
+    [key] = (k.key for k in keys.values())
+    assert not verify("EdDSA", key, b"m", b"\x01" * 10)
+    assert not verify("EdDSA", key, b"m", b"")
+    ssl.create_default_context()  # ssl still works: no error left in OpenSSL's queue
