@@ -72,7 +72,7 @@ class ResultChannel:
 
     ``write`` sends the text in datagrams of at most ``CHUNK`` bytes
     (SEQPACKET keeps each whole; fiberd joins them until end of file), and
-    blocks while fiberd's side is full. Closed when the fiber exits, or at
+    blocks while fiberd's side is full. Closed when ``await_order`` returns, or at
     exec (close-on-exec).
     """
 
@@ -93,28 +93,32 @@ def await_order(order_fd: int, msg: wire.Message, joined: OSError | None,
     its stdio fds and the result channel); ``msg`` is the spare's own (its cgroup),
     ``joined`` why joining it failed. Returns the exit code: 0 when dismissed (end of
     file), EXIT_SETUP for anything but a ``run`` and EXIT_CGROUP when the join had
-    failed (each with an error record sent), else ``run``'s."""
+    failed (each with an error record sent), else ``run``'s. The channel is closed
+    on return."""
     channel = socket.socket(fileno=order_fd)
-    channel.setblocking(True)
-    channel.set_inheritable(False)
-    data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
-    if not data:
-        return 0  # dismissed before it was used
-    try:
-        order = wire.decode(data)
-    except wire.WireError:
-        order = {}
-    result = ResultChannel(channel)
-    if order.get("t") != "run":
-        for fd in fds:
-            os.close(fd)
-        write_error(result, ValueError("the spare's order was unreadable or not a run order"))
-        return EXIT_SETUP
-    if joined is not None:
-        write_error(result, OSError(joined.errno, f"cannot join cgroup {msg.get('cgroup')}: "
-                                                  f"{joined.strerror}"))
-        return EXIT_CGROUP
-    return run(order, fds, result)
+    # Closed here, not left to the finalizer, whose ResourceWarning (formatted even when
+    # filtered out) cost a call fiber about a twentieth of its CPU.
+    with channel:
+        channel.setblocking(True)
+        channel.set_inheritable(False)
+        data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+        if not data:
+            return 0  # dismissed before it was used
+        try:
+            order = wire.decode(data)
+        except wire.WireError:
+            order = {}
+        result = ResultChannel(channel)
+        if order.get("t") != "run":
+            for fd in fds:
+                os.close(fd)
+            write_error(result, ValueError("the spare's order was unreadable or not a run order"))
+            return EXIT_SETUP
+        if joined is not None:
+            write_error(result, OSError(joined.errno, f"cannot join cgroup {msg.get('cgroup')}: "
+                                                      f"{joined.strerror}"))
+            return EXIT_CGROUP
+        return run(order, fds, result)
 
 
 def take_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> bool:
@@ -157,8 +161,11 @@ def exec_argv(msg: wire.Message, result: ResultChannel) -> int:
     argv = [str(a) for a in msg.get("argv") or []]
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
+    # A plain dict: execve reads os.environ, a Python-level mapping, once per PATH entry
+    # tried, which cost an exec stub about a tenth of its CPU.
+    env = dict(os.environ)
     try:
-        os.execvpe(argv[0], argv, os.environ)
+        os.execvpe(argv[0], argv, env)
     except OSError as e:
         failure = exec_failure(argv[0], e)
         result.write(json.dumps({"ok": False, "exec_failed": failure}))

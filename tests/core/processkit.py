@@ -206,5 +206,6 @@ def unified_cgroup(pid: int) -> str:
 
 
 def cgroup_dirs(root: Path) -> list[Path]:
-    """Every cgroup directory below ``root`` (not root itself)."""
-    return sorted(p for p in root.rglob("*") if p.is_dir())
+    """Every cgroup directory below ``root`` (not root itself); one removed while it is
+    listed (fiberd removes leaves in the background) is left out, not an error."""
+    return sorted(Path(top, d) for top, dirs, _ in os.walk(root) for d in dirs)
