@@ -162,8 +162,7 @@ def carving_parents(pid: int) -> list[Path]:
     """The directories holding fiberd ``pid``'s ``slurm-fiber.<pid>`` trees, the cgroup2
     one first (where bench/stop_bound.py lays out its bound the same way)."""
     trees = [Path(t) for t in leftover_cgroups(pid) if os.path.basename(t) == f"slurm-fiber.{pid}"]
-    return sorted((t.parent for t in trees), key=lambda p: not (p / "cgroup.kill").exists()
-                  and not (p / "cgroup.controllers").exists())
+    return sorted((t.parent for t in trees), key=lambda p: not (p / "cgroup.controllers").exists())
 
 
 def leftover_cgroups(pid: int) -> list[str]:

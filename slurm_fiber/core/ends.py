@@ -6,8 +6,8 @@ cheap; in a mass stop (grant removal, shutdown: thousands of fibers killed by
 one ``cgroup.kill``) the per-fiber tasks, sleeps and file reads made fiberd's
 event loop the bottleneck (profiled). So:
 
-- ``report_or_exit`` waits for a report or the fiber's exit with one future
-  and a loop reader, no task;
+- a fiber waits for its report or its exit with ``waiting.pidfd_wait``'s
+  one future and loop reader, no task;
 - ``LateReports`` keeps the waits of fibers whose exit came before their
   report on one heap, with one task sleeping on the injected clock until the
   earliest timeout (only while any wait);
@@ -43,26 +43,6 @@ from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
-
-
-async def report_or_exit(reported: asyncio.Future[Any], pidfd: int) -> None:
-    """Return once ``reported`` is done or the process behind ``pidfd`` has exited."""
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        # The reader goes at once: a pidfd stays readable, and until the waiter resumes
-        # every poll would report it again (thousands, each poll, in a mass stop).
-        loop.remove_reader(pidfd)
-        set_done(woken)
-
-    reported.add_done_callback(wake)
-    loop.add_reader(pidfd, wake)
-    try:
-        await woken
-    finally:
-        loop.remove_reader(pidfd)
-        reported.remove_done_callback(wake)
 
 
 class LateReports:

@@ -70,7 +70,7 @@ from pathlib import Path
 
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.ends import LateReports, end_reading, report_or_exit, survivors_frozen
+from slurm_fiber.core.ends import LateReports, end_reading, survivors_frozen
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, zombie_exit
 
 log = logging.getLogger(__name__)
@@ -320,8 +320,7 @@ class Fiber:
         pidfd = self.pidfd
         if pidfd is None:
             return await self._reported
-        if not self._reported.done():
-            await report_or_exit(self._reported, pidfd)
+        await pidfd_wait(pidfd, or_done=self._reported)
         if self._reported.done():
             state, msg = self._reported.result()
             if state is FiberState.LOST:  # its template died: it dies by its death signal

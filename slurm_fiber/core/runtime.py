@@ -305,16 +305,15 @@ class Core:
                 await self.expire_due()
             except OSError as err:
                 log.error("upkeep failed: %s", err)
-            self.shed_idle_spares()
+            self._shed_idle_spares()
 
-    def shed_idle_spares(self) -> list[str]:
+    def _shed_idle_spares(self) -> None:
         """Dismiss the spares and exec stubs of grants not cloned for ``spares_idle``
-        (``Template.shed_idle_spares``); the UIDs shed now."""
-        shed = [uid for uid, grant in self._grants.items() if grant.template.shed_idle_spares()]
-        for uid in shed:
-            log.info("grant %s: not cloned for %g s, its spares dismissed until its next "
-                     "Clone", uid, self.spares_idle)
-        return shed
+        (``Template.shed_idle_spares``), each said in the log."""
+        for uid, grant in self._grants.items():
+            if grant.template.shed_idle_spares():
+                log.info("grant %s: not cloned for %g s, its spares dismissed until its "
+                         "next Clone", uid, self.spares_idle)
 
     async def shutdown(self) -> None:
         """Refuse new work, stop every fiber and template, release devices and cgroups.

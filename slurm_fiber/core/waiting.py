@@ -31,22 +31,30 @@ def pidfd_exited(pidfd: int) -> bool:
     return bool(poller.poll(0))
 
 
-async def pidfd_wait(pidfd: int) -> None:
-    """Return once the process behind ``pidfd`` has exited. The caller owns the fd."""
-    if pidfd_exited(pidfd):
+async def pidfd_wait(pidfd: int, or_done: asyncio.Future[Any] | None = None) -> None:
+    """Return once the process behind ``pidfd`` has exited (or ``or_done``, when given, is
+    done). The caller owns the fd. One future and a loop reader, no task: thousands wait
+    at once in a mass stop."""
+    if pidfd_exited(pidfd) or (or_done is not None and or_done.done()):
         return
     loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
+    woken: asyncio.Future[None] = loop.create_future()
 
-    def exited() -> None:  # a pidfd stays readable: unwatched at once, not polled again
+    def wake(_: object = None) -> None:
+        # The reader goes at once: a pidfd stays readable, and until the waiter resumes
+        # every poll would report it again (thousands, each poll, in a mass stop).
         loop.remove_reader(pidfd)
-        set_done(done)
+        set_done(woken)
 
-    loop.add_reader(pidfd, exited)
+    loop.add_reader(pidfd, wake)
+    if or_done is not None:
+        or_done.add_done_callback(wake)
     try:
-        await done
+        await woken
     finally:
         loop.remove_reader(pidfd)
+        if or_done is not None:
+            or_done.remove_done_callback(wake)
 
 
 async def first_done(main: asyncio.Future[Any], *others: Awaitable[object]) -> bool:
