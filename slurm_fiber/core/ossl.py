@@ -1,27 +1,36 @@
-"""Token signature checks through the OpenSSL that Python's own ``ssl`` module has loaded.
+"""Token signature checks through the libcrypto Python's own OpenSSL modules are linked with.
 
 fiberd verifies every grant token's signature (Ed25519 or ECDSA P-256 with
 SHA-256) and nothing else of cryptography. The ``cryptography`` package costs
 a job's fiberd 7.6 MB of its memory (6.9 MB of it the pages of its compiled
 binding, which nothing else in a Slurm job shares), more than all of
-fiberd's own code. asyncio imports ``ssl``, which maps the system's
-``libcrypto`` into every fiberd anyway; this module calls that library's
-EVP interface directly (``EVP_DigestVerify``, as ``cryptography`` itself
-does underneath), found in ``/proc/self/maps`` so it is the very copy
-``ssl`` uses, never another one.
+fiberd's own code; ``ssl`` (which asyncio imports when it can) costs about
+1 MB more for libssl and its module, which a fiberd whose home speaks no TLS
+does without (cli/notls.py). This module calls the system's ``libcrypto``
+through its EVP interface directly (``EVP_DigestVerify``, as ``cryptography``
+itself does underneath), imports neither ``ssl`` nor ``hashlib``, and binds to
+the very copy of libcrypto that ``_hashlib`` and ``_ssl`` use, never another
+one: it loads ``_hashlib``'s extension file with ``dlopen`` (the module is not
+imported: nothing of it runs, ``sys.modules`` does not change), which maps the
+libcrypto that file was linked with, or finds it already mapped when ``ssl``
+or ``hashlib`` came first, and looks each function up through that handle, so
+the dynamic linker resolves it in exactly that libcrypto (an interpreter with
+``_hashlib`` built in: in the libcrypto the interpreter itself links).
+Importing this module raises OSError when there is no such libcrypto.
 
 ``PublicKey.ed25519(raw)`` and ``PublicKey.p256(x, y)`` make keys (ValueError
 for key material OpenSSL refuses, such as a point not on the curve);
 ``PublicKey.verify(message, signature)`` says whether a JWS signature
 (Ed25519's 64 bytes, or ES256's raw 32-byte r and s) is valid. OpenSSL's
-error queue is emptied after every failure, so ``ssl`` never sees our errors.
-Thread-safe as OpenSSL is; nothing blocks.
+error queue is emptied after every failure, so ``ssl`` and ``hashlib`` never
+see our errors. Thread-safe as OpenSSL is; nothing blocks.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ssl  # noqa: F401 (loads libcrypto: the copy we bind to is ssl's own)
+import importlib.machinery
+import sys
 from typing import Any
 
 # NID_ED25519; the DER SubjectPublicKeyInfo head of an uncompressed P-256 point (RFC 5480).
@@ -29,18 +38,21 @@ _ED25519 = 1087
 _P256_SPKI = bytes.fromhex("3059301306072a8648ce3d020106082a8648ce3d030107034200")
 
 
-def _libcrypto_path() -> str:
-    """The path of the libcrypto mapped into this process (by ``ssl``). Raises OSError."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)  # address perms offset dev inode path
-            if len(fields) == 6 and "/libcrypto.so" in fields[5]:
-                return fields[5].rstrip("\n")
-    raise OSError("Python's ssl module did not load a libcrypto (no OpenSSL to verify with)")
+def _openssl_module_file() -> str | None:
+    """The file of ``_hashlib``, Python's own binding of libcrypto; None when it is built
+    into the interpreter. Raises OSError when this Python has no ``_hashlib``."""
+    if "_hashlib" in sys.builtin_module_names:
+        return None
+    spec = importlib.machinery.PathFinder.find_spec("_hashlib")
+    if spec is None or spec.origin is None:
+        raise OSError("this Python has no _hashlib (no OpenSSL to verify with)")
+    return spec.origin
 
 
 def _bind() -> ctypes.CDLL:
-    lib = ctypes.CDLL(_libcrypto_path())
+    """libcrypto's functions, looked up through ``_hashlib``'s handle (module doc)."""
+    path = _openssl_module_file()
+    lib = ctypes.CDLL(path)  # dlopen only: _hashlib is not imported
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     signatures: dict[str, tuple[object, list[object]]] = {
         "EVP_PKEY_new_raw_public_key": (vp, [ctypes.c_int, vp, ctypes.c_char_p, sz]),
@@ -54,7 +66,10 @@ def _bind() -> ctypes.CDLL:
         "ERR_clear_error": (None, []),
     }
     for name, (restype, argtypes) in signatures.items():
-        function = getattr(lib, name)
+        try:
+            function = getattr(lib, name)
+        except AttributeError:
+            raise OSError(f"no libcrypto with {name} under {path or 'the interpreter'}") from None
         function.restype = restype
         function.argtypes = argtypes
     return lib

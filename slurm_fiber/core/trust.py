@@ -3,11 +3,12 @@
 A ``TrustStore`` maps issuer names to JWKS files. Keys are parsed once into
 key objects, each pinned to one algorithm taken from the key itself
 (OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token; ``verify``
-checks a signature with such a key through the OpenSSL Python's ``ssl`` has
-loaded (core/ossl.py: neither PyJWT, whose package brings x509 and an HTTP
-client, nor ``cryptography``, 7.6 MB of a job's fiberd, is imported to
-verify). ``public_jwk`` (for whoever mints: the CLI, the prolog, tests) takes
-``cryptography`` keys and imports it when called. Any other key
+checks a signature with such a key through the libcrypto Python's own OpenSSL
+modules use (core/ossl.py, which imports no ``ssl``; neither PyJWT, whose
+package brings x509 and an HTTP client, nor ``cryptography``, 7.6 MB of a
+job's fiberd, is imported to verify). ``public_jwk`` (for whoever mints: the
+CLI, the prolog, tests) takes ``cryptography`` keys and imports it when
+called. Any other key
 (RSA, oct, other curves, private material, no ``kid``, a duplicate ``kid``, an
 ``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
 why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
