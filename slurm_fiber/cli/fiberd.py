@@ -4,14 +4,18 @@ Exit codes: 0 after a clean stop (SIGTERM or SIGINT: fibers and templates
 stopped, cgroups and the socket removed), 1 when fiberd refuses to start
 (bad configuration, no trust, an unusable socket path or state) or its home
 fails, 2 for a usage error. Errors are one line on stderr.
+
+Nothing here imports asyncio until the configuration names the home
+(``configured``), so that a home that never speaks TLS gets asyncio without
+``ssl`` (cli/notls.py); ``fiberd-run`` starts the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 from slurm_fiber.cli.fiberd_options import (
     option_parameters,
@@ -19,10 +23,12 @@ from slurm_fiber.cli.fiberd_options import (
     resolve_config,
     with_parameters,
 )
-from slurm_fiber.config import ConfigError
-from slurm_fiber.daemon import FiberdRefused, run_daemon
+from slurm_fiber.cli.notls import asyncio_for_home
+from slurm_fiber.config import ConfigError, FiberdConfig
 from slurm_fiber.homes.select import HomeRefused, lookup, names
 from slurm_fiber.logs import setup_logging
+
+T = TypeVar("T")
 
 HELP = """Run fiberd, the per-allocation daemon: it verifies grants, keeps a warm template
 per grant and forks fibers from it on each Clone over a local Unix socket.
@@ -42,9 +48,6 @@ textfile collector; both labelled with the home, and on Slurm the job id and nod
 Exit codes: 0 clean stop on SIGTERM/SIGINT; 1 refused to start or the home
 failed (one line on stderr says why); 2 usage error.
 """
-
-STARTUP_ERRORS = (ConfigError, HomeRefused, FiberdRefused)
-
 
 def describe_homes() -> str:
     """One help line per registered home: its name, summary and the options it reads
@@ -80,15 +83,40 @@ def fail(line: str) -> CommandExit:
     return CommandExit(1)
 
 
+def configured(flags: Mapping[str, object]) -> FiberdConfig:
+    """The configuration from ``flags`` and the environment, with logging set up from it
+    and asyncio imported as its home needs (``asyncio_for_home``): a daemon command's
+    first step, before anything imports asyncio. Raises CommandExit(1) (its line printed)
+    for a refused configuration or home."""
+    try:
+        config = resolve_config(flags, os.environ)
+    except (ConfigError, HomeRefused) as err:
+        raise fail(str(err)) from None
+    setup_logging(config.log_format, config.log_level)
+    asyncio_for_home(config.home)
+    return config
+
+
+def run_loop(daemon: Coroutine[Any, Any, T]) -> T:
+    """What ``daemon`` returns, run on a new event loop. Raises CommandExit(1) (its line
+    printed) when fiberd refuses to start."""
+    import asyncio
+
+    from slurm_fiber.daemon import FiberdRefused
+
+    try:
+        return asyncio.run(daemon)
+    except (ConfigError, HomeRefused, FiberdRefused) as err:
+        raise fail(str(err)) from None
+
+
 def fiberd_command(**flags: Any) -> None:
     """Run the daemon with ``flags`` until it stops. Raises CommandExit(1) when it refuses
     to start or ends for another reason than a stop request."""
-    try:
-        config = resolve_config(flags, os.environ)
-        setup_logging(config.log_format, config.log_level)
-        why = asyncio.run(run_daemon(config, os.environ))
-    except STARTUP_ERRORS as err:
-        raise fail(str(err)) from None
+    config = configured(flags)
+    from slurm_fiber.daemon import run_daemon  # imports asyncio: only once configured
+
+    why = run_loop(run_daemon(config, os.environ))
     if why != "stop requested":
         raise fail(why)
 

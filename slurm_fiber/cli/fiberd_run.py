@@ -8,7 +8,9 @@ standalone`` (it says so on stderr). It never daemonizes: it serves until
 SIGTERM/SIGINT, then stops and waits for every child. With ``-- CMD ...`` it
 waits until a template is warm, runs CMD as a fiber (exec mode, this
 terminal's stdin/stdout/stderr, Ctrl-C forwarded to it), then stops fiberd
-and exits with CMD's status.
+and exits with CMD's status. Like ``fiberd``, it imports asyncio only once its
+configuration names the home (cli/fiberd.py's ``configured``; its loop is
+cli/fiberd_run_loop.py).
 
 Exit codes: CMD's status (128+N when a signal N ended it); without CMD, 0
 after a clean stop; 1 when fiberd cannot start, no template warms within
@@ -18,27 +20,15 @@ after a clean stop; 1 when fiberd cannot start, no template warms within
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
-import signal
 import sys
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-from slurm_fiber.cli.fiberd import STARTUP_ERRORS, CommandExit, fail, say
-from slurm_fiber.cli.fiberd_options import (
-    KW,
-    option_parameters,
-    plain_flags,
-    resolve_config,
-    with_parameters,
-)
-from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
-from slurm_fiber.core.misses import Miss
-from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
+from slurm_fiber.cli.fiberd import CommandExit, configured, run_loop, say
+from slurm_fiber.cli.fiberd_options import KW, option_parameters, plain_flags, with_parameters
 from slurm_fiber.homes.select import claiming
-from slurm_fiber.logs import setup_logging
 
 WARM_TIMEOUT = 120.0  # seconds --warm-timeout defaults to
 
@@ -74,67 +64,6 @@ def choose_home(flags: Mapping[str, object], standalone: bool,
     return out
 
 
-async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool:
-    """Block until a template is warm (True), ``timeout`` passes or ``stop`` is set (False).
-
-    Prints progress to stderr once a second while it waits.
-    """
-    core = fiberd.running.core
-    ticks_per_second = 20
-    for tick in range(int(timeout * ticks_per_second) + 1):
-        if core.ready():
-            return True
-        if stop.is_set():
-            return False
-        if tick and tick % ticks_per_second == 0:
-            templates = cast("dict[str, str]", core.status()["templates"])
-            states = ", ".join(f"{u}: {s}" for u, s in templates.items())
-            fenced = ("; fenced: the control plane has not answered yet"
-                      if core.health()["state"] == "never" else "")
-            say(f"fiberd-run: warming ({states or 'no grant yet'}{fenced}) "
-                f"{tick // ticks_per_second} s")
-        await asyncio.sleep(1 / ticks_per_second)
-    return core.ready()
-
-
-async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
-    """Run ``argv`` as a fiber with this process's stdio; its shell status. SIGINT goes to it."""
-    core = fiberd.running.core
-    request = CloneRequest(peer=Peer(os.getpid(), os.getuid(), os.getgid()),
-                           exec=ExecTarget(tuple(argv), os.getcwd()))
-    outcome = await core.clone(request, Stdio(0, 1, 2))
-    if isinstance(outcome, Miss):
-        say(f"fiberd-run: clone missed: {outcome.code}: {outcome.reason}")
-        return 1
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, outcome.fiber.signal, signal.SIGINT)
-    try:
-        return (await outcome.wait()).status
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-
-
-async def run(fiberd_flags: dict[str, object], argv: list[str], warm_timeout: float) -> int:
-    config = resolve_config(fiberd_flags, os.environ)
-    setup_logging(config.log_format, config.log_level)
-    stop = asyncio.Event()
-    stop_on_signals(stop)  # before start-up: a SIGTERM meanwhile stops it once started
-    async with started(config, os.environ) as fiberd:
-        if not argv:
-            why = await serve(fiberd.running, fiberd.built.home, stop)
-            return 0 if why == "stop requested" else 1
-        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
-        status = 1
-        if await wait_warm(fiberd, warm_timeout, stop):
-            status = await run_command(fiberd, argv)
-        else:
-            say(f"fiberd-run: no grant template warmed within {warm_timeout:g} s "
-                f"(grantdir {config.grantdir})")
-        stop.set()
-        await serving
-        return status
-
-
 class UsageError(Exception):
     """A command line that contradicts itself: a usage error (exit 2), as typer says it."""
 
@@ -147,12 +76,10 @@ def fiberd_run_command(**flags: Any) -> None:
     standalone = bool(flags.pop("standalone"))
     if standalone:
         say("fiberd-run: --standalone is deprecated; use --home standalone")
-    fiberd_flags = choose_home(flags, standalone, os.environ)
-    try:
-        status = asyncio.run(run(fiberd_flags, argv, warm_timeout))
-    except STARTUP_ERRORS as err:
-        raise fail(str(err)) from None
-    raise CommandExit(status)
+    config = configured(choose_home(flags, standalone, os.environ))
+    from slurm_fiber.cli.fiberd_run_loop import run  # imports asyncio: only once configured
+
+    raise CommandExit(run_loop(run(config, argv, warm_timeout)))
 
 
 def typer_app() -> Any:

@@ -7,10 +7,12 @@ and the fiberd ``options`` it reads (for ``fiberd --help``), ``defaults``
 (whether an environment is this home's, so ``fiberd-run`` picks it),
 ``socket`` (where a client finds this home's fiberd; discovery asks the
 built-in homes only, so a client's start-up reads no package metadata), its
-conformance ``stage``, and ``build``, which returns a ``BuiltHome``: the
-``Home`` the core runs plus everything fiberd's wiring needs from the home
-(audience, why its cgroup root is what it is, what to announce and withdraw,
-how to close it). So nothing about a home is found by probing it.
+conformance ``stage``, whether it may speak ``tls`` (fiberd imports asyncio
+without ``ssl`` for a home that never does: cli/notls.py), and ``build``,
+which returns a ``BuiltHome``: the ``Home`` the core runs plus everything
+fiberd's wiring needs from the home (audience, why its cgroup root is what it
+is, what to announce and withdraw, how to close it). So nothing about a home
+is found by probing it.
 
 The built-in homes are listed in ``slurm_fiber.homes.builtin``; another
 package adds one with an entry point in the group ``slurm_fiber.homes``
@@ -115,7 +117,9 @@ class HomeEntry:
     ``fiberd-run`` without ``--home`` should pick this home. ``socket(environ)``:
     the socket of this home's fiberd as a client in ``environ`` finds it,
     None when ``environ`` says nothing of it. ``stage``: ``module:attr`` of
-    its grant-conform Stage factory, None when it has none.
+    its grant-conform Stage factory, None when it has none. ``tls``: whether the
+    home, once built, may open TLS connections (through asyncio or not); False
+    promises it never does, so fiberd leaves ``ssl`` out of asyncio (cli/notls.py).
     """
 
     name: str
@@ -126,6 +130,7 @@ class HomeEntry:
     claims: Callable[[Mapping[str, str]], bool] = _never
     socket: Callable[[Mapping[str, str]], Path | None] = _no_socket
     stage: str | None = field(default=None)
+    tls: bool = True
 
 
 def builtin_entries() -> tuple[HomeEntry, ...]:
