@@ -2,19 +2,23 @@
 
 Each sample measures, in this order, on the same interpreter and environment:
 
-  floor   a fresh interpreter importing what any fiberd must: asyncio, which
-          imports ssl and so maps the libcrypto fiberd verifies grants with
-          (core/ossl.py); read from its own /proc/self/smaps_rollup after each
-          stage: ``bare``, then ``floor`` (asyncio); for comparison also
+  floor   two fresh interpreters, each read from its own /proc/self/smaps_rollup
+          after each stage. The first imports what any fiberd must: ``bare``,
+          then ``floor``: asyncio without ssl (as cli/notls.py imports it for a
+          home that speaks no TLS) and core/ossl.py (ctypes and the libcrypto
+          fiberd verifies grants with). The second, for comparison: asyncio as
+          usual, which imports ssl (libssl, and libcrypto with it):
+          ``floor_with_ssl``, the floor until fiberd left ssl out; then
           ``cryptography`` (its ec and ed25519 on top, which fiberd verified with
-          until it called libcrypto itself). It exits before fiberd starts, so
-          neither shares pages with the other;
+          until it called libcrypto itself). Both exit before fiberd starts, so
+          none shares pages with another;
   fiberd  fiberd with one grant whose template is warm and no fiber running,
           read from /proc/<pid>/smaps_rollup ``--settle`` seconds after it is ready.
 
 Each reading is PSS (what smaps_rollup says: shared pages split among the processes
 mapping them) and USS (Private_Clean + Private_Dirty: what fiberd alone holds).
-``pss_over_floor`` is fiberd's PSS / the floor's PSS.
+``pss_over_floor`` is fiberd's PSS / the floor's PSS (``pss_over_floor_with_ssl``: over
+the old floor's).
 
 Where:
   standalone (default)  a throwaway site, as bench/scale.py runs it: this venv's
@@ -51,25 +55,36 @@ from pathlib import Path
 from typing import Any
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-# The floor, run as a script: its own smaps_rollup after each stage, one JSON line.
+# The floor, run as a script with one argument (FLOORS): its own smaps_rollup after each
+# stage, one JSON line.
 FLOOR_SCRIPT = """\
-import gc, json
+import gc, json, sys
 def rollup():
     gc.collect()
     return open("/proc/self/smaps_rollup").read()
 stages = {"bare": rollup()}
-import asyncio
-stages["floor"] = rollup()
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-stages["cryptography"] = rollup()
+if sys.argv[1] == "fiberd":
+    sys.modules["ssl"] = None  # while asyncio is imported, as cli/notls.py hides it
+    import asyncio
+    del sys.modules["ssl"]
+    import slurm_fiber.core.ossl
+    stages["floor"] = rollup()
+else:
+    import asyncio
+    stages["floor_with_ssl"] = rollup()
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+    stages["cryptography"] = rollup()
 print(json.dumps(stages))
 """
+FLOORS = ("fiberd", "with_ssl")
 RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
 READY_S = 60  # how long a job waits for its fiberd to be ready
 JOB_SCRIPT = """#!/bin/sh
 SF="{bin}"
 id=$SLURM_JOB_ID
-"$SF/python" floor.py > "floor-$id.json" || exit 1
+for floor in {floors}; do
+  "$SF/python" floor.py $floor > "floor-$floor-$id.json" || exit 1
+done
 srun --overlap -n1 "$SF/fiberd-run" > "fiberd-$id.log" 2>&1 &
 i=0
 until "$SF/fiberctl" status --json > "status-$id.json" 2>/dev/null \\
@@ -96,20 +111,22 @@ def reading(rollup: str) -> dict[str, float]:
     return {"pss_mb": round(kb["Pss"] / 1024, 2), "uss_mb": round(uss / 1024, 2)}
 
 
-def floor_figures(stages: dict[str, str]) -> dict[str, dict[str, float]]:
-    return {stage: reading(text) for stage, text in stages.items()}
+def floor_figures(runs: list[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """Each stage's reading from the FLOORS runs' stages (``bare``: the last run's)."""
+    return {stage: reading(text) for run in runs for stage, text in run.items()}
 
 
 def floor_here(python: str) -> dict[str, dict[str, float]]:
-    """The floor measured by a fresh ``python`` of this machine."""
-    out = subprocess.run([python, "-c", FLOOR_SCRIPT], capture_output=True, text=True,
-                         check=True)
-    return floor_figures(json.loads(out.stdout))
+    """The floors measured by fresh interpreters ``python`` of this machine."""
+    runs = [subprocess.run([python, "-c", FLOOR_SCRIPT, floor], capture_output=True,
+                           text=True, check=True).stdout for floor in FLOORS]
+    return floor_figures([json.loads(out) for out in runs])
 
 
 def sample(floor: dict[str, dict[str, float]], fiberd: dict[str, float]) -> dict[str, Any]:
-    return {"floor": floor, "fiberd": fiberd,
-            "pss_over_floor": round(fiberd["pss_mb"] / floor["floor"]["pss_mb"], 3)}
+    return {"floor": floor, "fiberd": fiberd, **{
+        f"pss_over_{stage}": round(fiberd["pss_mb"] / floor[stage]["pss_mb"], 3)
+        for stage in ("floor", "floor_with_ssl")}}
 
 
 def standalone_sample(settle: float) -> dict[str, Any]:
@@ -153,7 +170,7 @@ def slurm_sample(user: str, site_venv: Path, settle: float, env: dict[str, str],
         (work / "floor.py").write_text(FLOOR_SCRIPT)
         script = work / "job.sh"
         script.write_text(JOB_SCRIPT.format(bin=site_venv / "bin", ticks=READY_S * 10,
-                                            settle=settle))
+                                            settle=settle, floors=" ".join(FLOORS)))
         for path in (work, work / "floor.py", script):
             os.chown(path, account.pw_uid, account.pw_gid)
         job_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -170,7 +187,8 @@ def slurm_sample(user: str, site_venv: Path, settle: float, env: dict[str, str],
             raise RuntimeError(f"job {job or '?'} failed (sbatch {out.returncode}: "
                                f"{out.stderr.strip()}) {why} "
                                f"{log.read_text()[-1500:] if log.exists() else ''}")
-        floor = floor_figures(json.loads((work / f"floor-{job}.json").read_text()))
+        floor = floor_figures([json.loads((work / f"floor-{name}-{job}.json").read_text())
+                               for name in FLOORS])
         return {"job": int(job), **sample(floor, reading(rollup.read_text()))}
     finally:
         if keep:
@@ -186,9 +204,11 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, list[float]]:
         "fiberd_uss_mb": [s["fiberd"]["uss_mb"] for s in samples],
         "floor_pss_mb": [s["floor"]["floor"]["pss_mb"] for s in samples],
         "floor_uss_mb": [s["floor"]["floor"]["uss_mb"] for s in samples],
+        "floor_with_ssl_pss_mb": [s["floor"]["floor_with_ssl"]["pss_mb"] for s in samples],
         "with_cryptography_pss_mb": [s["floor"]["cryptography"]["pss_mb"] for s in samples],
         "bare_pss_mb": [s["floor"]["bare"]["pss_mb"] for s in samples],
         "pss_over_floor": [s["pss_over_floor"] for s in samples],
+        "pss_over_floor_with_ssl": [s["pss_over_floor_with_ssl"] for s in samples],
     }
 
 

@@ -18,7 +18,9 @@ def test_bench_fiberd_pss_prints_fiberd_beside_the_floor() -> None:
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["where"] == "standalone"
     floor = figures["samples"][0]["floor"]
-    assert 0 < floor["bare"]["pss_mb"] < floor["floor"]["pss_mb"] < floor["cryptography"]["pss_mb"]
+    assert (0 < floor["bare"]["pss_mb"] < floor["floor"]["pss_mb"]
+            < floor["floor_with_ssl"]["pss_mb"] < floor["cryptography"]["pss_mb"])
     fiberd = figures["samples"][0]["fiberd"]
     assert fiberd["pss_mb"] > 0 and fiberd["uss_mb"] > 0
-    assert figures["summary"]["pss_over_floor"][0] > 0
+    summary = figures["summary"]
+    assert 0 < summary["pss_over_floor_with_ssl"][0] < summary["pss_over_floor"][0]
