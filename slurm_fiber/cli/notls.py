@@ -8,8 +8,8 @@ own socket is a Unix socket, and its signature checks call libcrypto without
 ``ssl`` (core/ossl.py).
 
 ``import_asyncio_without_tls()`` imports asyncio with ``ssl`` hidden during
-that one import. asyncio then has no TLS (its TLS calls raise RuntimeError
-"Python ssl module is not available") and ``ssl`` stays unloaded; it is not
+that one import. asyncio then has no TLS (a connection or server with ``ssl``
+raises RuntimeError: no ssl module) and ``ssl`` stays unloaded; it is not
 blocked: whatever imports it afterwards (the metrics' prometheus_client does)
 gets it as always, at its usual cost. Only this process is affected: a grant's
 template is a fresh interpreter (core/templates.py). ``asyncio_for_home(home)``
