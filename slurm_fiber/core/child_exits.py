@@ -14,7 +14,8 @@ template_main.py) learns exits as events that name the child:
 - standard signals coalesce (a child exiting while an earlier SIGCHLD is
   still unread sends none), so a full walk still runs now and then:
   ``sweep_due`` allows one once a SIGCHLD came and the time since the last
-  walk is ``SWEEP_SPACING`` times what that walk took: nearly always with few
+  walk is ``SWEEP_SPACING`` times what that walk's looking took (its last,
+  empty ``waitid``; reaping found zombies is work a mass exit needs anyway): nearly always with few
   children (a walk of a hundred costs microseconds), at most a few percent
   of a core with thousands. fiberd, for its part, asks the template to reap a
   fiber by pid when the fiber's pidfd shows its exit before its report

@@ -242,13 +242,14 @@ class Server:
 
     def walk(self) -> None:
         """Collect every exited child (a walk of all of them in the kernel, per exit and
-        once more), reporting each; timed for ``sweep_due``."""
-        start = time.monotonic()
+        once more), reporting each. The last, empty walk is what ``sweep_due`` spaces
+        walks by: the cost of looking, not of the reaping a mass exit needs anyway."""
         while True:
+            start = time.monotonic()
             try:
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                break
+                exited = None
             if exited is None:
                 break
             self._collect(exited.si_pid)

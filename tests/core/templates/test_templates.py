@@ -27,9 +27,9 @@ from tests.core.processkit import (
     exec_template,
     fork_as,
     marked_procs,
-    proc_state,
     read_line,
     start_template,
+    wait_state,
     warm_template,
 )
 
@@ -240,7 +240,7 @@ async def test_a_reap_ask_leaves_a_running_fiber_alone_and_its_exit_is_still_rep
     t._ask_reap(os.getpid())  # not the template's child: ignored
     after = await t.fork(FiberRequest(id="a", mode="exec", argv=("true",)))
     assert (await after.wait()).exit_code == 0  # the template has served what came before
-    assert fiber.state is FiberState.RUNNING and proc_state(fiber.pid) == "S"
+    assert fiber.state is FiberState.RUNNING and wait_state(fiber.pid, "S")  # sleeping
     os.kill(fiber.pid, signal.SIGKILL)
     end = await fiber.wait()
     assert end.state is FiberState.EXITED and end.signal == signal.SIGKILL
