@@ -35,7 +35,7 @@ import gc
 import heapq
 import itertools
 import os
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +49,27 @@ class LateReports:
     """Fibers whose exit their pidfd showed before their template's report came, each
     waiting for that report until a timeout on the clock: one heap, and one task sleeping
     until the earliest timeout while any wait, not a sleep task per fiber (in a mass stop
-    thousands of exits outrun their reports). Use on one event loop; never raises."""
+    thousands of exits outrun their reports). ``ask(pid)``, when given, is called as a
+    wait starts: it asks the template to reap that fiber now (best effort, never raises;
+    its SIGCHLD may have coalesced with another's, core/child_exits.py). Use on one event
+    loop; never raises."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, ask: Callable[[int], None] | None = None) -> None:
         self.clock = clock
+        self.ask = ask
         self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._waiting = 0
         self._task: asyncio.Task[None] | None = None
 
-    async def wait(self, reported: asyncio.Future[Any], timeout: float) -> bool:
-        """Block until ``reported`` is done (True) or ``timeout`` clock seconds have
-        passed (False, unless it is done by then)."""
+    async def wait(self, reported: asyncio.Future[Any], timeout: float,
+                   pid: int | None = None) -> bool:
+        """Block until ``reported`` (fiber ``pid``'s report) is done (True) or ``timeout``
+        clock seconds have passed (False, unless it is done by then)."""
         if reported.done():
             return True
+        if self.ask is not None and pid is not None:
+            self.ask(pid)
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake(_: object) -> None:

@@ -9,10 +9,10 @@ PARENT FD``: isolated (no PYTHON* variables, no user site, no current or
 script directory on ``sys.path``), no ``site`` (no ``.pth`` file runs), with
 ``sys.path`` holding the standard library and ``LIB`` only, the directory the
 template imported slurm_fiber from, which the template has checked is safe
-(``dirtrust``). Its env, cwd, signal mask and ignored signals are the
-template's (exec resets the template's handlers); it dies with the template
-(PR_SET_PDEATHSIG, SIGKILL) and, being in the template's process group, with
-its group kill.
+(``dirtrust``). Its env, cwd, signal mask (but SIGCHLD, which the template blocks
+for its own use) and ignored signals are the template's (exec resets the template's
+handlers); it dies with the template (PR_SET_PDEATHSIG, SIGKILL) and, being in the
+template's process group, with its group kill.
 
 For each request the maker clones itself with ``CLONE_PARENT``: the stub is
 a copy of the small maker (a cheap clone, no copy of the template's heap)
@@ -112,7 +112,8 @@ class StubMaker:
             argv = [self.python, "-I", "-S", "-c", BOOT, self.lib, str(os.getpid()),
                     str(theirs.fileno())]
             try:
-                self.pid = os.posix_spawn(self.python, argv, os.environ)
+                self.pid = os.posix_spawn(self.python, argv, os.environ,
+                                          setsigmask=_mask_without_sigchld())
             except OSError:
                 ours.close()
                 raise
@@ -134,6 +135,15 @@ class StubMaker:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self.pid = None
+
+
+def _mask_without_sigchld() -> set[int]:
+    """The calling thread's signal mask but SIGCHLD, which the template blocks to read it
+    from a signalfd (core/child_exits.py): the maker, its stubs and their programs must
+    not inherit that block (a shell would never see its children exit)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    mask.discard(signal.SIGCHLD)
+    return set(mask)
 
 
 def serve(argv: list[str]) -> int:

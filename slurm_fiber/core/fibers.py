@@ -332,7 +332,7 @@ class Fiber:
         # one that died after its template did died with it (lost).
         kernel = zombie_exit(self.pid, pidfd, self.parent)
         late = self.late if self.late is not None else LateReports(self.clock)
-        if await late.wait(self._reported, self.report_timeout):
+        if await late.wait(self._reported, self.report_timeout, self.pid):
             state, msg = self._reported.result()
             if state is FiberState.EXITED or kernel is None:
                 return state, msg

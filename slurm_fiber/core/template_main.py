@@ -43,16 +43,19 @@ In order, the template:
    to an idle stub when it has one. Unless this package's
    directory is safe (``dirtrust``) and the machine supported, stubs are
    refused (``fork_failed``) and exec fibers fork as before;
-4. reaps its children, spares and stubs alike (``wait4``) and reports each exit, by spare
-   id, with wait status and rusage. Before reaping a fiber it SIGKILLs what the fiber
-   left running in its process group (while the unreaped leader holds the
-   group's id, so the signal cannot reach a stranger that reused it): a
-   fiber ends with its leader, uncarved as carved (where its cgroup is
-   emptied). It exits when fiberd closes the socket, sends
-   ``stop`` or SIGTERM, or dies (its death signal is SIGTERM). On the way
-   out it SIGKILLs every child's cgroup (``cgroup.kill``) and process group,
-   so a fiber's own children go too; a fiber whose template is SIGKILLed
-   dies by its own death signal.
+4. reaps its children, spares and stubs alike (``wait4``) and reports each exit, by
+   spare id, with wait status and rusage. It learns which child exited from
+   SIGCHLD's own record, or from fiberd's ``reap`` order, and waits for that pid
+   alone; a walk of all children (for exits whose SIGCHLD coalesced) runs only as
+   often as core/child_exits.py allows, so a template with thousands of running
+   fibers pays no walk per Clone. Before reaping a fiber it SIGKILLs what the fiber
+   left running in its process group (while the unreaped leader holds the group's
+   id, so the signal cannot reach a stranger that reused it): a fiber ends with its
+   leader, uncarved as carved (where its cgroup is emptied). It exits when fiberd
+   closes the socket, sends ``stop`` or SIGTERM, or dies (its death signal is
+   SIGTERM). On the way out it SIGKILLs every child's cgroup (``cgroup.kill``) and
+   process group, so a fiber's own children go too; a fiber whose template is
+   SIGKILLed dies by its own death signal.
 
 It runs NO threads of its own and must never start any: ``fork`` in a
 threaded process is unsafe. Nothing that expires (tokens, control-plane
@@ -83,12 +86,14 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from slurm_fiber.core import exec_stub
 from slurm_fiber.core import template_wire as wire
+from slurm_fiber.core.child_exits import ChildExits, sweep_due, sweep_wait
 from slurm_fiber.core.dirtrust import safe_path_entry, trusted_owners
 from slurm_fiber.core.fiber_setup import (
     EXIT_SETUP,
@@ -105,6 +110,7 @@ from slurm_fiber.core.prctl import die_with_parent
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_SPARE_UNBLOCKS = (*_FIBER_SIGNALS, signal.SIGCHLD)  # SIGCHLD: the template's signalfd's
 STUB_TIMEOUT = 10.0  # seconds the stub maker may take to clone one stub
 # Around each fork and in each spare, signal masks and dispositions are set with the C
 # module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
@@ -176,8 +182,14 @@ class Server:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stubs, self.no_stubs = _stub_maker()
         signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+        # The handler makes a SIGCHLD delivered to another thread fire the wakeup fd; in
+        # this thread SIGCHLD is blocked and read, with its pid, from ``exits``.
+        signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._terminate)
+        self.exits = ChildExits()
+        self.signalled = False  # a SIGCHLD came since the last walk of all children
+        self.walked_at = 0.0  # when the last walk ended (time.monotonic())
+        self.walk_took = 0.0  # and how long it took
 
     def _terminate(self, *_: object) -> None:
         self.kill_all()
@@ -199,18 +211,27 @@ class Server:
             self.stubs.forget()
         os.close(self.wake_r)
         os.close(self.wake_w)
+        self.exits.close()
 
     def serve(self) -> None:
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
+        poller.register(self.exits.fileno(), select.POLLIN)
         while True:
-            for fd, _ in poller.poll():
-                if fd == self.wake_r:
+            wait = sweep_wait(self.signalled, time.monotonic(), self.walked_at, self.walk_took)
+            for fd, _ in poller.poll(None if wait is None else wait * 1000):
+                if fd == self.exits.fileno():
+                    for pid in self.exits.pids():
+                        self.reap(pid)
+                    self.signalled = True
+                elif fd == self.wake_r:
                     self._drain_wakeups()
-                    self.reap()
+                    self.signalled = True
                 elif not self.handle_request():
                     return
+            if sweep_due(self.signalled, time.monotonic(), self.walked_at, self.walk_took):
+                self.walk()
 
     def _drain_wakeups(self) -> None:
         try:
@@ -219,22 +240,41 @@ class Server:
         except BlockingIOError:
             pass
 
-    def reap(self) -> None:
-        """Collect every exited child and report it, its process group killed first."""
+    def walk(self) -> None:
+        """Collect every exited child (a walk of all of them in the kernel, per exit and
+        once more), reporting each. The last, empty walk is what ``sweep_due`` spaces
+        walks by: the cost of looking, not of the reaping a mass exit needs anyway."""
         while True:
+            start = time.monotonic()
             try:
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
+                exited = None
             if exited is None:
-                return
-            pid = exited.si_pid
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # the zombie still holds the group's id
-            _, status, ru = os.wait4(pid, 0)
-            spare_id, _ = self.children.pop(pid, (None, None))
-            _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
-                              "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
+                break
+            self._collect(exited.si_pid)
+        self.walked_at = time.monotonic()
+        self.walk_took = self.walked_at - start
+        self.signalled = False
+
+    def reap(self, pid: int) -> None:
+        """Collect and report child ``pid`` if it has exited (no walk of the others); a pid
+        that is no child of this process, or still running, is left alone."""
+        try:
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if exited is not None:
+            self._collect(pid)
+
+    def _collect(self, pid: int) -> None:
+        """Reap exited child ``pid`` and report it, its process group killed first."""
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)  # the zombie still holds the group's id
+        _, status, ru = os.wait4(pid, 0)
+        spare_id, _ = self.children.pop(pid, (None, None))
+        _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
+                          "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
 
     def handle_request(self) -> bool:
         """Serve one message; False when the parent is gone or said stop."""
@@ -250,6 +290,8 @@ class Server:
             msg = {"t": "unreadable"}
         if msg["t"] == "stop":
             return False
+        if msg["t"] == "reap" and isinstance(msg.get("pid"), int):
+            self.reap(msg["pid"])
         if msg["t"] == "spare" and len(fds) == 1:
             self.spare(msg, fds[0])
         elif msg["t"] == "stub" and len(fds) == 1:
@@ -339,7 +381,7 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         _signal.signal(sig, _signal.SIG_DFL)
     _signal.signal(signal.SIGINT, _signal.default_int_handler)
-    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SPARE_UNBLOCKS)
     server.close()
     _reseed()
     return await_order(order_fd, msg, joined, run_fiber)

@@ -7,7 +7,9 @@ Messages are dicts with a ``t`` (type):
 parent → template: ``warm`` (first, once: preload, warm, cgroup), ``spare``
 (fork one spare; its order channel rides along), ``stub`` (spawn one exec
 stub, core/exec_stub.py; same fields, its order channel rides along; it is
-answered and reaped as a spare is), ``stop``.
+answered and reaped as a spare is), ``reap`` (a ``pid`` whose pidfd showed its
+exit before its ``exit`` came: reap and report it now if it is the template's
+exited child; core/child_exits.py), ``stop``.
 template → parent: ``ready``, ``warm_failed`` (error class, one line),
 ``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``exit``
 (a reaped spare or fiber, by spare ``id``: wait status and rusage).

@@ -220,7 +220,7 @@ class Template:
         self.spares_idle = spares_idle
         self._last_fork: float | None = None  # clock mono of the last fork asked
         self.timeout = timeout
-        self._late = LateReports(clock)  # its fibers' waits for lagging exit reports
+        self._late = LateReports(clock, self._ask_reap)  # its fibers' lagging exit reports
         self.pid: int | None = None
         self.fibers: dict[str, Fiber] = {}
         self.life = Lifecycle(backoff)
@@ -697,6 +697,14 @@ class Template:
         if self.cgroup is not None and cgroups.populated(self.cgroup.template):
             with contextlib.suppress(OSError):
                 cgroups.kill(self.cgroup.template)
+
+    def _ask_reap(self, pid: int) -> None:
+        """Ask the template process to reap fiber ``pid`` now: its exit outran its report
+        (``LateReports``). Best effort: a full socket or a gone template drops the ask,
+        and the template's own walk of its children still finds the fiber."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.send(wire.encode({"t": "reap", "pid": pid}))
 
     def _not_ready(self) -> TemplateNotReady:
         state = TemplateState.STOPPED if self.life.stopping else self.state

@@ -80,6 +80,24 @@ async def test_an_earlier_timeout_than_any_waiting_is_still_kept() -> None:
     assert clock.sleepers == 0
 
 
+@aio
+async def test_a_wait_whose_report_lags_asks_the_template_for_it_once() -> None:
+    clock = FakeClock()
+    asked: list[int] = []
+    late = LateReports(clock, asked.append)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[object] = loop.create_future()
+    done.set_result("exit")
+    assert await late.wait(done, 10.0, 41) is True and asked == []  # in: nothing to ask
+    lagging: asyncio.Future[object] = loop.create_future()
+    waiting = asyncio.ensure_future(late.wait(lagging, 10.0, 42))
+    await clock.settle()
+    assert asked == [42]
+    lagging.set_result("exit")
+    await clock.settle()
+    assert waiting.result() is True and asked == [42]
+
+
 def test_survivors_stay_frozen_until_the_last_of_overlapping_mass_stops_ends() -> None:
     gc.collect()
     before = gc.get_freeze_count()

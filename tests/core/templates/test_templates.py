@@ -29,6 +29,7 @@ from tests.core.processkit import (
     marked_procs,
     read_line,
     start_template,
+    wait_state,
     warm_template,
 )
 
@@ -226,3 +227,22 @@ async def test_duplicate_id_and_stopped_template_are_refused(tmp_path: Path, mar
     with pytest.raises(TemplateNotReady, match="stopped"):
         await t.fork(FiberRequest(id="late", target=f"{T}:add", args=(1, 1)))
     assert marked_procs(mark) == []
+
+
+@aio
+async def test_a_reap_ask_leaves_a_running_fiber_alone_and_its_exit_is_still_reported(
+        tmp_path: Path, mark: str) -> None:
+    # fiberd asks the template to reap a fiber whose exit outran its report (its SIGCHLD
+    # may have coalesced, core/child_exits.py); an ask that comes early must not end it.
+    t = await warm_template(tmp_path, mark)
+    fiber = await t.fork(FiberRequest(id="r", mode="exec", argv=("sleep", "60")))
+    t._ask_reap(fiber.pid)
+    t._ask_reap(os.getpid())  # not the template's child: ignored
+    after = await t.fork(FiberRequest(id="a", mode="exec", argv=("true",)))
+    assert (await after.wait()).exit_code == 0  # the template has served what came before
+    assert fiber.state is FiberState.RUNNING and wait_state(fiber.pid, "S")  # sleeping
+    os.kill(fiber.pid, signal.SIGKILL)
+    end = await fiber.wait()
+    assert end.state is FiberState.EXITED and end.signal == signal.SIGKILL
+    assert end.maxrss is not None  # the template's report: the kernel's record has none
+    await t.stop(1.0)
