@@ -14,13 +14,14 @@ template_main.py) learns exits as events that name the child:
 - standard signals coalesce (a child exiting while an earlier SIGCHLD is
   still unread sends none), so a full walk still runs now and then:
   ``sweep_due`` allows one once a SIGCHLD came and the time since the last
-  walk is ``SWEEP_SPACING`` times what that walk's looking took (its last,
-  empty ``waitid``; reaping found zombies is work a mass exit needs anyway): nearly always with few
-  children (a walk of a hundred costs microseconds), at most a few percent
-  of a core with thousands. fiberd, for its part, asks the template to reap a
-  fiber by pid when the fiber's pidfd shows its exit before its report
-  (template_wire's ``reap``), so a coalesced exit is reported at once, not at
-  the next walk.
+  walk is ``SWEEP_SPACING`` times the CPU its looking took (its last, empty
+  ``waitid``; reaping found zombies is work a mass exit needs anyway; CPU, so
+  a walk that was preempted does not count as costly), and never later than
+  ``SWEEP_MAX_WAIT``: nearly always with few children (a walk of a hundred
+  costs microseconds), at most a few percent of a core with thousands.
+  fiberd, for its part, asks the template to reap a fiber by pid when the
+  fiber's pidfd shows its exit before its report (template_wire's ``reap``),
+  so a coalesced exit is mostly reported at once, not at the next walk.
 
 A SIGCHLD the kernel delivers to another thread (one that does not block it,
 started by a grant's warm code) runs Python's handler and wakes the template
@@ -37,6 +38,7 @@ import signal
 import struct
 
 SWEEP_SPACING = 50.0  # a walk may take at most 1/50 of the template's time
+SWEEP_MAX_WAIT = 0.1  # seconds an exit whose SIGCHLD coalesced waits for a walk, at most
 _SIGINFO = struct.Struct("<IiiI")  # signalfd_siginfo's head: signo, errno, code, pid
 _SIGINFO_SIZE = 128  # sizeof(struct signalfd_siginfo)
 _SIGSET_SIZE = 128  # glibc's sigset_t
@@ -45,8 +47,13 @@ _SIGSET_SIZE = 128  # glibc's sigset_t
 def sweep_due(signalled: bool, now: float, last_end: float, last_took: float) -> bool:
     """Whether a full walk of the children may run at ``now`` (monotonic seconds): a
     SIGCHLD (or wakeup) came since the last walk, which ended at ``last_end`` and took
-    ``last_took`` seconds, and ``SWEEP_SPACING`` times that has passed since."""
-    return signalled and now >= last_end + SWEEP_SPACING * last_took
+    ``last_took`` CPU seconds to look, and ``SWEEP_SPACING`` times that (at most
+    ``SWEEP_MAX_WAIT``) has passed since."""
+    return signalled and now >= last_end + _spacing(last_took)
+
+
+def _spacing(last_took: float) -> float:
+    return min(SWEEP_MAX_WAIT, SWEEP_SPACING * last_took)
 
 
 def sweep_wait(signalled: bool, now: float, last_end: float, last_took: float) -> float | None:
@@ -54,7 +61,7 @@ def sweep_wait(signalled: bool, now: float, last_end: float, last_took: float) -
     when nothing is owed (no SIGCHLD since the last walk): a poll timeout."""
     if not signalled:
         return None
-    return max(0.0, last_end + SWEEP_SPACING * last_took - now)
+    return max(0.0, last_end + _spacing(last_took) - now)
 
 
 class ChildExits:

@@ -189,7 +189,7 @@ class Server:
         self.exits = ChildExits()
         self.signalled = False  # a SIGCHLD came since the last walk of all children
         self.walked_at = 0.0  # when the last walk ended (time.monotonic())
-        self.walk_took = 0.0  # and how long it took
+        self.walk_took = 0.0  # and the CPU seconds its looking took
 
     def _terminate(self, *_: object) -> None:
         self.kill_all()
@@ -242,10 +242,11 @@ class Server:
 
     def walk(self) -> None:
         """Collect every exited child (a walk of all of them in the kernel, per exit and
-        once more), reporting each. The last, empty walk is what ``sweep_due`` spaces
-        walks by: the cost of looking, not of the reaping a mass exit needs anyway."""
+        once more), reporting each. The CPU of the last, empty walk is what ``sweep_due``
+        spaces walks by: the cost of looking, not of the reaping a mass exit needs
+        anyway, nor the time this process waited for a CPU meanwhile."""
         while True:
-            start = time.monotonic()
+            start = time.thread_time()
             try:
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -253,8 +254,8 @@ class Server:
             if exited is None:
                 break
             self._collect(exited.si_pid)
+        self.walk_took = time.thread_time() - start
         self.walked_at = time.monotonic()
-        self.walk_took = self.walked_at - start
         self.signalled = False
 
     def reap(self, pid: int) -> None:

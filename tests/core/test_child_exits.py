@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from slurm_fiber.core.child_exits import SWEEP_SPACING, sweep_due, sweep_wait
+from slurm_fiber.core.child_exits import SWEEP_MAX_WAIT, SWEEP_SPACING, sweep_due, sweep_wait
 
 
 def test_a_walk_is_due_only_after_a_sigchld_and_spaced_by_what_the_last_one_took() -> None:
@@ -26,6 +26,10 @@ def test_a_walk_is_due_only_after_a_sigchld_and_spaced_by_what_the_last_one_took
     assert sweep_wait(False, 1.0, 1.0, took) is None  # nothing owed: poll forever
     assert sweep_wait(True, 1.0, 1.0, took) == pytest.approx(SWEEP_SPACING * took)
     assert sweep_wait(True, later + 5, 1.0, took) == 0.0
+    # A walk that looked for long (thousands of children) spaces the next by at most
+    # SWEEP_MAX_WAIT: an exit whose SIGCHLD coalesced is never left for longer.
+    assert sweep_due(True, 1.0 + SWEEP_MAX_WAIT, 1.0, 5.0)
+    assert sweep_wait(True, 1.0, 1.0, 5.0) == pytest.approx(SWEEP_MAX_WAIT)
 
 
 CHILD = textwrap.dedent("""
