@@ -104,6 +104,10 @@ class SparePool:
         """The fiber spare ``spare_id`` became, while it runs."""
         return self._in_use.get(spare_id)
 
+    def has_idle(self) -> bool:
+        """Whether a spare is idle (the next Clone of this kind needs no fork)."""
+        return bool(self._idle)
+
     def short(self) -> bool:
         """Whether fewer than ``target`` are idle or asked."""
         return len(self._idle) + len(self._asked) < self.target
