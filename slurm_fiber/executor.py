@@ -39,9 +39,13 @@ waiting for SIGHUP (the clone's ``hangup``).
 A worker that finds several calls pending (``map`` queues all its calls
 before a worker starts) starts as many as there is room for under
 ``max_workers`` with one batch clone (``slurm_fiber.tasks.TaskRunner.
-run_many``), each still its own fiber whose future is settled, and whose
-room is freed for another worker, as it ends; a fiberd older than protocol
-v3 gets one clone per call.
+run_many``), each still its own fiber; a fiberd older than protocol v3 gets
+one clone per call. A future is settled as soon as its fiber has written the
+call's value or exception (the clone's ``early`` result events, protocol v4:
+the fiber's exit, its cgroup's tidying and its audit record still follow,
+about 2 ms on this project's test VM); its room under ``max_workers`` is freed
+only once the fiber has ended. With an older fiberd, futures settle at the
+end.
 """
 
 from __future__ import annotations
@@ -306,7 +310,8 @@ class Executor(cf.Executor):
     def _worker(self) -> None:
         """Wait for room under ``max_workers``, take a pending call and every other one
         pending that there is room for; start them as one batch (and another worker, for
-        calls still queued); settle each future as its fiber ends, freeing its room."""
+        calls still queued); settle each future as its result comes, and free its room
+        as its fiber ends."""
         while True:
             self._slots.acquire()
             item = self._work.get()
@@ -333,10 +338,17 @@ class Executor(cf.Executor):
             for _ in range(len(taken) - len(running)):  # cancelled while pending
                 self._call_ended()
             futures = [f for f, _ in running]
-            self.runner.run_many([t for _, t in running], partial(self._ended, futures))
+            self.runner.run_many([t for _, t in running], partial(self._ended, futures),
+                                 partial(self._written, futures))
+
+    def _written(self, futures: list[cf.Future[Any]], n: int, event: dict[str, object]) -> None:
+        """The ``n``th call of a batch has written its result (its fiber still ending):
+        settle its future now; its room stays taken until the fiber has ended."""
+        _settle(futures[n], Outcome(exit=event, fiber_id=str(event.get("fiber_id"))))
 
     def _ended(self, futures: list[cf.Future[Any]], n: int, outcome: Outcome) -> None:
-        """The ``n``th call of a batch has ended: settle its future, free its room."""
+        """The ``n``th call of a batch has ended: settle its future (unless its result
+        came first), free its room."""
         _settle(futures[n], outcome)
         self._call_ended()
 
@@ -346,7 +358,9 @@ class Executor(cf.Executor):
 
 
 def _settle(future: cf.Future[Any], outcome: Outcome) -> None:
-    """Give ``future`` the call's value or exception."""
+    """Give ``future`` the call's value or exception, unless it has one already."""
+    if future.done():
+        return
     try:
         future.set_result(decode_outcome(outcome))
     except BaseException as err:

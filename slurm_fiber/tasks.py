@@ -18,6 +18,12 @@ backoff. Against a fiberd that speaks no batch (v2: ``unsupported_version``)
 it falls back to ``run`` per task, once and for all. These are the only
 places where a task becomes a Clone.
 
+Both take a ``result`` callback: given it, a call task's result (or
+error) is passed to it as soon as the fiber has written it, before the
+fiber's exit is in (the clone's ``early`` events, protocol v4; an older
+fiberd, refusing ``unsupported_version``, gets the request again without,
+once and for all); ``done`` still comes at the end.
+
 ``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
 wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
 method says whether it blocks. Import cost is the client's only.
@@ -32,7 +38,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 
@@ -40,6 +48,9 @@ PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declar
 # so exec and JSON calls keep working with a v1 fiberd)
 MAX_BATCH = 64  # items in one clone_batch (protocol.MAX_BATCH; not imported: cheap)
 NO_BATCH = frozenset({"unsupported_version", "unknown_op"})  # a fiberd older than v3
+EARLY_SINCE = 4  # the protocol version of a clone's "early" (protocol.EARLY_SINCE)
+Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -112,12 +123,15 @@ class TaskRunner:
         self._running: set[str] = set()
         self._clients: list[FiberdClient] = []
         self.batches = True  # False once fiberd said it speaks no clone_batch
+        self.early = True  # False once fiberd said it speaks no early results (v4)
 
     # ------------------------------------------------------------ public
 
-    def run(self, task: Task) -> Outcome:
+    def run(self, task: Task,
+            result: Callable[[dict[str, object]], None] | None = None) -> Outcome:
         """Run ``task`` in one fiber and wait for its end (blocks; never raises for what
-        the task or fiberd does). A retryable miss is retried; a final one is returned."""
+        the task or fiberd does). A retryable miss is retried; a final one is returned.
+        ``result`` gets a call's result event before the end (module doc)."""
         outcome = Outcome(started=time.time())
         begun = time.monotonic()
         fields = {**self.base, **_what(task)}
@@ -126,8 +140,10 @@ class TaskRunner:
         delay = self.backoff
         while True:
             outcome.attempts += 1
+            early = self._early(fields, task.call is not None and result is not None)
             try:
-                self._run_once(fields, task, outcome)
+                self._run_once(early, task, outcome,
+                               (lambda _, event: result(event)) if result else None)
                 break
             except Missed as miss:
                 if not miss.retryable or outcome.attempts > self.retries:
@@ -136,6 +152,11 @@ class TaskRunner:
                 self.sleep(min(self.backoff_cap, max(delay, _retry_after(miss))))
                 delay = min(self.backoff_cap, delay * 2)
             except (Refused, Unreachable) as err:
+                if isinstance(err, Refused) and err.code == "unsupported_version" \
+                        and early is not fields:
+                    self.early = False  # a fiberd older than v4: again, without
+                    outcome.attempts -= 1
+                    continue
                 self._drop_client()
                 outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
                 break
@@ -143,15 +164,18 @@ class TaskRunner:
         return outcome
 
     def run_many(self, tasks: Sequence[Task],
-                 done: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
+                 done: Callable[[int, Outcome], None] | None = None,
+                 result: Early | None = None) -> list[Outcome]:
         """Run ``tasks`` at once, started by batch clones of at most MAX_BATCH on this
         thread's connection, and wait for every end (blocks; never raises for what a task
-        or fiberd does). ``done(i, outcome)`` is called as task i ends (on this thread).
+        or fiberd does). ``done(i, outcome)`` is called as task i ends (on this thread);
+        ``result(i, event)`` as a call task's result comes, before (module doc).
         Retryable misses are retried together, as ``run`` retries one."""
         if len(tasks) > MAX_BATCH:
             out: list[Outcome] = []
             for at in range(0, len(tasks), MAX_BATCH):
-                out += self.run_many(tasks[at:at + MAX_BATCH], _shifted(done, at))
+                out += self.run_many(tasks[at:at + MAX_BATCH], _shifted(done, at),
+                                     _shifted(result, at))
             return out
         outcomes = [Outcome(started=time.time()) for _ in tasks]
         begun = time.monotonic()
@@ -161,8 +185,13 @@ class TaskRunner:
                 outcomes[i].attempts += 1
                 outcomes[i].miss = None
             try:
-                retry = self._batch_once(tasks, pending, outcomes, begun, done)
+                retry = self._batch_once(tasks, pending, outcomes, begun, done, result)
             except Refused as err:
+                if err.code == "unsupported_version" and result and self.early:
+                    self.early = False  # a fiberd older than v4: again, without
+                    for i in pending:
+                        outcomes[i].attempts -= 1
+                    continue
                 if err.code in NO_BATCH:
                     self.batches = False
                     break
@@ -179,7 +208,7 @@ class TaskRunner:
                 self.sleep(min(self.backoff_cap, max(delay, wanted)))
                 delay = min(self.backoff_cap, delay * 2)
         for i in pending:  # one task, or a fiberd without batches: one Clone each
-            outcomes[i] = self.run(tasks[i])
+            outcomes[i] = self.run(tasks[i], partial(result, i) if result else None)
             if done is not None:
                 done(i, outcomes[i])
         return outcomes
@@ -233,14 +262,17 @@ class TaskRunner:
                     self._clients.remove(client)
 
     def _batch_once(self, tasks: Sequence[Task], pending: list[int], outcomes: list[Outcome],
-                    begun: float, done: Callable[[int, Outcome], None] | None) -> list[int]:
+                    begun: float, done: Callable[[int, Outcome], None] | None,
+                    result: Early | None) -> list[int]:
         """One batch clone of ``pending`` and the wait for its fibers; the tasks that
         missed retryably (their ``miss`` set, not ended). Raises Refused, Unreachable for
         the request as a whole."""
         client = self._client()
+        calls = any(tasks[i].call is not None for i in pending)
         started = client.clone_batch(
             [{"key": str(i), **_what(tasks[i])} for i in pending],
-            stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True, **self.base)
+            stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True,
+            **self._early(self.base, calls and result is not None))
         retry: list[int] = []
         running: dict[str, int] = {}
         for entry in started.items:
@@ -258,12 +290,13 @@ class TaskRunner:
             elif isinstance(error, dict):
                 outcomes[i].failure, outcomes[i].refused = str(Refused(error)), True
             self._end(i, outcomes[i], begun, done)
-        self._wait_all(client, tasks, running, outcomes, begun, done)
+        self._wait_all(client, tasks, running, outcomes, begun, done, result)
         return retry
 
     def _wait_all(self, client: FiberdClient, tasks: Sequence[Task], running: dict[str, int],
                   outcomes: list[Outcome], begun: float,
-                  done: Callable[[int, Outcome], None] | None) -> None:
+                  done: Callable[[int, Outcome], None] | None,
+                  result: Early | None = None) -> None:
         """Take each running fiber's exit event as it comes; stop those past their task's
         timeout (they then end as timed out). Raises Unreachable."""
         now = time.monotonic()
@@ -275,12 +308,16 @@ class TaskRunner:
             while running:
                 within = None if not due else max(0.001, min(due.values()) - time.monotonic())
                 try:
-                    end = client.wait_exit(within=within)
+                    event, end = client.wait_event(within=within)
                 except TimeoutError:
                     for fid in [f for f, at in due.items() if at <= time.monotonic()]:
                         del due[fid]
                         outcomes[running[fid]].timed_out = True
                         self.stop(fid)
+                    continue
+                if event == "result":
+                    if result is not None and str(end.get("fiber_id")) in running:
+                        result(running[str(end.get("fiber_id"))], end)
                     continue
                 i = running.pop(str(end.get("fiber_id")))
                 due.pop(str(end.get("fiber_id")), None)
@@ -310,27 +347,20 @@ class TaskRunner:
                 o.miss, o.failure, o.refused = None, str(err), isinstance(err, Refused)
                 self._end(i, o, begun, done)
 
-    def _run_once(self, fields: dict[str, object], task: Task, outcome: Outcome) -> None:
+    def _run_once(self, fields: dict[str, object], task: Task, outcome: Outcome,
+                  result: Early | None) -> None:
         """One Clone and its wait. Raises Missed, Refused, Unreachable."""
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
-        fiber_id = fiber.id
-        outcome.fiber_id = fiber_id
-        with self._lock:
-            self._running.add(fiber_id)
-        try:
-            if task.timeout is None:
-                outcome.exit = client.wait_exit()
-                return
-            try:
-                outcome.exit = client.wait_exit(within=task.timeout)
-            except TimeoutError:
-                outcome.timed_out = True
-                self.stop(fiber_id)
-                outcome.exit = client.wait_exit()
-        finally:
-            with self._lock:
-                self._running.discard(fiber_id)
+        outcome.fiber_id = fiber.id
+        self._wait_all(client, [task], {fiber.id: 0}, [outcome], time.monotonic(), None, result)
+
+    def _early(self, fields: dict[str, object], wanted: bool) -> dict[str, object]:
+        """``fields`` asking for early results (a copy, at protocol v4) when ``wanted`` and
+        fiberd has not refused them; else ``fields`` itself."""
+        if not (wanted and self.early):
+            return fields
+        return {**fields, "early": True, "v": max(EARLY_SINCE, int(str(fields.get("v", 1))))}
 
 
 def _what(task: Task) -> dict[str, object]:
@@ -340,12 +370,11 @@ def _what(task: Task) -> dict[str, object]:
     return {"exec": dict(task.exec or {})}
 
 
-def _shifted(done: Callable[[int, Outcome], None] | None,
-             by: int) -> Callable[[int, Outcome], None] | None:
-    """``done`` for a slice of the tasks starting at ``by``."""
+def _shifted(done: Callable[[int, V], None] | None, by: int) -> Callable[[int, V], None] | None:
+    """``done`` (or ``result``) for a slice of the tasks starting at ``by``."""
     if done is None:
         return None
-    return lambda i, outcome: done(i + by, outcome)
+    return lambda i, value: done(i + by, value)
 
 
 def _retry_after(miss: Missed | None) -> float:

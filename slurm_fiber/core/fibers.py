@@ -71,7 +71,7 @@ from pathlib import Path
 from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.ends import LateReports, end_reading, survivors_frozen
-from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, zombie_exit
+from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, zombie_exit
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +301,14 @@ class Fiber:
                 "stdout": str(self.stdout_path) if self.stdout_path else None,
                 "stderr": str(self.stderr_path) if self.stderr_path else None,
                 "exit": self.exit.to_json() if self.exit else None}
+
+    async def written(self) -> dict[str, object] | None:
+        """The call-mode record once the fiber has written all of it (its result channel
+        at end of file, which may be before its exit is known), or at its end; None when
+        it wrote none. Never raises."""
+        assert self._result is not None, "Fiber.attach was not called"
+        await asyncio.shield(self._result.complete)
+        return self._result.record()
 
     def on_done(self, callback: Callable[[Fiber], None]) -> None:
         """Call ``callback(self)`` once the fiber is gone (after ``wait()`` would return)."""
@@ -606,6 +614,7 @@ class _ResultReader:
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(sock.fileno(), self._take)
         self.reading = True
+        self.complete: asyncio.Future[None] = self.loop.create_future()  # EOF, or finish()
 
     def _take(self) -> None:
         """Move what is buffered into ``chunks``; stop watching and close at EOF.
@@ -631,6 +640,7 @@ class _ResultReader:
             self.chunks.append(chunk)
         self._stop_reading()
         self.sock.close()
+        set_done(self.complete)
 
     def _stop_reading(self) -> None:
         if self.reading:
@@ -642,6 +652,11 @@ class _ResultReader:
         self._take()
         self._stop_reading()
         self.sock.close()
+        set_done(self.complete)
+        return self.record()
+
+    def record(self) -> dict[str, object] | None:
+        """The record read so far (whole once ``complete``); None when there is none."""
         if not self.chunks:
             return None
         try:

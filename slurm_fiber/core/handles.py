@@ -33,12 +33,7 @@ def api_exit(fiber_id: str, mode: str, core: FiberEnd) -> FiberExit:
     if core.state is FiberState.LOST:
         error = dict(LOST_ERROR)
     elif mode == "call":
-        record = core.result or {}
-        if record.get("ok") is True:
-            result = record.get("result")
-        else:
-            found = record.get("error")
-            error = dict(found) if isinstance(found, dict) else dict(SILENT_ERROR)
+        result, error = call_outcome(core.result)
     elif core.result is not None:  # exec mode: its exec, or the set-up before, failed
         failed, found = core.result.get("exec_failed"), core.result.get("error")
         if isinstance(failed, dict):
@@ -49,6 +44,15 @@ def api_exit(fiber_id: str, mode: str, core: FiberEnd) -> FiberExit:
                      rusage=rusage, result=result, error=error,
                      reason=core.reason.to_json() if core.reason else None,
                      exec_failed=exec_failed)
+
+
+def call_outcome(record: dict[str, object] | None) -> tuple[object, dict[str, object] | None]:
+    """A call fiber's result and error (one of them meaningful) from its record (None: it
+    wrote none, and ended before reporting). Pure; never raises."""
+    if record is not None and record.get("ok") is True:
+        return record.get("result"), None
+    found = (record or {}).get("error")
+    return None, dict(found) if isinstance(found, dict) else dict(SILENT_ERROR)
 
 
 class FiberView:
@@ -68,6 +72,23 @@ class FiberView:
 
     def to_json(self) -> dict[str, object]:
         return {**self.fiber.to_json(), **self.extra}
+
+    async def call_result(self) -> dict[str, object] | None:
+        """A call fiber's ``result`` event (fiber_id and its result or error) as soon as it
+        has written its record, before its exit; None when it wrote none (it ended before
+        reporting: its exit event says how) or is no call. Never raises."""
+        if self.fiber.mode != "call":
+            return None
+        record = await self.fiber.written()
+        if record is None:
+            return None
+        result, error = call_outcome(record)
+        found: dict[str, object] = {"fiber_id": self.fiber.id}
+        if error is None:
+            found["result"] = result
+        else:
+            found["error"] = error
+        return found
 
     async def wait(self) -> FiberExit:
         """Wait until the fiber and its cgroup are gone; never raises."""

@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 import stat
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
@@ -259,11 +260,24 @@ class FiberdClient:
 
     def wait_exit(self, within: float | None = None) -> dict[str, object]:
         """After ``clone(wait=True)``: block until the exit event; returns it
-        (fiber_id, exit_code, signal, status, rusage, result or error). With ``within``
-        (seconds), raises TimeoutError if the fiber has not ended by then; call again
-        to keep waiting (e.g. after stopping it)."""
-        result = self.reply(wait_forever=True, within=within)["result"]
-        return result if isinstance(result, dict) else {}
+        (fiber_id, exit_code, signal, status, rusage, result or error), passing over
+        ``result`` events (``early``). With ``within`` (seconds), raises TimeoutError if
+        the fiber has not ended by then; call again to keep waiting (e.g. after stopping
+        it)."""
+        deadline = None if within is None else time.monotonic() + within
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            event, result = self.wait_event(left)
+            if event == "exit":
+                return result
+
+    def wait_event(self, within: float | None = None) -> tuple[str, dict[str, object]]:
+        """After a clone or batch with ``wait``: the next event, ``("exit", exit)`` or,
+        with ``early`` (protocol v4), ``("result", {fiber_id, result or error})``, which
+        comes before that fiber's exit event. ``within`` as for ``wait_exit``."""
+        reply = self.reply(wait_forever=True, within=within)
+        result = reply.get("result")
+        return str(reply.get("event")), result if isinstance(result, dict) else {}
 
 
 def _connect_failure(path: str | os.PathLike[str], err: OSError) -> str:

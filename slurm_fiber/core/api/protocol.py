@@ -1,14 +1,14 @@
 """The fiberd socket protocol: request shapes, their validation, error codes, replies.
 
 A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
-``v`` (optional: 1, 2 or 3; versions are additive, so every v1 request means
-the same under v3; a v2 feature, such as a pickled call, needs ``"v": 2``,
-a v3 one (``clone_batch``) ``"v": 3``, which an older fiberd refuses as
-``unsupported_version``) and the op's own fields. Unknown fields are
-refused, so a typo never silently changes what a request means. Every
-refusal is an ``ApiError`` with a code from ``ErrorCode`` and a one-line
-reason; ``parse_request`` is a pure function of the decoded body and the
-number of descriptors that came with it. ``TABLE`` holds every op (request
+``v`` (optional: 1 to 4; versions are additive, so every v1 request means
+the same under v4; a v2 feature, such as a pickled call, needs ``"v": 2``,
+a v3 one (``clone_batch``) ``"v": 3``, a v4 one (``early`` results)
+``"v": 4``, which an older fiberd refuses as ``unsupported_version``) and the
+op's own fields. Unknown fields are refused, so a typo never silently changes
+what a request means. Every refusal is an ``ApiError`` with a code from
+``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function of
+the decoded body and the number of descriptors that came with it. ``TABLE`` holds every op (request
 type, reply type, handler). Reply builders give every reply the same
 envelope (see docs/socket-protocol.md).
 """
@@ -39,11 +39,12 @@ from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.misses import Miss
 from slurm_fiber.record import record, replace
 
-VERSION = 3  # the newest this fiberd speaks
-VERSIONS = (1, 2, 3)  # every one it accepts (docs/socket-protocol.md, "Versions")
+VERSION = 4  # the newest this fiberd speaks
+VERSIONS = (1, 2, 3, 4)  # every one it accepts (docs/socket-protocol.md, "Versions")
 PICKLED_SINCE = 2  # call.pickled needs "v" >= this
 BATCH_SINCE = 3  # clone_batch needs "v" >= this
 PAGED_SINCE = 3  # list_fibers' "after" and "limit" need "v" >= this
+EARLY_SINCE = 4  # clone's and clone_batch's "early" needs "v" >= this
 MAX_PAGE = 5000  # fiber records in one list_fibers page
 CURSOR_PATTERN = re.compile(r"\d{1,20}")
 MAX_BATCH = 64  # items in one clone_batch
@@ -113,6 +114,7 @@ class CloneOp:
     stdio: tuple[str, ...]
     wait: bool
     hangup: bool
+    early: bool = False
 
 
 @record(frozen=True)
@@ -189,6 +191,7 @@ class BatchOp:
     items: tuple[BatchItem, ...]
     wait: bool
     hangup: bool
+    early: bool = False
 
 
 Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
@@ -337,7 +340,18 @@ def _stdio(names: list[Any] | None, nfds: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-_CLONE_FIELDS = frozenset({"call", "exec", "grant", "token", "env", "stdio", "wait", "hangup"})
+_CLONE_FIELDS = frozenset({"call", "exec", "grant", "token", "env", "stdio", "wait", "hangup",
+                           "early"})
+
+
+def _early(f: _Fields) -> bool:
+    """The ``early`` flag (v4): with ``wait``, each call fiber's ``result`` event as soon as
+    the fiber has written its result, before its ``exit`` event."""
+    early = f.get("early", bool, "true or false") is True
+    if early and f.body.get("v", 1) < EARLY_SINCE:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"'early' needs \"v\": {EARLY_SINCE} in the request", "v")
+    return early
 
 
 def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
@@ -363,11 +377,12 @@ def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
         stdio=_stdio(f.get("stdio", list, "an array of names"), nfds),
         wait=bool(f.get("wait", bool, "true or false")),
         hangup=f.get("hangup", bool, "true or false") is not False,
+        early=_early(f),
     )
 
 
 _ITEM_FIELDS = frozenset({"key", "call", "exec", "env", "stdio"})
-_BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup"})
+_BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup", "early"})
 
 
 def _batch(f: _Fields, nfds: int) -> BatchOp:
@@ -405,7 +420,8 @@ def _batch(f: _Fields, nfds: int) -> BatchOp:
         except ApiError as err:
             items.append(BatchItem(key, None, stdio, err))
     return BatchOp(tuple(items), wait=bool(f.get("wait", bool, "true or false")),
-                   hangup=f.get("hangup", bool, "true or false") is not False)
+                   hangup=f.get("hangup", bool, "true or false") is not False,
+                   early=_early(f))
 
 
 def _item_stdio(item: object) -> tuple[str, ...]:

@@ -438,7 +438,7 @@ class _Connection:
         server.metrics.clone_started(elapsed)
         await self.send(ok_reply(rid, {"fiber": outcome.to_json()}, "started", final=not op.wait))
         if op.wait:
-            await self.stream_exits(rid, [outcome], op.hangup)
+            await self.stream_exits(rid, [outcome], op.hangup, op.early)
 
     async def clone_batch(self, rid: int | str | None, op: BatchOp, frame: Frame) -> None:
         """Start the batch's valid items through the Service in one call; answer one
@@ -493,24 +493,32 @@ class _Connection:
         await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
                                  final=not streams))
         if streams:
-            await self.stream_exits(rid, fibers, op.hangup)
+            await self.stream_exits(rid, fibers, op.hangup, op.early)
 
     async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
-                           hangup: bool) -> None:
-        """Send each fiber's exit event as it ends (the last one final); meanwhile answer
-        stray frames with busy.
+                           hangup: bool, early: bool = False) -> None:
+        """Send each fiber's exit event as it ends (the last one final); with ``early``,
+        before it, a call fiber's ``result`` event as soon as it has written its result;
+        meanwhile answer stray frames with busy.
 
         A client that disconnects first gets each fiber still running a SIGHUP
         when ``hangup`` (as a terminal hang-up would), and the wait is abandoned.
         """
         waiting = {asyncio.ensure_future(f.wait()): f for f in fibers}
+        results = {f.id: asyncio.ensure_future(f.call_result()) for f in fibers} if early else {}
         try:
             while waiting:
                 reading = self.next_frame()
-                done, _ = await asyncio.wait({*waiting, reading},
+                done, _ = await asyncio.wait({*waiting, *results.values(), reading},
                                              return_when=asyncio.FIRST_COMPLETED)
+                for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
+                    del results[fiber_id]  # sent before its exit event, which ends it
+                    if (event := written.result()) is not None:
+                        await self.send(ok_reply(rid, event, "result", final=False))
                 for exited in [t for t in waiting if t in done]:
-                    del waiting[exited]
+                    fiber = waiting.pop(exited)
+                    if fiber.id in results:  # its exit event carries the result: no later one
+                        results.pop(fiber.id).cancel()
                     await self.send(ok_reply(rid, exited.result().to_json(), "exit",
                                              final=not waiting))
                 if reading not in done:
@@ -529,7 +537,7 @@ class _Connection:
                 await self.refuse(request_id(stray.body), None, ApiError(
                     ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
         finally:
-            for task in waiting:
+            for task in [*waiting, *results.values()]:
                 task.cancel()
 
     def hang_up(self, fiber: FiberHandle) -> None:

@@ -150,6 +150,11 @@ class FiberHandle(Protocol):
         """The fiber record (id, pid, grant, jti, epoch, deadline, state, ...)."""
         ...
 
+    async def call_result(self) -> dict[str, object] | None:
+        """A call fiber's ``result`` event once it has written its result, before its exit
+        (None: none written, or no call); may be awaited by many callers."""
+        ...
+
     async def wait(self) -> FiberExit:
         """Wait until the fiber has exited and been reaped; may be awaited by many callers."""
         ...

@@ -73,6 +73,9 @@ class ProcFiber:
                 "state": "exited" if done else "running",
                 "exit_status": self.exited.result().status if done else None}
 
+    async def call_result(self) -> dict[str, object] | None:
+        return None  # this runtime's results come with the exit only
+
     async def wait(self) -> FiberExit:
         return await asyncio.shield(self.exited)
 
