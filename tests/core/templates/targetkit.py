@@ -91,3 +91,8 @@ def stop_my_template() -> str:
 def wait_for_interrupt() -> None:
     print("waiting", flush=True)
     time.sleep(60)
+
+
+def blocked_signals() -> list[int]:
+    """The signals this fiber's thread blocks (its template blocks SIGCHLD for itself)."""
+    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))

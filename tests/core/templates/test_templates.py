@@ -246,3 +246,22 @@ async def test_a_reap_ask_leaves_a_running_fiber_alone_and_its_exit_is_still_rep
     assert end.state is FiberState.EXITED and end.signal == signal.SIGKILL
     assert end.maxrss is not None  # the template's report: the kernel's record has none
     await t.stop(1.0)
+
+
+@aio
+async def test_a_call_fiber_blocks_no_signal_though_its_template_blocks_sigchld(
+        tmp_path: Path, mark: str) -> None:
+    t = await warm_template(tmp_path, mark, preload=(T,))
+    fiber = await t.fork(FiberRequest(id="m", target=f"{T}:blocked_signals"))
+    end = await fiber.wait()
+    assert end.exit_code == 0 and end.result == {"ok": True, "result": []}
+    assert signal.SIGCHLD in status_blocked(t.pid)  # the template's own: read by signalfd
+    await t.stop(1.0)
+
+
+def status_blocked(pid: int) -> set[int]:
+    """The signals process ``pid``'s main thread blocks (/proc/<pid>/status SigBlk)."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if x.startswith("SigBlk:"))
+    mask = int(line.split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
