@@ -17,7 +17,14 @@ from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
 
 
 @pytest.fixture
-def fiberd_served(tmp_path: Path) -> Iterator[ThreadFiberd]:
-    """The real fiberd with one warm grant, its socket at tmp_path/state/fiberd.sock."""
-    with fiberd_in_thread(Site(tmp_path, uuid.uuid4().hex)) as served:
+def site(tmp_path: Path) -> Site:
+    """A throwaway site in tmp_path (its issuer mints more tokens, its mark names them)."""
+    return Site(tmp_path, uuid.uuid4().hex)
+
+
+@pytest.fixture
+def fiberd_served(site: Site) -> Iterator[ThreadFiberd]:
+    """The real fiberd of ``site`` with one warm grant (g1), its socket at
+    tmp_path/state/fiberd.sock."""
+    with fiberd_in_thread(site) as served:
         yield served

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,7 @@ from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.core.api.protocol import MAX_BATCH
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
-from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
-
-
-@pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path, uuid.uuid4().hex)
-
-
-@pytest.fixture
-def fiberd_served(site: Site) -> Iterator[ThreadFiberd]:
-    """The real fiberd with one warm grant (g1), and ``site`` to mint more tokens."""
-    with fiberd_in_thread(site) as served:
-        yield served
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd
 
 
 def audit_records(served: ThreadFiberd, event: str) -> list[dict[str, object]]:

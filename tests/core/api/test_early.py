@@ -6,30 +6,15 @@ that does not ask gets the events it always got. A fiberd older than v4 refuses
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from slurm_fiber.core.api import protocol
 from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
-from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd
 
 T = "tests.core.runtime.targetkit"
-
-
-@pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path, uuid.uuid4().hex)
-
-
-@pytest.fixture
-def fiberd_served(site: Site) -> Iterator[ThreadFiberd]:
-    with fiberd_in_thread(site) as served:
-        yield served
 
 
 def events_until(client: FiberdClient, exits: int) -> list[tuple[str, dict[str, object]]]:
