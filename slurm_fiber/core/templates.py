@@ -21,11 +21,13 @@ removes no cgroup: both wait on the kernel's cgroup lock, which a
 concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
 order directly (one message, no round trip through the template) and
 forks a replacement in the background, so a Clone pays neither the fork
-nor the cgroup move. The replacement waits for the fiber's end (and takes
-its leaf) while another spare is idle: a fork of the template while its
-fiber exits held that exit up (1.0 → 2.8 ms measured: both work on the
+nor the cgroup move. A spare's replacement waits for the fiber's end (and
+takes its leaf) while another spare is idle: a fork of the template while
+its fiber exits held that exit up (1.0 → 2.8 ms measured: both work on the
 template's shared memory), so a waited Clone's exit event came late; with
-no idle spare left it is forked at once. With no spare at hand (a burst, ``spares=0``, a spare
+no idle spare left it is forked at once. (An exec stub's replacement, a
+clone of the small stub maker, is made at once: waiting only moved its
+work onto the exit event's path.) With no spare at hand (a burst, ``spares=0``, a spare
 that died) ``fork`` makes one on the spot and uses it. Spares are not
 fibers: they run no user code and do not count toward ``fibers`` (a grant's
 ``pids`` limit, where enforced, does count them), and are killed (cgroup and
@@ -320,7 +322,7 @@ class Template:
             stubs.target = self.exec_stubs  # the first exec: keep stubs from now on
         stub = stubs.take() if request.mode == "exec" else None
         if stub is not None and self.life.ready and request.id not in self.fibers:
-            self._refill_unless_idle(stubs)
+            self._refill()  # a stub is the maker's clone: it does not touch the template
             with contextlib.suppress(_SpareGone):  # it died unseen: a spare, as below
                 return await self._hand_over(stub, request)
         elif stub is not None:
@@ -491,8 +493,9 @@ class Template:
                 pool.filling = asyncio.ensure_future(self._fill(pool))
 
     def _refill_unless_idle(self, pool: SparePool) -> None:
-        """After a Clone took a spare of ``pool``: refill now when none is left idle, else
-        when that fiber ends (``_hand_over``), so its fork does not hold up the exit."""
+        """After a Clone took a spare of ``pool`` (forked from the template): refill now
+        when none is left idle, else when that fiber ends (``_hand_over``), so the
+        template's fork does not hold up the fiber's exit."""
         if not pool.has_idle():
             self._refill()
 
