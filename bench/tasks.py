@@ -23,7 +23,13 @@ and, to split a missed target into its parts, in the same run: the bound, the le
 Python Clone could cost here (bench/fork_floor.py's pre-forked spare pipeline, no daemon
 work: what the machine leaves), and a bare call-mode Clone round trip through
 ``FiberdClient`` (``slurm_fiber.cli.latency``: what fiberd adds to the bound; the
-Executor's and the exec path's p50 over it is what the client side adds). The fibers
+Executor's and the exec path's p50 over it is what the client side adds), and, for the
+throughput runs of ``fiberctl map`` and GNU parallel, the CPU a task cost in all
+processes (``cpu_per_task_ms``: fiberd, its templates, the fibers, the stub makers and
+spares, the tool's own process tree; /proc's clock ticks, so read it from runs of a few
+hundred tasks): what that CPU allows on this machine's CPUs caps the throughput
+whatever the latency (``cpu_bound_per_s``), and ``share_of_bound`` says how close each
+run came. The fibers
 run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
 behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
 (throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
@@ -59,6 +65,7 @@ from pathlib import Path
 
 import plots  # bench/plots.py
 import slurm  # bench/slurm.py: the job machinery
+from clone import cpu_by_role  # bench/clone.py: CPU of fiberd and what runs under it
 from fork_floor import spare_pipeline
 
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
@@ -138,6 +145,7 @@ class Systems:
         self.seq: dict[tuple[str, str], Seq] = {}
         self.batch: dict[tuple[str, str], Batch] = {}
         self.par: dict[tuple[str, str], Par] = {}
+        self.cpu: dict[str, dict[str, float]] = {}  # "system/W": CPU seconds by role, tasks
         self.closers: list[Callable[[], None]] = []
         for name in ("subprocess", "pool", "forkserver", "parallel", "dask", "fiber",
                      "fibermap"):
@@ -147,6 +155,23 @@ class Systems:
     def close(self) -> None:
         for close in reversed(self.closers):
             close()
+
+    def _cpu_counted(self, key: str, run: Callable[[int], None], daemon: bool) -> Par:
+        """``run`` (a throughput run in child processes), also adding up the CPU it cost
+        to ``cpu[key]``: its child processes' (``client``, all reaped when it returns)
+        and, with ``daemon``, fiberd's and what runs under it (bench/clone.py's roles)."""
+        def counted(n: int) -> None:
+            assert self.site.proc is not None
+            roles = ("fiberd", "template", "fibers", "helpers") if daemon else ()
+            before, kids = cpu_by_role(self.site.proc.pid), _children_cpu()
+            run(n)
+            after = cpu_by_role(self.site.proc.pid)
+            acc = self.cpu.setdefault(key, {})
+            for role in roles:
+                acc[role] = acc.get(role, 0.0) + after[role] - before[role]
+            acc["client"] = acc.get("client", 0.0) + _children_cpu() - kids
+            acc["tasks"] = acc.get("tasks", 0.0) + n
+        return counted
 
     def _threads(self, one: Seq) -> Par:
         def many(n: int) -> None:
@@ -199,7 +224,8 @@ class Systems:
             subprocess.run([found, "--will-cite", "-j", str(self.jobs), *command, ":::",
                             *map(str, range(n))], check=True, stdout=subprocess.DEVNULL)
 
-        self.par["parallel", "W1"] = lambda n: run(["true"], n)
+        self.par["parallel", "W1"] = self._cpu_counted("parallel/W1",
+                                                        lambda n: run(["true"], n), False)
         self.par["parallel", "W2"] = lambda n: run([code], n)
 
     def _dask(self) -> None:
@@ -249,8 +275,10 @@ class Systems:
                             "-j", str(self.jobs), "--range", f"1-{n}", *extra], check=True,
                            stdout=subprocess.DEVNULL, cwd="/")
 
-        self.par["fibermap", "W1"] = lambda n: run(["--", "true"], n)
-        self.par["fibermap", "W2"] = lambda n: run(["--call", f"{FNS}:square_arg"], n)
+        self.par["fibermap", "W1"] = self._cpu_counted(
+            "fibermap/W1", lambda n: run(["--", "true"], n), True)
+        self.par["fibermap", "W2"] = self._cpu_counted(
+            "fibermap/W2", lambda n: run(["--call", f"{FNS}:square_arg"], n), True)
 
 
 SRUN_TRUE = ["srun", "--overlap", "-n1", "true"]
@@ -311,6 +339,32 @@ def slurm_targets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
 def _import_all(modules: tuple[str, ...]) -> None:
     for m in modules:
         __import__(m)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that it has reaped so far."""
+    used = os.times()
+    return used.children_user + used.children_system
+
+
+def cpu_per_task(cpu: dict[str, dict[str, float]], par: dict[str, list[tuple[int, float]]],
+                 cores: int) -> dict[str, dict[str, float]]:
+    """By ``system/W``: CPU ms per task by role and in all (``total``), the throughput that
+    CPU allows on ``cores`` CPUs (``cpu_bound_per_s``) and the share of it reached."""
+    out: dict[str, dict[str, float]] = {}
+    for key, acc in cpu.items():
+        tasks = acc.get("tasks", 0.0)
+        if not tasks:
+            continue
+        row = {role: round(v / tasks * 1000, 3) for role, v in acc.items() if role != "tasks"}
+        row["total"] = round(sum(v for r, v in acc.items() if r != "tasks") / tasks * 1000, 3)
+        row["cpu_bound_per_s"] = round(cores * 1000 / row["total"], 1) if row["total"] else 0.0
+        runs = par.get(key, [])
+        rate = sum(n for n, _ in runs) / sum(t for _, t in runs) if runs else 0.0
+        row["share_of_bound"] = round(rate / row["cpu_bound_per_s"], 2) if rate and \
+            row["cpu_bound_per_s"] else 0.0
+        out[key] = row
+    return out
 
 
 def split(total: int, rounds: int) -> list[int]:
@@ -437,6 +491,12 @@ def print_table(figures: dict[str, object]) -> None:
           f"{b['clone_call_p50_ms']} ms = {b['clone_call_over_pipeline']}x the bound "
           f"(fiberd's share); Executor W2 p50 = {b['executor_w2_p50_over_clone_call']}x, "
           f"exec W1 p50 = {b['exec_w1_p50_over_clone_call']}x the bare Clone")
+    for key, row in figures.get("cpu_per_task_ms", {}).items():  # type: ignore[union-attr]
+        parts = ", ".join(f"{role} {ms}" for role, ms in row.items()
+                          if role not in ("total", "cpu_bound_per_s", "share_of_bound"))
+        print(f"CPU per task, {key}: {row['total']} ms ({parts}): at most "
+              f"{row['cpu_bound_per_s']}/s on {len(os.sched_getaffinity(0))} CPUs, "
+              f"{row['share_of_bound']} of it reached")
 
 
 def plot(figures: dict[str, object], seq: dict[str, list[float]], path: Path) -> None:
@@ -507,6 +567,7 @@ def main() -> int:
             seq, par = measure(systems, opts.n, seq_n, rounds)
             bound = spare_pipeline([*preloads, FNS], seq_n)
             skipped = dict(systems.skipped)
+            cpu = cpu_per_task(systems.cpu, par, len(os.sched_getaffinity(0)))
         finally:
             if systems is not None:
                 systems.close()
@@ -514,7 +575,8 @@ def main() -> int:
         left = site.leftovers()
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
                "rounds": rounds, "cgroups": mode, "cgroup_backend": backend,
-               **report(seq, par, bound, opts.jobs, skipped), "left_running": left}
+               **report(seq, par, bound, opts.jobs, skipped), "cpu_per_task_ms": cpu,
+               "left_running": left}
     if opts.slurm:
         try:
             with tempfile.TemporaryDirectory(prefix="sf-bench-tasks-slurm-") as tmp:

@@ -39,5 +39,13 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
     assert figures["bound"]["pipeline_p50_ms"] > 0
     assert figures["bound"]["clone_call_over_pipeline"] > 0
     assert figures["bound"]["executor_w2_p50_over_clone_call"] > 0
+    cpu = figures["cpu_per_task_ms"]  # clock ticks: a 4-task run may read 0 ms
+    for key in ("fibermap/W1", "fibermap/W2"):
+        assert set(cpu[key]) == {"fiberd", "template", "fibers", "helpers", "client", "total",
+                                 "cpu_bound_per_s", "share_of_bound"}
+        assert all(v >= 0 for v in cpu[key].values())
+    if "skipped" not in systems["parallel"]:
+        assert set(cpu["parallel/W1"]) == {"client", "total", "cpu_bound_per_s",
+                                           "share_of_bound"}
     assert figures["left_running"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
