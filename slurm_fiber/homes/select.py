@@ -23,6 +23,9 @@ entry points once per process (and then only when asked).
 Entries stay light to import: each home's own modules are imported inside
 its ``build``, so fiberd loads only the home it runs (no Kubernetes client
 in a Slurm job) and this module stays importable by every option parser.
+The entry classes are records (slurm_fiber.record), not dataclasses, whose
+import (inspect, ast, dis, tokenize) cost fiberctl about 9 ms of CPU on each
+command inside a job, where discovery asks the Slurm home for the socket.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from slurm_fiber.record import record
 
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
     from slurm_fiber.config import FiberdConfig
@@ -60,7 +64,7 @@ async def _close_nothing() -> list[str]:
     return []
 
 
-@dataclass
+@record
 class BuiltHome:
     """A built home: the ``Home`` the core runs and what fiberd's wiring needs from it.
 
@@ -105,7 +109,7 @@ def _no_socket(_environ: Mapping[str, str]) -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HomeEntry:
     """One home in the registry. Every callable but ``build`` is pure or reads small files.
 
@@ -125,7 +129,7 @@ class HomeEntry:
     defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults
     claims: Callable[[Mapping[str, str]], bool] = _never
     socket: Callable[[Mapping[str, str]], Path | None] = _no_socket
-    stage: str | None = field(default=None)
+    stage: str | None = None
 
 
 def builtin_entries() -> tuple[HomeEntry, ...]:

@@ -9,7 +9,6 @@ read the same file the same way; ``siteconfig`` validates every key.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,8 @@ def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
         raise SiteConfigError(f"{path}: {err.strerror}") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise SiteConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    import tomllib  # here: a node without a site file never pays for it (about 3 ms)
+
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
