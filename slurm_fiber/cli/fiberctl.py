@@ -65,6 +65,7 @@ from slurm_fiber.discovery import discover_socket
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
 if TYPE_CHECKING:
     import argparse
+    from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -633,8 +634,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: exits with the documented code."""
+PER_TASK = ("run", "call")  # the commands a job starts once per task
+
+
+def main(argv: Sequence[str] | None = None, *, teardown: bool = True) -> None:
+    """Run fiberctl with ``argv`` (default: this process's arguments); exits with the
+    documented code. With ``teardown`` False, ``run`` and ``call`` leave without the
+    interpreter's teardown (``leave``): the console script's way, never a caller's."""
     words = hoist(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["map"]:
         from slurm_fiber.cli.fibermap import main as map_main
@@ -643,5 +649,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = quick_parse(words) or parse(words)
     try:
         args.handler(args)
+        code = EXIT_OK
     except Exit as done:
-        sys.exit(done.code)
+        code = done.code
+    if not teardown and args.command in PER_TASK:
+        leave(code)
+    sys.exit(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with ``code`` at once, without the interpreter's teardown, which frees every
+    module fiberctl imported: about 3 ms of CPU, a tenth of a ``run`` or ``call``'s own.
+    Their only buffered output is stdout's and stderr's (no thread, file or atexit
+    handler of theirs is left), so both are flushed first; when that fails (a closed
+    pipe), the ordinary exit happens instead and reports it as it always does."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code)
+
+
+def command() -> None:
+    """The ``fiberctl`` console script."""
+    main(teardown=False)
