@@ -11,10 +11,10 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slurm_fiber.homes.select import BuiltHome, HomeEntry, HomeRefused
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (discovery imports this)
 if TYPE_CHECKING:
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock

@@ -34,10 +34,10 @@ import functools
 import importlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slurm_fiber.record import record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock
