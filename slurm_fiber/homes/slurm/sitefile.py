@@ -2,22 +2,33 @@
 
 Split from ``siteconfig`` so a client that only needs to find a job's
 socket (``fiberctl`` inside a job, on every task it starts) reads one key
-with tomllib and nothing else: building the whole ``SiteConfig`` imports
-the grant and fiber-spec code, tens of milliseconds per command. Both
-read the same file the same way; ``siteconfig`` validates every key.
+and nothing else: building the whole ``SiteConfig`` imports the grant and
+fiber-spec code, tens of milliseconds per command. That key is read from
+its line when the file says it plainly (``plain_state_root``), else with
+tomllib, which with the ``typing`` it imports costs such a command about
+6 ms. Both modules read the same file the same way; ``siteconfig``
+validates every key.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from slurm_fiber.homes.slurm.paths import STATE_ROOT_ENV, state_root
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
 DEFAULT_CONFIG = Path("/etc/slurm-fiber/slurm-fiber.toml")
 MAX_CONFIG_BYTES = 1 << 20
+# A top-level state_root as sites write it, on one line: the bare key, a basic string with
+# no escape and no control character, at most a comment after (TOML's whitespace: space, tab).
+PLAIN_STATE_ROOT = re.compile(
+    r'state_root[ \t]*=[ \t]*"([^"\\\x00-\x1f\x7f]*)"[ \t]*(?:#[^\x00-\x08\x0a-\x1f\x7f]*)?')
 
 
 class SiteConfigError(ValueError):
@@ -33,6 +44,13 @@ def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:
 def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
     """The decoded TOML at ``path``; None for an absent default file. Blocks on one small
     read. Raises SiteConfigError."""
+    text = read_site_text(path, explicit)
+    return None if text is None else parse_site_text(path, text)
+
+
+def read_site_text(path: Path, explicit: bool) -> str | None:
+    """The text of the file at ``path``; None for an absent default file. Blocks on one
+    small read. Raises SiteConfigError."""
     if not path.is_absolute():
         raise SiteConfigError(f"{CONFIG_ENV}={str(path)[:200]!r} must be an absolute path")
     try:
@@ -46,12 +64,38 @@ def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
         raise SiteConfigError(f"{path}: {err.strerror}") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise SiteConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    import tomllib  # here: a node without a site file never pays for it (about 3 ms)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
+
+
+def parse_site_text(path: Path, text: str) -> dict[str, Any]:
+    """``text``, the file at ``path``, decoded as TOML. Raises SiteConfigError."""
+    import tomllib  # here: only a file to parse pays for it (see the module docstring)
 
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
+
+
+def plain_state_root(text: str) -> str | None:
+    """The top-level ``state_root`` of site file ``text`` when a line says it plainly
+    (``PLAIN_STATE_ROOT``) before anything that could change what such a line means: a
+    table header (the key would be that table's) or a multi-line string's quotes (the
+    line could be inside one); None otherwise, and the caller parses the file. In a valid
+    TOML file, a value found is the one tomllib reads; where the rest of the file is not
+    valid TOML, it is the line's value, not an error (fiberd-run refuses that file, so no
+    fiberd listens at either path). Pure."""
+    for line in text.split("\n"):
+        line = line.removesuffix("\r").strip(" \t")
+        if line.startswith("[") or '"""' in line or "'''" in line:
+            return None
+        found = PLAIN_STATE_ROOT.fullmatch(line)
+        if found:
+            return found.group(1)
+    return None
 
 
 def site_state_root(environ: Mapping[str, str]) -> Path:
@@ -62,11 +106,13 @@ def site_state_root(environ: Mapping[str, str]) -> Path:
     if environ.get(STATE_ROOT_ENV):
         return state_root(environ)
     path, explicit = config_path(environ)
+    value: object = None
     try:
-        doc = read_site_file(path, explicit)
+        text = read_site_text(path, explicit)
+        if text is not None:
+            value = plain_state_root(text) or parse_site_text(path, text).get("state_root")
     except SiteConfigError:
-        doc = None
-    value = (doc or {}).get("state_root")
+        pass
     if isinstance(value, str) and value and "\0" not in value:
         return path.parent / value
     return state_root(environ)
