@@ -33,12 +33,13 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from pathlib import Path
 
 from slurm_fiber.record import record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
+    from pathlib import Path
+
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.core.seam import Home
@@ -105,7 +106,7 @@ def _never(_environ: Mapping[str, str]) -> bool:
     return False
 
 
-def _no_socket(_environ: Mapping[str, str]) -> Path | None:
+def _no_socket(_environ: Mapping[str, str]) -> str | None:
     return None
 
 
@@ -117,9 +118,10 @@ class HomeEntry:
     name to value, below the file, environment and flags; raises HomeRefused
     when the environment is not the home's). ``claims(environ)``: whether
     ``fiberd-run`` without ``--home`` should pick this home. ``socket(environ)``:
-    the socket of this home's fiberd as a client in ``environ`` finds it,
-    None when ``environ`` says nothing of it. ``stage``: ``module:attr`` of
-    its grant-conform Stage factory, None when it has none.
+    the socket of this home's fiberd as a client in ``environ`` finds it (a path
+    string: a client's start-up need not import pathlib), None when ``environ``
+    says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
+    factory, None when it has none.
     """
 
     name: str
@@ -128,7 +130,7 @@ class HomeEntry:
     options: tuple[str, ...] = ()
     defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults
     claims: Callable[[Mapping[str, str]], bool] = _never
-    socket: Callable[[Mapping[str, str]], Path | None] = _no_socket
+    socket: Callable[[Mapping[str, str]], str | None] = _no_socket
     stage: str | None = None
 
 

@@ -6,24 +6,24 @@ and nothing else: building the whole ``SiteConfig`` imports the grant and
 fiber-spec code, tens of milliseconds per command. That key is read from
 its line when the file says it plainly (``plain_state_root``), else with
 tomllib, which with the ``typing`` it imports costs such a command about
-6 ms. Both modules read the same file the same way; ``siteconfig``
-validates every key.
+6 ms. Paths are strings here (no pathlib: about 3 ms more). Both modules
+read the same file the same way; ``siteconfig`` validates every key.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
-from slurm_fiber.homes.slurm.paths import STATE_ROOT_ENV, state_root
+from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV, state_root_of
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
     from typing import Any
 
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
-DEFAULT_CONFIG = Path("/etc/slurm-fiber/slurm-fiber.toml")
+DEFAULT_CONFIG = "/etc/slurm-fiber/slurm-fiber.toml"
 MAX_CONFIG_BYTES = 1 << 20
 # A top-level state_root as sites write it, on one line: the bare key, a basic string with
 # no escape and no control character, at most a comment after (TOML's whitespace: space, tab).
@@ -35,24 +35,24 @@ class SiteConfigError(ValueError):
     """The site configuration cannot be used; ``str()`` is one line naming the file and key."""
 
 
-def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:
+def config_path(environ: Mapping[str, str]) -> tuple[str, bool]:
     """The config file and whether it was named explicitly (``SLURM_FIBER_CONFIG``)."""
     named = environ.get(CONFIG_ENV, "")
-    return (Path(named), True) if named else (DEFAULT_CONFIG, False)
+    return (named, True) if named else (DEFAULT_CONFIG, False)
 
 
-def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
+def read_site_file(path: str | os.PathLike[str], explicit: bool) -> dict[str, Any] | None:
     """The decoded TOML at ``path``; None for an absent default file. Blocks on one small
     read. Raises SiteConfigError."""
     text = read_site_text(path, explicit)
     return None if text is None else parse_site_text(path, text)
 
 
-def read_site_text(path: Path, explicit: bool) -> str | None:
+def read_site_text(path: str | os.PathLike[str], explicit: bool) -> str | None:
     """The text of the file at ``path``; None for an absent default file. Blocks on one
     small read. Raises SiteConfigError."""
-    if not path.is_absolute():
-        raise SiteConfigError(f"{CONFIG_ENV}={str(path)[:200]!r} must be an absolute path")
+    if not os.path.isabs(path):
+        raise SiteConfigError(f"{CONFIG_ENV}={os.fspath(path)[:200]!r} must be an absolute path")
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
@@ -70,7 +70,7 @@ def read_site_text(path: Path, explicit: bool) -> str | None:
         raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
 
 
-def parse_site_text(path: Path, text: str) -> dict[str, Any]:
+def parse_site_text(path: str | os.PathLike[str], text: str) -> dict[str, Any]:
     """``text``, the file at ``path``, decoded as TOML. Raises SiteConfigError."""
     import tomllib  # here: only a file to parse pays for it (see the module docstring)
 
@@ -98,13 +98,13 @@ def plain_state_root(text: str) -> str | None:
     return None
 
 
-def site_state_root(environ: Mapping[str, str]) -> Path:
+def site_state_root(environ: Mapping[str, str]) -> str:
     """The state root as fiberd-run takes it: ``SLURM_FIBER_STATE_ROOT``, else the site
     file's ``state_root`` (relative to the file's directory), else the default. A site file
     that cannot be read, or whose ``state_root`` is not a path, counts as unset (fiberd-run
     would refuse it). Raises ValueError for a relative ``SLURM_FIBER_STATE_ROOT``."""
     if environ.get(STATE_ROOT_ENV):
-        return state_root(environ)
+        return state_root_of(environ)
     path, explicit = config_path(environ)
     value: object = None
     try:
@@ -114,5 +114,5 @@ def site_state_root(environ: Mapping[str, str]) -> Path:
     except SiteConfigError:
         pass
     if isinstance(value, str) and value and "\0" not in value:
-        return path.parent / value
-    return state_root(environ)
+        return os.path.join(os.path.dirname(path), value)
+    return state_root_of(environ)
