@@ -5,13 +5,12 @@ state root on Slurm (site config ``state_root``). The names are the files and
 dirs fiberd keeps in a state dir; fiberd's options (config), the Slurm
 layout (homes.slurm.paths) and the clients (discovery, ``slurm-fiber
 audit``) all take them from here, so both ends of a socket or a log agree
-without configuration. Constants only: importing it costs nothing (the hooks
-do, on every job).
+without configuration. Constants only, all strings: importing it costs
+nothing, not even pathlib (the hooks do, on every job, and so does fiberctl
+inside a job on every task).
 """
 
-from pathlib import Path
-
-STATE_DIR = Path("/var/lib/slurm-fiber")
+STATE_DIR = "/var/lib/slurm-fiber"
 SOCKET_NAME = "fiberd.sock"  # the local API's Unix socket
 AUDIT_NAME = "audit.jsonl"  # fiberd's audit log
 GRANTDIR_NAME = "grants"  # the grantdir a file-fed home polls

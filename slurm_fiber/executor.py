@@ -225,7 +225,7 @@ class Executor(cf.Executor):
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
-        self.socket: Path = discover_socket(socket)
+        self.socket: Path = Path(discover_socket(socket))
         self.grant = grant
         self.timeout = timeout
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,

@@ -55,7 +55,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
@@ -65,6 +64,7 @@ from slurm_fiber.discovery import discover_socket
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
 if TYPE_CHECKING:
     import argparse
+    from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FIBER_FAILED = 1
@@ -123,7 +123,7 @@ def answers() -> Iterator[None]:
             from None
 
 
-def grant_fields(grant: str | None, token: Path | None, env: list[str]) -> dict[str, object]:
+def grant_fields(grant: str | None, token: str | None, env: list[str]) -> dict[str, object]:
     """The clone fields naming the grant and env additions; raises Exit(2) on bad input."""
     fields: dict[str, object] = {}
     if grant and token:
@@ -132,7 +132,8 @@ def grant_fields(grant: str | None, token: Path | None, env: list[str]) -> dict[
         fields["grant"] = grant
     if token:
         try:
-            fields["token"] = token.read_text().strip()
+            with open(token, encoding="utf-8") as fh:
+                fields["token"] = fh.read().strip()
         except (OSError, UnicodeDecodeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else e
             raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {why}; "
@@ -167,7 +168,7 @@ class SignalForwarder:
     thread. A forward that fails prints one line and is not retried.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.fiber_id: str | None = None
         self.held: list[int] = []
@@ -211,7 +212,7 @@ class SignalForwarder:
                   file=sys.stderr)
 
 
-def clone_and_wait(path: Path, fields: dict[str, object]) -> dict[str, object]:
+def clone_and_wait(path: str, fields: dict[str, object]) -> dict[str, object]:
     """Clone with this process's stdio and signals attached; the exit event when it ends."""
     with SignalForwarder(path) as forwarder, FiberdClient(path) as client:
         fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
@@ -459,13 +460,13 @@ def wait(args: argparse.Namespace) -> None:
                    f"fiberctl: {e}") from None
 
 
-# run's and call's options: flags, dest, kind (value, path, append, flag), metavar, help.
+# run's and call's options: flags, dest, kind (value, append, flag), metavar, help.
 # Both argparse (build_parser) and quick_parse read them.
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str, str | None, str], ...] = (
     (("-S", "--socket"), "socket", "value", "PATH", SOCKET_HELP),
     (("-g", "--grant"), "grant", "value", None,
      "admitted grant UID to run under (default: the only one)"),
-    (("-t", "--token"), "token", "path", "FILE", "file holding a grant token (JWS)"),
+    (("-t", "--token"), "token", "value", "FILE", "file holding a grant token (JWS)"),
     (("-e", "--env"), "env", "append", "KEY=VALUE",
      "added to the fiber's env (repeatable; device visibility variables are the grant's)"),
     (("-q", "--quiet"), "quiet", "flag", None,
@@ -481,8 +482,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=dest, action="append", default=[],
                                 metavar=metavar, help=text)
         else:
-            parser.add_argument(*flags, dest=dest, metavar=metavar, help=text,
-                                type=Path if kind == "path" else str)
+            parser.add_argument(*flags, dest=dest, metavar=metavar, help=text)
 
 
 def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
@@ -526,7 +526,7 @@ def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
         if kind == "append":
             values[dest] = [*values[dest], value]  # type: ignore[misc]
         else:
-            values[dest] = Path(value) if kind == "path" else value
+            values[dest] = value
     if words[0] == "run":
         return SimpleNamespace(command="run", handler=run, cmd=positionals, **values)
     if not 1 <= len(positionals) <= 2:
@@ -633,8 +633,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: exits with the documented code."""
+PER_TASK = ("run", "call")  # the commands a job starts once per task
+
+
+def main(argv: Sequence[str] | None = None, *, teardown: bool = True) -> None:
+    """Run fiberctl with ``argv`` (default: this process's arguments); exits with the
+    documented code. With ``teardown`` False, ``run`` and ``call`` leave without the
+    interpreter's teardown (``leave``): the console script's way, never a caller's."""
     words = hoist(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["map"]:
         from slurm_fiber.cli.fibermap import main as map_main
@@ -643,5 +648,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = quick_parse(words) or parse(words)
     try:
         args.handler(args)
+        code = EXIT_OK
     except Exit as done:
-        sys.exit(done.code)
+        code = done.code
+    if not teardown and args.command in PER_TASK:
+        leave(code)
+    sys.exit(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with ``code`` at once, without the interpreter's teardown, which frees every
+    module fiberctl imported: about 3 ms of CPU, a tenth of a ``run`` or ``call``'s own.
+    Their only buffered output is stdout's and stderr's (no thread, file or atexit
+    handler of theirs is left), so both are flushed first; when that fails (a closed
+    pipe), the ordinary exit happens instead and reports it as it always does."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code)
+
+
+def command() -> None:
+    """The ``fiberctl`` console script."""
+    main(teardown=False)

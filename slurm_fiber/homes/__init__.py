@@ -10,9 +10,11 @@ directory. The concrete homes live in sub-modules.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
+    from typing import Any
+
     from slurm_fiber.core.seam import (
         EventKind,
         GrantEvent,

@@ -8,14 +8,16 @@ purpose: fiberd loads only the home it runs, and listing the homes (for
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slurm_fiber.homes.select import BuiltHome, HomeEntry, HomeRefused
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (discovery imports this)
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.homes.problem import ProblemSink
@@ -76,22 +78,24 @@ def _in_slurm_job(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
 
-def _slurm_socket(environ: Mapping[str, str]) -> Path | None:
+def _slurm_socket(environ: Mapping[str, str]) -> str | None:
     """Inside a Slurm job (``$SLURM_JOB_ID``), the job's socket on this node as the node's
     path convention places it (``<state root>/nodes/<node>/jobs/<job id>/fiberd.sock``;
     state root ``$SLURM_FIBER_STATE_ROOT``, else the site config's, else
     /var/lib/slurm-fiber; node ``$SLURMD_NODENAME`` or the short host name). Blocks on
     reading the site config's ``state_root`` (only that key); a relative
-    ``$SLURM_FIBER_STATE_ROOT`` raises ValueError."""
+    ``$SLURM_FIBER_STATE_ROOT`` raises ValueError. Strings all the way (homes.slurm.layout,
+    not paths): a client's start-up imports no pathlib."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return None
-    from slurm_fiber.homes.slurm.paths import job_paths
+    from slurm_fiber.defaults import SOCKET_NAME
+    from slurm_fiber.homes.slurm.layout import job_dir_of
     from slurm_fiber.homes.slurm.sitefile import site_state_root
 
     root = site_state_root(environ)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return job_paths(root, node, int(job_id)).socket
+    return os.path.join(job_dir_of(root, node, int(job_id)), SOCKET_NAME)
 
 
 async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
@@ -118,6 +122,8 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
     state_dir = home.paths.state_dir
 
     def announce(sock: Path) -> None:
+        from pathlib import Path
+
         root = home.cgroup_root()
         fiberdrecord.write_record(state_dir, fiberdrecord.this_process(
             sock, Path(root) if root else None))

@@ -25,6 +25,9 @@ entry points once per process (and then only when asked).
 Entries stay light to import: each home's own modules are imported inside
 its ``build``, so fiberd loads only the home it runs (no Kubernetes client
 in a Slurm job) and this module stays importable by every option parser.
+The entry classes are records (slurm_fiber.record), not dataclasses, whose
+import (inspect, ast, dis, tokenize) cost fiberctl about 9 ms of CPU on each
+command inside a job, where discovery asks the Slurm home for the socket.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
+from slurm_fiber.record import record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
+    from pathlib import Path
+
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.core.seam import Home
@@ -62,7 +67,7 @@ async def _close_nothing() -> list[str]:
     return []
 
 
-@dataclass
+@record
 class BuiltHome:
     """A built home: the ``Home`` the core runs and what fiberd's wiring needs from it.
 
@@ -103,11 +108,11 @@ def _never(_environ: Mapping[str, str]) -> bool:
     return False
 
 
-def _no_socket(_environ: Mapping[str, str]) -> Path | None:
+def _no_socket(_environ: Mapping[str, str]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HomeEntry:
     """One home in the registry. Every callable but ``build`` is pure or reads small files.
 
@@ -115,11 +120,12 @@ class HomeEntry:
     name to value, below the file, environment and flags; raises HomeRefused
     when the environment is not the home's). ``claims(environ)``: whether
     ``fiberd-run`` without ``--home`` should pick this home. ``socket(environ)``:
-    the socket of this home's fiberd as a client in ``environ`` finds it,
-    None when ``environ`` says nothing of it. ``stage``: ``module:attr`` of
-    its grant-conform Stage factory, None when it has none. ``tls``: whether the
-    home, once built, may open TLS connections (through asyncio or not); False
-    promises it never does, so fiberd leaves ``ssl`` out of asyncio (cli/notls.py).
+    the socket of this home's fiberd as a client in ``environ`` finds it (a path
+    string: a client's start-up need not import pathlib), None when ``environ``
+    says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
+    factory, None when it has none. ``tls``: whether the home, once built, may
+    open TLS connections (through asyncio or not); False promises it never does,
+    so fiberd leaves ``ssl`` out of asyncio (cli/notls.py).
     """
 
     name: str
@@ -128,8 +134,8 @@ class HomeEntry:
     options: tuple[str, ...] = ()
     defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults
     claims: Callable[[Mapping[str, str]], bool] = _never
-    socket: Callable[[Mapping[str, str]], Path | None] = _no_socket
-    stage: str | None = field(default=None)
+    socket: Callable[[Mapping[str, str]], str | None] = _no_socket
+    stage: str | None = None
     tls: bool = True
 
 

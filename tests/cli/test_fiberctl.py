@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -202,16 +203,34 @@ def test_anything_not_plain_is_left_to_argparse(argv: list[str]) -> None:
     assert quick_parse(argv) is None
 
 
-def test_run_and_call_import_only_what_one_request_needs() -> None:
+def loaded_by_run_and_call(socket: list[str], env: dict[str, str] | None = None) -> set[str]:
+    """The modules fiberctl run and call (``socket``: their socket options) import, each
+    failing to connect (69)."""
     code = ("import sys\nfrom slurm_fiber.cli.fiberctl import main\n"
-            "for argv in (['run', '-S', '/nonexistent', '--', 'true'], "
-            "['call', '-S', '/nonexistent', 'm:f', '[1]']):\n"
+            f"for argv in (['run', *{socket}, '--', 'true'], ['call', *{socket}, 'm:f', '[1]']):\n"
             "    try:\n        main(argv)\n    except SystemExit as e:\n"
             "        assert e.code == 69, e.code\n"
             "print(' '.join(sorted(sys.modules)))")
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                check=True).stdout.split())
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, env=env).stdout.split())
+
+
+HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.protocol",
+         "slurm_fiber.core.api.service"}
+
+
+def test_run_and_call_import_only_what_one_request_needs() -> None:
+    loaded = loaded_by_run_and_call(["-S", "/nonexistent"])
     assert "slurm_fiber.core.api.client" in loaded
-    heavy = {"argparse", "dataclasses", "inspect", "typing", "shutil",
-             "slurm_fiber.core.api.protocol", "slurm_fiber.core.api.service"}
-    assert not heavy & loaded
+    assert not (HEAVY | {"typing", "pathlib", "slurm_fiber.homes.select"}) & loaded
+
+
+def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
+        tmp_path: Path) -> None:
+    site = tmp_path / "slurm-fiber.toml"
+    site.write_text(f'state_root = "{tmp_path}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "FIBERD"))}
+    env |= {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
+    loaded = loaded_by_run_and_call([], env)
+    assert "slurm_fiber.homes.slurm.sitefile" in loaded  # the Slurm home was asked
+    assert not (HEAVY | {"typing", "tomllib", "pathlib"}) & loaded  # its plain line read

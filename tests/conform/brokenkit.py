@@ -11,7 +11,6 @@ at run time without having declared it. Run them with
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Mapping
 
 from slurm_fiber.config import FiberdConfig
@@ -24,6 +23,7 @@ from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import EventKind, GrantEvent, Home, ReleaseDevices
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
+from slurm_fiber.record import replace
 
 
 class Wrapped:
@@ -105,7 +105,7 @@ class WrappingStage(StandaloneStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return dataclasses.replace(built, home=self.wrap(built.home, clock, config))
+            return replace(built, home=self.wrap(built.home, clock, config))
 
         return Launch(base.config, base.environ, build)
 

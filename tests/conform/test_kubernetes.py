@@ -13,7 +13,6 @@ checked on their own.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from slurm_fiber.core.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
+from slurm_fiber.record import replace
 from tests.conform.conformkit import conform, outcomes
 
 ALL_BUT_HOLDS = ("preadmission.warms", "removal.releases", "removal.denies",
@@ -57,7 +57,7 @@ class ScopeBlindStage(KubernetesStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return dataclasses.replace(built, home=ScopeBlind(built.home))  # type: ignore[arg-type]
+            return replace(built, home=ScopeBlind(built.home))
 
         return Launch(base.config, base.environ, build)
 

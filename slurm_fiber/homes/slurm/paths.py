@@ -2,9 +2,11 @@
 
 The prolog creates these paths, fiberd-run and the Slurm home use them,
 fiberctl finds the socket from ``SLURM_JOB_ID``, and the epilog removes
-them. All of them derive from ``job_paths(state_root, job)`` so the parts
-cannot disagree. The layout, under the state root (default
-/var/lib/slurm-fiber, overridden by ``SLURM_FIBER_STATE_ROOT``)::
+them. All of them derive from ``job_paths(state_root, job)``, built on the
+string forms in homes.slurm.layout (which a client finding a job's socket
+uses, without pathlib), so the parts cannot disagree. The layout, under the
+state root (default /var/lib/slurm-fiber, overridden by
+``SLURM_FIBER_STATE_ROOT``)::
 
     nodes/<node>/jobs/<job_id>/          the job's state dir (owned by the job user)
         grants/                          its grantdir (*.jwt, written by the prolog)
@@ -27,11 +29,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.defaults import GRANTDIR_NAME, READY_NAME, SOCKET_NAME, STATE_DIR
-from slurm_fiber.homes.slurm.jobenv import check_node
+from slurm_fiber.homes.slurm.layout import job_dir_of, node_dir_of, state_root_of
 from slurm_fiber.record import record
 
-DEFAULT_STATE_ROOT = STATE_DIR
-STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
+DEFAULT_STATE_ROOT = Path(STATE_DIR)
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
@@ -55,19 +56,13 @@ class JobPaths:
 def state_root(env: Mapping[str, str] | None = None) -> Path:
     """The state root: ``SLURM_FIBER_STATE_ROOT`` from ``env`` (default os.environ) or
     /var/lib/slurm-fiber. Raises ValueError when the variable is set but not absolute."""
-    value = (os.environ if env is None else env).get(STATE_ROOT_ENV, "")
-    if not value:
-        return DEFAULT_STATE_ROOT
-    if not os.path.isabs(value):
-        raise ValueError(f"{STATE_ROOT_ENV}={value!r} must be an absolute path")
-    return Path(value)
+    return Path(state_root_of(os.environ if env is None else env))
 
 
 def node_dir(root: str | os.PathLike[str], node: str) -> Path:
-    """The per-node directory under ``root``. Raises ValueError (SlurmParseError) when
-    ``node`` is not a node name (jobenv.NODE_PATTERN: never "..", "/", empty or control
-    characters), so no caller can step out of ``root``."""
-    return Path(root) / "nodes" / check_node(node)
+    """The per-node directory under ``root`` (layout.node_dir_of: ValueError for a name
+    that is not a node's, so no caller can step out of ``root``)."""
+    return Path(node_dir_of(root, node))
 
 
 def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:
@@ -78,7 +73,7 @@ def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:
     ValueError (node_dir). Pure.
     """
     here = node_dir(root, node)
-    state = here / "jobs" / str(job_id)
+    state = Path(job_dir_of(root, node, job_id))
     return JobPaths(
         state_dir=state,
         grantdir=state / GRANTDIR_NAME,

@@ -49,7 +49,8 @@ from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.grant import FiberSpec
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
-from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT, STATE_ROOT_ENV
+from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV
+from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
 from slurm_fiber.record import field, record
 
@@ -166,7 +167,8 @@ def fatal_checks(environ: Mapping[str, str]) -> frozenset[str]:
     Used by the prolog to decide whether a broken configuration drains the
     node. Never raises: an unreadable file or list gives the empty set.
     """
-    path, explicit = config_path(environ)
+    named, explicit = config_path(environ)
+    path = Path(named)
     try:
         doc = read_site_file(path, explicit) or {}
         return _fatal(doc.get("fatal", []), "fatal", path.parent)
@@ -182,7 +184,8 @@ def load_site_config(environ: Mapping[str, str]) -> SiteConfig:
     for an unreadable file, bad TOML, an unknown key or a bad value, and
     when ``issuer_key`` is set without ``issuer``.
     """
-    path, explicit = config_path(environ)
+    named, explicit = config_path(environ)
+    path = Path(named)
     doc = read_site_file(path, explicit)
     values = {} if doc is None else _build(doc, path)
     if values.get("issuer_key") and not values.get("issuer"):

@@ -2,40 +2,57 @@
 
 Split from ``siteconfig`` so a client that only needs to find a job's
 socket (``fiberctl`` inside a job, on every task it starts) reads one key
-with tomllib and nothing else: building the whole ``SiteConfig`` imports
-the grant and fiber-spec code, tens of milliseconds per command. Both
+and nothing else: building the whole ``SiteConfig`` imports the grant and
+fiber-spec code, tens of milliseconds per command. That key is read from
+its line when the file says it plainly (``plain_state_root``), else with
+tomllib, which with the ``typing`` it imports costs such a command about
+6 ms. Paths are strings here (no pathlib: about 3 ms more). Both modules
 read the same file the same way; ``siteconfig`` validates every key.
 """
 
 from __future__ import annotations
 
-import tomllib
+import os
+import re
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
-from slurm_fiber.homes.slurm.paths import STATE_ROOT_ENV, state_root
+from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV, state_root_of
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
-DEFAULT_CONFIG = Path("/etc/slurm-fiber/slurm-fiber.toml")
+DEFAULT_CONFIG = "/etc/slurm-fiber/slurm-fiber.toml"
 MAX_CONFIG_BYTES = 1 << 20
+# A top-level state_root as sites write it, on one line: the bare key, a basic string with
+# no escape and no control character, at most a comment after (TOML's whitespace: space, tab).
+PLAIN_STATE_ROOT = re.compile(
+    r'state_root[ \t]*=[ \t]*"([^"\\\x00-\x1f\x7f]*)"[ \t]*(?:#[^\x00-\x08\x0a-\x1f\x7f]*)?')
 
 
 class SiteConfigError(ValueError):
     """The site configuration cannot be used; ``str()`` is one line naming the file and key."""
 
 
-def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:
+def config_path(environ: Mapping[str, str]) -> tuple[str, bool]:
     """The config file and whether it was named explicitly (``SLURM_FIBER_CONFIG``)."""
     named = environ.get(CONFIG_ENV, "")
-    return (Path(named), True) if named else (DEFAULT_CONFIG, False)
+    return (named, True) if named else (DEFAULT_CONFIG, False)
 
 
-def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
+def read_site_file(path: str | os.PathLike[str], explicit: bool) -> dict[str, Any] | None:
     """The decoded TOML at ``path``; None for an absent default file. Blocks on one small
     read. Raises SiteConfigError."""
-    if not path.is_absolute():
-        raise SiteConfigError(f"{CONFIG_ENV}={str(path)[:200]!r} must be an absolute path")
+    text = read_site_text(path, explicit)
+    return None if text is None else parse_site_text(path, text)
+
+
+def read_site_text(path: str | os.PathLike[str], explicit: bool) -> str | None:
+    """The text of the file at ``path``; None for an absent default file. Blocks on one
+    small read. Raises SiteConfigError."""
+    if not os.path.isabs(path):
+        raise SiteConfigError(f"{CONFIG_ENV}={os.fspath(path)[:200]!r} must be an absolute path")
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
@@ -48,24 +65,54 @@ def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
     if len(raw) > MAX_CONFIG_BYTES:
         raise SiteConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
         raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
 
 
-def site_state_root(environ: Mapping[str, str]) -> Path:
+def parse_site_text(path: str | os.PathLike[str], text: str) -> dict[str, Any]:
+    """``text``, the file at ``path``, decoded as TOML. Raises SiteConfigError."""
+    import tomllib  # here: only a file to parse pays for it (see the module docstring)
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
+
+
+def plain_state_root(text: str) -> str | None:
+    """The top-level ``state_root`` of site file ``text`` when a line says it plainly
+    (``PLAIN_STATE_ROOT``) before anything that could change what such a line means: a
+    table header (the key would be that table's) or a multi-line string's quotes (the
+    line could be inside one); None otherwise, and the caller parses the file. In a valid
+    TOML file, a value found is the one tomllib reads; where the rest of the file is not
+    valid TOML, it is the line's value, not an error (fiberd-run refuses that file, so no
+    fiberd listens at either path). Pure."""
+    for line in text.split("\n"):
+        line = line.removesuffix("\r").strip(" \t")
+        if line.startswith("[") or '"""' in line or "'''" in line:
+            return None
+        found = PLAIN_STATE_ROOT.fullmatch(line)
+        if found:
+            return found.group(1)
+    return None
+
+
+def site_state_root(environ: Mapping[str, str]) -> str:
     """The state root as fiberd-run takes it: ``SLURM_FIBER_STATE_ROOT``, else the site
     file's ``state_root`` (relative to the file's directory), else the default. A site file
     that cannot be read, or whose ``state_root`` is not a path, counts as unset (fiberd-run
     would refuse it). Raises ValueError for a relative ``SLURM_FIBER_STATE_ROOT``."""
     if environ.get(STATE_ROOT_ENV):
-        return state_root(environ)
+        return state_root_of(environ)
     path, explicit = config_path(environ)
+    value: object = None
     try:
-        doc = read_site_file(path, explicit)
+        text = read_site_text(path, explicit)
+        if text is not None:
+            value = plain_state_root(text) or parse_site_text(path, text).get("state_root")
     except SiteConfigError:
-        doc = None
-    value = (doc or {}).get("state_root")
+        pass
     if isinstance(value, str) and value and "\0" not in value:
-        return path.parent / value
-    return state_root(environ)
+        return os.path.join(os.path.dirname(path), value)
+    return state_root_of(environ)

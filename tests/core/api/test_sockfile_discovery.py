@@ -73,7 +73,7 @@ def test_a_job_socket_is_found_from_the_site_state_root_alone(tmp_path) -> None:
     site.parent.mkdir()
     job = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
     site.write_text('state_root = "state"\n')  # relative: to the file's directory
-    assert discover_socket(None, job) == tmp_path / "etc/state/nodes/n1/jobs/9/fiberd.sock"
+    assert discover_socket(None, job) == str(tmp_path / "etc/state/nodes/n1/jobs/9/fiberd.sock")
     site.write_text('state_root = 5\n')  # fiberd-run would refuse it: the default root
     assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
     site.write_text("state_root = [\n")  # not TOML: the default root
@@ -83,3 +83,16 @@ def test_a_job_socket_is_found_from_the_site_state_root_alone(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"  # nothing but the one key is built
+
+
+def test_a_clients_job_socket_is_where_the_jobs_paths_put_it(tmp_path) -> None:
+    from slurm_fiber.homes.slurm.paths import job_paths
+
+    site = tmp_path / "site.toml"
+    for root in ("/srv/sf", "rel/state"):
+        site.write_text(f'state_root = "{root}"\n')
+        job = {"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
+        expected = job_paths(tmp_path / root, "n1", 12).socket  # what fiberd-run listens on
+        assert discover_socket(None, job) == str(expected)
+    with pytest.raises(ValueError, match="not a node name"):
+        discover_socket(None, {**job, "SLURMD_NODENAME": ".."})

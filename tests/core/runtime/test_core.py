@@ -9,7 +9,6 @@ shutdown and restart, and the audit trail of each.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.daemon import FiberdRefused, started
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
+from slurm_fiber.record import replace
 from slurm_fiber.safefs import UnsafePath
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import Site, running_fiberd, until, warm
@@ -249,7 +249,7 @@ async def test_a_start_whose_announcement_fails_frees_the_socket_for_the_next(
         def announce(sock: Path) -> None:
             raise UnsafePath(f"{site.state} is owned by uid 995, not by a trusted owner")
 
-        return dataclasses.replace(built, announce=announce)
+        return replace(built, announce=announce)
 
     with pytest.raises(FiberdRefused, match=r"cannot announce fiberd: .* is owned by uid 995"):
         async with started(site.config(), {}, build=refusing_announce):

@@ -43,7 +43,7 @@ def write(tmp_path: Path, text: str) -> dict[str, str]:
 
 def test_an_absent_default_file_is_all_defaults() -> None:
     assert config_path({}) == (DEFAULT_CONFIG, False)
-    if DEFAULT_CONFIG.exists():
+    if Path(DEFAULT_CONFIG).exists():
         pytest.skip(f"{DEFAULT_CONFIG} exists on this machine")
     config = load_site_config({})
     assert config.source is None and config.state_root == DEFAULT_STATE_ROOT
