@@ -140,9 +140,9 @@ class TaskRunner:
         delay = self.backoff
         while True:
             outcome.attempts += 1
-            early = self._early(fields, task.call is not None and result is not None)
+            asked = self.early and task.call is not None and result is not None
             try:
-                self._run_once(early, task, outcome,
+                self._run_once(self._early(fields) if asked else fields, task, outcome,
                                (lambda _, event: result(event)) if result else None)
                 break
             except Missed as miss:
@@ -152,9 +152,7 @@ class TaskRunner:
                 self.sleep(min(self.backoff_cap, max(delay, _retry_after(miss))))
                 delay = min(self.backoff_cap, delay * 2)
             except (Refused, Unreachable) as err:
-                if isinstance(err, Refused) and err.code == "unsupported_version" \
-                        and early is not fields:
-                    self.early = False  # a fiberd older than v4: again, without
+                if asked and self._refused_early(err):
                     outcome.attempts -= 1
                     continue
                 self._drop_client()
@@ -184,11 +182,13 @@ class TaskRunner:
             for i in pending:
                 outcomes[i].attempts += 1
                 outcomes[i].miss = None
+            asked = self.early and result is not None and any(
+                tasks[i].call is not None for i in pending)
             try:
-                retry = self._batch_once(tasks, pending, outcomes, begun, done, result)
+                retry = self._batch_once(tasks, pending, outcomes, begun, done,
+                                         result if asked else None)
             except Refused as err:
-                if err.code == "unsupported_version" and result and self.early:
-                    self.early = False  # a fiberd older than v4: again, without
+                if asked and self._refused_early(err):
                     for i in pending:
                         outcomes[i].attempts -= 1
                     continue
@@ -264,15 +264,14 @@ class TaskRunner:
     def _batch_once(self, tasks: Sequence[Task], pending: list[int], outcomes: list[Outcome],
                     begun: float, done: Callable[[int, Outcome], None] | None,
                     result: Early | None) -> list[int]:
-        """One batch clone of ``pending`` and the wait for its fibers; the tasks that
-        missed retryably (their ``miss`` set, not ended). Raises Refused, Unreachable for
-        the request as a whole."""
+        """One batch clone of ``pending`` (asking for early results when ``result`` is
+        given) and the wait for its fibers; the tasks that missed retryably (their
+        ``miss`` set, not ended). Raises Refused, Unreachable for the request as a whole."""
         client = self._client()
-        calls = any(tasks[i].call is not None for i in pending)
         started = client.clone_batch(
             [{"key": str(i), **_what(tasks[i])} for i in pending],
             stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True,
-            **self._early(self.base, calls and result is not None))
+            **(self.base if result is None else self._early(self.base)))
         retry: list[int] = []
         running: dict[str, int] = {}
         for entry in started.items:
@@ -355,12 +354,18 @@ class TaskRunner:
         outcome.fiber_id = fiber.id
         self._wait_all(client, [task], {fiber.id: 0}, [outcome], time.monotonic(), None, result)
 
-    def _early(self, fields: dict[str, object], wanted: bool) -> dict[str, object]:
-        """``fields`` asking for early results (a copy, at protocol v4) when ``wanted`` and
-        fiberd has not refused them; else ``fields`` itself."""
-        if not (wanted and self.early):
-            return fields
-        return {**fields, "early": True, "v": max(EARLY_SINCE, int(str(fields.get("v", 1))))}
+    @staticmethod
+    def _early(fields: dict[str, object]) -> dict[str, object]:
+        """A copy of ``fields`` asking for early results (at protocol v4)."""
+        return {**fields, "early": True, "v": EARLY_SINCE}  # v4 speaks every earlier v
+
+    def _refused_early(self, err: Exception) -> bool:
+        """Whether ``err``, the answer to a request that asked for early results, says
+        fiberd is older than v4; then early results are not asked for again."""
+        if isinstance(err, Refused) and err.code == "unsupported_version":
+            self.early = False
+            return True
+        return False
 
 
 def _what(task: Task) -> dict[str, object]:

@@ -49,11 +49,7 @@ def sweep_due(signalled: bool, now: float, last_end: float, last_took: float) ->
     SIGCHLD (or wakeup) came since the last walk, which ended at ``last_end`` and took
     ``last_took`` CPU seconds to look, and ``SWEEP_SPACING`` times that (at most
     ``SWEEP_MAX_WAIT``) has passed since."""
-    return signalled and now >= last_end + _spacing(last_took)
-
-
-def _spacing(last_took: float) -> float:
-    return min(SWEEP_MAX_WAIT, SWEEP_SPACING * last_took)
+    return sweep_wait(signalled, now, last_end, last_took) == 0.0
 
 
 def sweep_wait(signalled: bool, now: float, last_end: float, last_took: float) -> float | None:
@@ -61,7 +57,7 @@ def sweep_wait(signalled: bool, now: float, last_end: float, last_took: float) -
     when nothing is owed (no SIGCHLD since the last walk): a poll timeout."""
     if not signalled:
         return None
-    return max(0.0, last_end + _spacing(last_took) - now)
+    return max(0.0, last_end + min(SWEEP_MAX_WAIT, SWEEP_SPACING * last_took) - now)
 
 
 class ChildExits:
