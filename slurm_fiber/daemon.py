@@ -1,21 +1,20 @@
 """fiberd: a home, the core, the local socket API and the audit log, wired and run until stopped.
 
-This is the wiring every way of running fiberd shares: the ``fiberd`` and
-``fiberd-run`` commands (slurm_fiber.cli), grant-conform (conform.live) and the
-tests. ``run_daemon`` is the daemon's whole life on one asyncio loop:
-``started`` builds the configured home (or a stage's, through ``build``) and
-``start_fiberd`` opens the audit log and the grant book (refusing to start on
-a corrupt state file), sweeps the cgroups a dead predecessor left
-(homes.sweep), serves the socket and publishes "not ready" over the
-predecessor's stale readiness, and exposes the metrics over HTTP and/or a
-textfile when configured (core.metrics_export); ``serve`` then feeds the home's deliveries into
-the core (``drive``), runs the home and the core's upkeep, and registers the
-core for the home's scope losses. It returns when ``stop`` is set (on
-SIGTERM/SIGINT, ``stop_on_signals``) or when the home's ``run`` fails, after a
-clean shutdown: no new Clone is accepted (``closed``), every fiber and
-template is stopped and waited for, devices and cgroups are released, the
-socket and the metrics textfile are removed, and the audit log records start and
-stop.
+This is the wiring every way of running fiberd shares: the ``fiberd`` and ``fiberd-run``
+commands (slurm_fiber.cli), grant-conform (conform.live) and the tests.
+``run_daemon`` is the daemon's whole life on one asyncio loop: ``started`` builds
+the configured home (or a stage's, through ``build``) and ``start_fiberd`` opens the
+audit log and the grant book (refusing to start on a corrupt state file), sweeps the
+cgroups a dead predecessor left (homes.sweep), claims the socket, publishes "not
+ready" over the predecessor's stale readiness, exposes the metrics over HTTP and/or
+a textfile when configured (core.metrics_export), writes the start record and only
+then answers the socket (no request is answered before it); ``serve`` then feeds the
+home's deliveries into the core (``drive``), runs the home and the core's upkeep,
+and registers the core for the home's scope losses. It returns when ``stop`` is set
+(on SIGTERM/SIGINT, ``stop_on_signals``) or when the home's ``run`` fails, after a
+clean shutdown: no new Clone is accepted (``closed``), every fiber and template is
+stopped and waited for, devices and cgroups are released, the socket and the metrics
+textfile are removed, and the audit log records start and stop.
 
 Refusals to start raise ``FiberdRefused`` with one line a person can act on.
 Before anything is opened, fiberd checks the directories it writes in (state
@@ -188,7 +187,8 @@ def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
 async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
                        cgroup_reason: Callable[[], str],
                        relay: ProblemRelay | None = None) -> Running:
-    """Open state, build the core and serve the socket; returns once the socket listens.
+    """Open state, build the core and serve the socket; returns once the socket is answered
+    (after the start record).
 
     ``cgroup_reason()`` says why ``home.cgroup_root()`` is what it is (BuiltHome.cgroup_line).
 
@@ -250,6 +250,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         await server.close()
         audit.close()
         raise FiberdRefused(f"{err}; free space there and start again") from None
+    server.accept()  # only now: no request is answered before the start record
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     release_free_heap()

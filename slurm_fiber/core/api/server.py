@@ -587,9 +587,15 @@ class ApiServer:
         return dict(Counter(c.peer.uid for c in self._open.values() if c.peer is not None))
 
     async def start(self) -> None:
-        """Claim the socket path and begin accepting. Raises SocketPathError."""
+        """Claim the socket path: it listens from here on, but connections wait in the
+        backlog until ``accept``, so the caller can record its start first. Raises
+        SocketPathError."""
         self._claimed = claim_socket(self.config.path, self.config.mode)
         self._take_reserve()
+
+    def accept(self) -> None:
+        """Begin accepting on the claimed socket (after ``start``); non-blocking."""
+        assert self._claimed is not None, "accept before start"
         self._accepting = asyncio.ensure_future(self._accept_loop(self._claimed.sock))
 
     async def close(self) -> None:

@@ -244,6 +244,7 @@ def serve(path: Path, clock: Clock, **config: Any) -> Iterator[Served]:
                        audit=refusals.append)
     served = Served(path, server, service, loop, refusals)
     served.call(server.start)
+    served.on_loop(server.accept)
     try:
         yield served
     finally:

@@ -9,6 +9,7 @@ shutdown and restart, and the audit trail of each.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping
@@ -17,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.config import FiberdConfig
+from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.daemon import FiberdRefused, started
+from slurm_fiber.daemon import FiberdRefused, shutdown, started
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
 from slurm_fiber.record import replace
@@ -259,3 +261,38 @@ async def test_a_start_whose_announcement_fails_frees_the_socket_for_the_next(
     site.drop()
     async with running_fiberd(site) as live:  # the same socket: not "in use"
         await warm(live)
+
+
+@aio
+async def test_no_request_is_answered_before_the_start_record(site: Site) -> None:
+    """The socket listens from the start, but fiberd answers it only once the audit log
+    holds its start record: a client that sees this fiberd answer finds its start."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def gated_readiness(config: FiberdConfig, clock: Clock,
+                              environ: Mapping[str, str], sink: ProblemSink) -> BuiltHome:
+        built = await build_home(config, clock, environ, sink)
+        publish = built.home.publish_ready
+
+        async def publish_ready(uid: str, ready: bool) -> None:
+            entered.set()
+            await gate.wait()  # start-up waits here, the socket already listening
+            await publish(uid, ready)
+
+        built.home.publish_ready = publish_ready  # type: ignore[method-assign]
+        return built
+
+    def status_then_audit() -> list[object]:
+        with FiberdClient(site.state / "fiberd.sock", timeout=30) as client:
+            client.request("status")
+        return [e["event"] for e in audit_events(site)]
+
+    async def ask_while_gated() -> list[object]:
+        await entered.wait()
+        asyncio.get_running_loop().call_later(0.3, gate.set)  # room for a wrong early answer
+        return await asyncio.to_thread(status_then_audit)
+
+    asking = asyncio.ensure_future(ask_while_gated())
+    async with started(site.config(), {}, build=gated_readiness) as fiberd:
+        assert "start" in await asking
+        await shutdown(fiberd.running, [], "test over")
