@@ -29,8 +29,12 @@ processes (``cpu_per_task_ms``: fiberd, its templates, the fibers, the stub make
 spares, the tool's own process tree; /proc's clock ticks, so read it from runs of a few
 hundred tasks): what that CPU allows on this machine's CPUs caps the throughput
 whatever the latency (``cpu_bound_per_s``), and ``share_of_bound`` says how close each
-run came. The fibers
-run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
+run came. Last, after fiberd has stopped, the floor under both throughput targets
+(bench/confined_floor.py): W1 and W2 as fresh processes in their own leaves of the
+cgroup hierarchies a fiber joins here, ``-j`` at once, no daemon; for each throughput
+target (``floor_budgets``) the rate it asks in this run, the CPU per task that rate
+leaves on this machine's CPUs, and what the floor and ``fiberctl map`` spend of it.
+The fibers run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
 behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
 (throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
 
@@ -66,6 +70,7 @@ from pathlib import Path
 import plots  # bench/plots.py
 import slurm  # bench/slurm.py: the job machinery
 from clone import cpu_by_role  # bench/clone.py: CPU of fiberd and what runs under it
+from confined_floor import confined_floor, fiber_hierarchies
 from fork_floor import spare_pipeline
 
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
@@ -459,6 +464,39 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
     return {"systems": systems, "targets": targets, "bound": bounds}
 
 
+FLOOR_TASKS = 250  # per floor worker at least: CPU is read in clock ticks
+FLOOR_OF = {"w1_throughput_map_over_parallel": ("W1", "fibermap/W1"),
+            "w2_throughput_fiber_over_dask": ("W2", "fibermap/W2")}
+
+
+def floor_budgets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
+    """For each throughput target: the rate it asks for in this run, the CPU per task that
+    rate leaves on this machine's CPUs, what the confined floor (bench/confined_floor.py)
+    reaches and spends of it, and what ``fiberctl map`` spends; the targets' other keys
+    are kept."""
+    cores = len(os.sched_getaffinity(0))
+    targets, floor = figures["targets"], figures["floor"]
+    cpu = figures["cpu_per_task_ms"]
+    assert isinstance(targets, dict) and isinstance(floor, dict) and isinstance(cpu, dict)
+    out: dict[str, dict[str, object]] = {}
+    for key, (w, ours) in FLOOR_OF.items():
+        target = targets[key]
+        value, goal = target["value"], float(str(target["target"]).split()[1])
+        reached = figures["systems"][ours.split("/")[0]].get(w, {})  # type: ignore[index]
+        rate = reached.get("tasks_per_s") if isinstance(reached, dict) else None
+        if key.startswith("w2"):  # the best of the Executor and the map, as the value is
+            best = figures["systems"]["fiber"].get(w, {}).get("tasks_per_s")  # type: ignore[index]
+            rate = max(filter(None, (rate, best)), default=None)
+        needed = None if not value or not rate else rate / value * goal
+        out[key] = {**target, "needs_tasks_per_s": None if needed is None else round(needed, 1),
+                    "needs_cpu_per_task_ms": None if not needed
+                    else round(cores * 1000 / needed, 3),
+                    "floor_tasks_per_s": floor[w]["tasks_per_s"],
+                    "floor_cpu_per_task_ms": floor[w]["cpu_per_task_ms"],
+                    "map_cpu_per_task_ms": cpu.get(ours, {}).get("total")}
+    return out
+
+
 def print_table(figures: dict[str, object]) -> None:
     systems = figures["systems"]
     assert isinstance(systems, dict)
@@ -491,6 +529,20 @@ def print_table(figures: dict[str, object]) -> None:
           f"{b['clone_call_p50_ms']} ms = {b['clone_call_over_pipeline']}x the bound "
           f"(fiberd's share); Executor W2 p50 = {b['executor_w2_p50_over_clone_call']}x, "
           f"exec W1 p50 = {b['exec_w1_p50_over_clone_call']}x the bare Clone")
+    floor = figures["floor"]
+    assert isinstance(floor, dict)
+    where = f"its own leaf in {len(floor['hierarchies'])} cgroup hierarchies" \
+        if floor["hierarchies"] else "no cgroup (fiberd runs uncarved)"
+    for key in FLOOR_OF:
+        t = figures["targets"][key]  # type: ignore[index]
+        if t.get("needs_tasks_per_s") is None:
+            continue
+        w = FLOOR_OF[key][0]
+        print(f"floor, {key}: it asks {t['needs_tasks_per_s']}/s, "
+              f"{t['needs_cpu_per_task_ms']} ms CPU per task; a fresh {w} process in "
+              f"{where}, no daemon: {t['floor_tasks_per_s']}/s, "
+              f"{t['floor_cpu_per_task_ms']} ms CPU; fiberctl map: "
+              f"{t['map_cpu_per_task_ms']} ms CPU")
     for key, row in figures.get("cpu_per_task_ms", {}).items():  # type: ignore[union-attr]
         parts = ", ".join(f"{role} {ms}" for role, ms in row.items()
                           if role not in ("total", "cpu_bound_per_s", "share_of_bound"))
@@ -573,10 +625,14 @@ def main() -> int:
                 systems.close()
             site.stop()
         left = site.leftovers()
+    hierarchies = fiber_hierarchies(mode == "carved", backend)
+    floor = {w: confined_floor(w, max(FLOOR_TASKS, opts.n // opts.jobs), opts.jobs,
+                               [*preloads, FNS], hierarchies) for w in ("W1", "W2")}
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
                "rounds": rounds, "cgroups": mode, "cgroup_backend": backend,
                **report(seq, par, bound, opts.jobs, skipped), "cpu_per_task_ms": cpu,
-               "left_running": left}
+               "floor": {"hierarchies": hierarchies, **floor}, "left_running": left}
+    figures["targets"].update(floor_budgets(figures))  # type: ignore[union-attr]
     if opts.slurm:
         try:
             with tempfile.TemporaryDirectory(prefix="sf-bench-tasks-slurm-") as tmp:

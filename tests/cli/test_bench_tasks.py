@@ -1,5 +1,6 @@
 """Smoke test: bench/tasks.py runs every system with a tiny task count, leaves one out
-with a stated reason, draws its PNG and ends with its JSON line."""
+with a stated reason, measures the confined floor, draws its PNG and ends with its JSON
+line."""
 
 from __future__ import annotations
 
@@ -47,5 +48,14 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
     if "skipped" not in systems["parallel"]:
         assert set(cpu["parallel/W1"]) == {"client", "total", "cpu_bound_per_s",
                                            "share_of_bound"}
+    floor = figures["floor"]  # the confined floor, in the hierarchies the fibers joined
+    assert floor["hierarchies"][:1] == (["unified"] if figures["cgroups"] == "carved" else [])
+    for w in ("W1", "W2"):
+        assert floor[w]["tasks_per_s"] > 0 and floor[w]["cpu_per_task_ms"] >= 0
+    for key, w in (("w1_throughput_map_over_parallel", "W1"),
+                   ("w2_throughput_fiber_over_dask", "W2")):
+        target = figures["targets"][key]
+        assert target["floor_tasks_per_s"] == floor[w]["tasks_per_s"]
+        assert target["needs_tasks_per_s"] > 0 and target["needs_cpu_per_task_ms"] > 0
     assert figures["left_running"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
