@@ -37,12 +37,11 @@ import select
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.record import field, record
 
 PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
 # so exec and JSON calls keep working with a v1 fiberd)
@@ -50,10 +49,14 @@ MAX_BATCH = 64  # items in one clone_batch (protocol.MAX_BATCH; not imported: ch
 NO_BATCH = frozenset({"unsupported_version", "unknown_op"})  # a fiberd older than v3
 EARLY_SINCE = 4  # the protocol version of a clone's "early" (protocol.EARLY_SINCE)
 Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
-V = TypeVar("V")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl map's start)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    V = TypeVar("V")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Task:
     """What one fiber runs: the clone's ``call`` or ``exec`` field (exactly one), the
     descriptors to pass (``stdin``/``stdout``/``stderr`` → fd, owned by the caller) and
@@ -65,7 +68,7 @@ class Task:
     timeout: float | None = None
 
 
-@dataclass
+@record
 class Outcome:
     """How one task ended. Exactly one of: ``exit`` (the exit event: status, exit_code,
     signal, result or error), ``miss`` (the last miss, retries spent or final),

@@ -73,17 +73,12 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from slurm_fiber.cli.fiberctl import (
     EXIT_FINAL_MISS,
@@ -98,7 +93,12 @@ from slurm_fiber.cli.fiberctl import (
     grant_fields,
 )
 from slurm_fiber.discovery import discover_socket
+from slurm_fiber.record import record
 from slurm_fiber.tasks import Outcome, Task, TaskRunner
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import IO
 
 PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
 HALT = re.compile(r"(now|soon),(fail|success|done)=(\d+)(%?)")
@@ -106,7 +106,7 @@ JOBLOG_HEADER = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSigna
 MAX_FAILED_STATUS = 101
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Halt:
     """``--halt``: stop ``now`` (stopping running fibers) or ``soon`` (let them finish)
     once ``count`` tasks (or ``percent`` of all) have ended as ``why``."""
@@ -475,7 +475,7 @@ class Map:
                 "joblog": str(self.opts.joblog) if self.opts.joblog else None}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeShare:
     """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
     ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a directory
@@ -544,6 +544,10 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
+    import shutil  # only here: with subprocess and tempfile, about 5 ms of every map's start
+    import subprocess
+    import tempfile
+
     spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
                                   dir=os.getcwd()))
     # SIGTERM to the map alone (kill, timeout): srun is stopped and the spool removed

@@ -269,3 +269,16 @@ def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,
     assert out.stderr.splitlines() == ["fiberctl map: --nodes all: not in a Slurm job of "
                                        "several nodes; running every task on this node"]
     assert [row[1] for row in joblog(tmp_path / "log")[1:]] == [":", ":", ":"]
+
+
+def test_a_map_imports_nothing_its_start_does_not_need() -> None:
+    """A map of a few tasks pays fiberctl's start each time: no dataclasses (with inspect
+    and ast), no typing, and the modules only --nodes all needs (subprocess, shutil,
+    tempfile) not before it asks."""
+    code = ("import sys\nimport slurm_fiber.cli.fibermap\n"
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "slurm_fiber.tasks" in loaded
+    assert not {"dataclasses", "inspect", "typing", "subprocess", "shutil",
+                "tempfile"} & loaded
