@@ -567,8 +567,11 @@ class DeadlineTimer:
             if not self._heap:
                 await changed.wait()
                 continue
-            await first_done(asyncio.ensure_future(changed.wait()),
-                             self.clock.sleep(self._heap[0][0] - now))
+            waiting = asyncio.ensure_future(changed.wait())
+            try:
+                await first_done(waiting, self.clock.sleep(self._heap[0][0] - now))
+            finally:  # the sleep won: no wait on ``changed`` may outlive this pass
+                waiting.cancel()
 
 
 async def enforce_deadline(fiber: Fiber, deadline: Deadline, clock: Clock, grace: float, *,

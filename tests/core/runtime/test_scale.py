@@ -13,6 +13,7 @@ template; a slot group goes once its leaves are gone, so none piles up.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -192,6 +193,10 @@ async def test_deadlines_fire_in_order_on_one_timer(site: Site) -> None:
         await clock.advance_and_settle(1)
         await until(lambda second=second: len(ended) == second)
     assert ended == ["f1", "f3", "f2", "f0"]  # deadline order, not insertion order
+    # The passes the clock won left no wait on the timer's event behind (with only "late"
+    # left, which has no deadline, the timer awaits its event in its own task).
+    assert not [task for task in asyncio.all_tasks()
+                if task.get_coro().__qualname__ == "Event.wait"]  # type: ignore[union-attr]
     assert late.running and len(timer) == 1
     await clock.advance_and_settle(100)
     assert late.running  # None: never due without a rearm
