@@ -49,12 +49,11 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
@@ -106,21 +105,26 @@ class Abandoned(Exception):
     """The user pressed Ctrl-C a third time: stop waiting for the fiber."""
 
 
-@contextlib.contextmanager
-def answers() -> Iterator[None]:
-    """Turn client failures into one stderr line and the documented exit code."""
-    try:
-        yield
-    except Missed as e:
-        raise fail(EXIT_RETRYABLE_MISS if e.retryable else EXIT_FINAL_MISS,
-                   f"{e.code}: {e.reason}") from None
-    except Refused as e:
-        raise fail(EXIT_REFUSED, f"{e.code}: {e.reason}") from None
-    except Unreachable as e:
-        raise fail(EXIT_UNREACHABLE, f"fiberctl: {e}") from None
-    except Abandoned:
-        raise fail(EXIT_ABANDONED, "fiberctl: stopped waiting; the fiber was sent SIGKILL") \
-            from None
+class answers:  # lower case: used as the function it was, ``with answers():``
+    """Turn client failures into one stderr line and the documented exit code: a context
+    manager that raises ``Exit`` for Missed, Refused, Unreachable and Abandoned and lets
+    everything else through. (A class, not contextlib.contextmanager: contextlib's import
+    costs a fiberctl started per task more than this whole class.)"""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _kind: object, e: BaseException | None, _tb: object) -> None:
+        if isinstance(e, Missed):
+            raise fail(EXIT_RETRYABLE_MISS if e.retryable else EXIT_FINAL_MISS,
+                       f"{e.code}: {e.reason}") from None
+        if isinstance(e, Refused):
+            raise fail(EXIT_REFUSED, f"{e.code}: {e.reason}") from None
+        if isinstance(e, Unreachable):
+            raise fail(EXIT_UNREACHABLE, f"fiberctl: {e}") from None
+        if isinstance(e, Abandoned):
+            raise fail(EXIT_ABANDONED,
+                       "fiberctl: stopped waiting; the fiber was sent SIGKILL") from None
 
 
 def grant_fields(grant: str | None, token: str | None, env: list[str]) -> dict[str, object]:
@@ -153,9 +157,11 @@ def open_stdio() -> dict[str, int]:
     """This process's stdin/stdout/stderr descriptors that are open, by name."""
     out: dict[str, int] = {}
     for fd, name in enumerate(STDIO_NAMES):
-        with contextlib.suppress(OSError):
+        try:
             os.fstat(fd)
-            out[name] = fd
+        except OSError:
+            continue
+        out[name] = fd
     return out
 
 
@@ -284,11 +290,27 @@ def call(args: argparse.Namespace) -> None:
     print(json.dumps(end.get("result")))
 
 
-@contextlib.contextmanager
-def connected(socket: str | None) -> Iterator[FiberdClient]:
-    """A client of the discovered fiberd; its failures exit as ``answers`` says."""
-    with answers(), FiberdClient(discover_socket(socket)) as client:
-        yield client
+class connected:  # lower case: used as the function it was
+    """A client of the discovered fiberd, closed on the way out; its failures (connecting,
+    talking, closing) exit as ``answers`` says."""
+
+    def __init__(self, socket: str | None) -> None:
+        self.socket = socket
+        self.client: FiberdClient | None = None
+
+    def __enter__(self) -> FiberdClient:
+        with answers():
+            self.client = FiberdClient(discover_socket(self.socket))
+        return self.client
+
+    def __exit__(self, kind: object, e: BaseException | None, tb: object) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+        except BaseException as failure:  # replaces ``e``, as it would leaving a with block
+            answers().__exit__(type(failure), failure, failure.__traceback__)
+            raise
+        answers().__exit__(kind, e, tb)
 
 
 FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
