@@ -49,7 +49,6 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -57,7 +56,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.framing import STDIO_NAMES
+from slurm_fiber.core.api.framing import STDIO_NAMES, json_dumps, json_loads
 from slurm_fiber.discovery import discover_socket
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
@@ -270,7 +269,7 @@ def call(args: argparse.Namespace) -> None:
     """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result."""
     call_spec: dict[str, object] = {"target": args.target}
     try:
-        values = json.loads(args.json_args) if args.json_args is not None else []
+        values = json_loads(args.json_args) if args.json_args is not None else []
     except ValueError as e:
         raise fail(EXIT_USAGE, f"fiberctl: JSON_ARGS is not JSON: {e}") from None
     if isinstance(values, list):
@@ -287,7 +286,7 @@ def call(args: argparse.Namespace) -> None:
     error = end.get("error")
     if isinstance(error, dict):
         raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
-    print(json.dumps(end.get("result")))
+    print(json_dumps(end.get("result")))
 
 
 class connected:  # lower case: used as the function it was
@@ -325,7 +324,7 @@ def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
     with connected(args.socket) as client:
         if args.json:
-            print(json.dumps(list(client.iter_fibers())))
+            print(json_dumps(list(client.iter_fibers())))
             return
         print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
         for record in client.iter_fibers():  # page by page: no one huge reply
@@ -336,7 +335,7 @@ def stop(args: argparse.Namespace) -> None:
     """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
     with connected(args.socket) as client:
         record = client.stop_fiber(args.fiber_id, args.grace)
-    print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
+    print(json_dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
 def inspect_fiber(args: argparse.Namespace) -> None:
@@ -344,10 +343,10 @@ def inspect_fiber(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         record = client.inspect_fiber(args.fiber_id)
     if args.json:
-        print(json.dumps(record))
+        print(json_dumps(record))
         return
     for key, value in record.items():
-        print(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
+        print(f"{key}: {value if isinstance(value, str) else json_dumps(value)}")
 
 
 def signal_number(word: str) -> int:
@@ -373,7 +372,7 @@ def kill(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         delivered = client.signal_fiber(args.fiber_id, signum).delivered
     if args.json:
-        print(json.dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
+        print(json_dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
     elif delivered:
         print(f"sent {name} to {args.fiber_id}")
     if not delivered:
@@ -395,7 +394,7 @@ def grants(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         listed = client.list_grants().grants
     if args.json:
-        print(json.dumps(listed))
+        print(json_dumps(listed))
         return
     print(grant_row([c.upper() for c in GRANT_COLUMNS]))
     for record in listed:
@@ -414,7 +413,7 @@ def metrics(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         reply = client.metrics()
     if args.json:
-        print(json.dumps(reply.to_json()))
+        print(json_dumps(reply.to_json()))
     else:
         sys.stdout.write(reply.text)
 
@@ -425,7 +424,7 @@ def status(args: argparse.Namespace) -> None:
         report = {"status": client.status().data, "health": client.health().data,
                   "ready": client.ready().ready}
     if args.json:
-        print(json.dumps(report))
+        print(json_dumps(report))
         return
     print(f"ready: {report['ready']}")
     for section in ("status", "health"):
@@ -437,13 +436,13 @@ def status(args: argparse.Namespace) -> None:
             if section == "status" and key == "cgroups" and isinstance(value, dict):
                 # which backend, and where stop, emptiness, limits and devices live
                 print(f"status.cgroups.enforced: {value.get('enforced')}")
-            print(f"{section}.{key}: {json.dumps(value)}")
+            print(f"{section}.{key}: {json_dumps(value)}")
 
 
 def enforcement_lines(enforcement: dict[str, object]) -> list[str]:
     """``status``'s enforcement section, one line each: strict_limits, what this host
     enforces for a grant asking every limit, and each grant's record."""
-    lines = [f"strict_limits: {json.dumps(enforcement.get('strict_limits'))}"]
+    lines = [f"strict_limits: {json_dumps(enforcement.get('strict_limits'))}"]
     host = enforcement.get("host")
     if isinstance(host, dict):
         lines.append(f"host: {describe_enforcement(host)}")

@@ -216,7 +216,7 @@ def loaded_by_run_and_call(socket: list[str], env: dict[str, str] | None = None)
 
 
 HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.protocol",
-         "slurm_fiber.core.api.service", "contextlib"}
+         "slurm_fiber.core.api.service", "contextlib", "json"}
 
 
 def test_run_and_call_import_only_what_one_request_needs() -> None:
