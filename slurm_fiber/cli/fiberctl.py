@@ -49,8 +49,8 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
+import _signal
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType, SimpleNamespace
@@ -78,8 +78,11 @@ EXIT_EPILOG = ("exit codes: 0 ok; 1 refused or failed (one line on stderr); 2 us
                "after a third Ctrl-C; run: the fiber's own status (126/127 exec failed, "
                "128+N signal N). See fiberctl --help.")
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                     signal.SIGUSR1, signal.SIGUSR2)
+# run and call handle signals with the C module ``_signal``: ``signal`` wraps it in enums
+# (Signals, Handlers, Sigmasks), whose building costs a fiberctl started per task about
+# 0.4 ms; the commands that name signals (kill, a failed forward) import ``signal``.
+FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT,
+                     _signal.SIGUSR1, _signal.SIGUSR2)
 
 SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else inside a Slurm job the "
                "job's fiberd on this node (started by `srun --overlap fiberd-run`), else "
@@ -182,20 +185,20 @@ class SignalForwarder:
 
     def __enter__(self) -> SignalForwarder:
         for signum in FORWARDED_SIGNALS:
-            self.saved[signum] = signal.signal(signum, self.on_signal)
+            self.saved[signum] = _signal.signal(signum, self.on_signal)
         return self
 
     def __exit__(self, *_exc: object) -> None:
         for signum, handler in self.saved.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            _signal.signal(signum, handler)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
+        if signum == _signal.SIGINT:
             self.interrupts += 1
             if self.interrupts >= 3:
                 raise Abandoned
             if self.interrupts == 2:
-                signum = signal.SIGKILL
+                signum = _signal.SIGKILL
         if self.fiber_id is None:
             self.held.append(signum)
         else:
@@ -213,6 +216,8 @@ class SignalForwarder:
             with FiberdClient(self.path, timeout=5.0) as client:
                 client.signal_fiber(str(self.fiber_id), signum)
         except (Unreachable, Refused) as e:
+            import signal
+
             print(f"fiberctl: could not forward {signal.Signals(signum).name}: {e}",
                   file=sys.stderr)
 
@@ -351,6 +356,8 @@ def inspect_fiber(args: argparse.Namespace) -> None:
 
 def signal_number(word: str) -> int:
     """A signal from a number or a name ("TERM", "SIGTERM", "term"); raises Exit(2)."""
+    import signal
+
     if word.isdigit():
         number = int(word)
         if number in {int(s) for s in signal.Signals}:
@@ -367,6 +374,8 @@ def signal_number(word: str) -> int:
 def kill(args: argparse.Namespace) -> None:
     """Send fiber ID a signal (default SIGTERM), as kill(1) does: exit 0 when it was
     delivered, 1 when the fiber had already exited. ``stop`` waits for it to go."""
+    import signal
+
     signum = signal_number(args.signal)
     name = signal.Signals(signum).name
     with connected(args.socket) as client:

@@ -216,7 +216,7 @@ def loaded_by_run_and_call(socket: list[str], env: dict[str, str] | None = None)
 
 
 HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.protocol",
-         "slurm_fiber.core.api.service", "contextlib", "json"}
+         "slurm_fiber.core.api.service", "contextlib", "json", "signal"}
 
 
 def test_run_and_call_import_only_what_one_request_needs() -> None:
@@ -234,3 +234,31 @@ def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
     loaded = loaded_by_run_and_call([], env)
     assert "slurm_fiber.homes.slurm.sitefile" in loaded  # the Slurm home was asked
     assert not (HEAVY | {"typing", "tomllib", "pathlib"}) & loaded  # its plain line read
+
+
+def test_a_forward_that_fails_names_the_signal_and_ctrl_c_escalates(capsys) -> None:
+    import signal
+
+    from slurm_fiber.cli.fiberctl import Abandoned, SignalForwarder
+
+    forwarder = SignalForwarder("/nonexistent/fiberd.sock")
+    forwarder.on_signal(signal.SIGINT, None)
+    forwarder.on_signal(signal.SIGINT, None)
+    assert forwarder.held == [signal.SIGINT, signal.SIGKILL]
+    forwarder.attach("f1")  # both forwards fail: nothing listens
+    said = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1] for line in said] == [" could not forward SIGINT",
+                                                     " could not forward SIGKILL"]
+    with pytest.raises(Abandoned):
+        forwarder.on_signal(signal.SIGINT, None)
+
+
+def test_the_forwarder_restores_the_handlers_it_replaced() -> None:
+    import signal
+
+    from slurm_fiber.cli.fiberctl import FORWARDED_SIGNALS, SignalForwarder
+
+    before = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
+    with SignalForwarder("/nonexistent/fiberd.sock") as forwarder:
+        assert all(signal.getsignal(s) == forwarder.on_signal for s in FORWARDED_SIGNALS)
+    assert {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS} == before
