@@ -222,7 +222,7 @@ HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.p
 def test_run_and_call_import_only_what_one_request_needs() -> None:
     loaded = loaded_by_run_and_call(["-S", "/nonexistent"])
     assert "slurm_fiber.core.api.client" in loaded
-    assert not (HEAVY | {"typing", "pathlib", "slurm_fiber.homes.select"}) & loaded
+    assert not (HEAVY | {"typing", "pathlib", "slurm_fiber.homes.select", "re"}) & loaded
 
 
 def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import operator
 import os
-import re
 import struct
 from collections.abc import Iterable, Sequence
 from itertools import accumulate, count
@@ -36,7 +35,7 @@ MAX_FDS = 3  # stdin, stdout, stderr
 STDIO_NAMES = ("stdin", "stdout", "stderr")  # the descriptors a clone may pass, in order
 MAX_DEPTH = 64  # nesting levels of arrays and objects in a frame body
 _TOO_DEEP = f"frame body nests arrays/objects deeper than {MAX_DEPTH} levels"
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
+_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string, escapes and all (a regex)
 _NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _BRACKET_WEIGHT = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 
@@ -175,7 +174,9 @@ def _depth(body: bytes) -> int:
     Works on the bytes at C speed (about one parse's cost): strings are cut
     out, then the running count of brackets is taken with accumulate.
     """
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKET)
+    import re  # compiled once, on the first deep-looking body: not in a client's start-up
+
+    brackets = re.sub(_STRING, b"", body).translate(None, _NOT_BRACKET)
     if not brackets:
         return 0
     # opening brackets weigh 2, closing 0: the running sum minus the count is the depth
