@@ -49,16 +49,14 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _signal
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.framing import STDIO_NAMES
+from slurm_fiber.core.api.framing import STDIO_NAMES, json_dumps, json_loads
 from slurm_fiber.discovery import discover_socket
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
@@ -80,8 +78,11 @@ EXIT_EPILOG = ("exit codes: 0 ok; 1 refused or failed (one line on stderr); 2 us
                "after a third Ctrl-C; run: the fiber's own status (126/127 exec failed, "
                "128+N signal N). See fiberctl --help.")
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                     signal.SIGUSR1, signal.SIGUSR2)
+# run and call handle signals with the C module ``_signal``: ``signal`` wraps it in enums
+# (Signals, Handlers, Sigmasks), whose building costs a fiberctl started per task about
+# 0.4 ms; the commands that name signals (kill, a failed forward) import ``signal``.
+FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT,
+                     _signal.SIGUSR1, _signal.SIGUSR2)
 
 SOCKET_HELP = ("fiberd's socket. Default: $FIBERD_SOCKET, else inside a Slurm job the "
                "job's fiberd on this node (started by `srun --overlap fiberd-run`), else "
@@ -106,21 +107,26 @@ class Abandoned(Exception):
     """The user pressed Ctrl-C a third time: stop waiting for the fiber."""
 
 
-@contextlib.contextmanager
-def answers() -> Iterator[None]:
-    """Turn client failures into one stderr line and the documented exit code."""
-    try:
-        yield
-    except Missed as e:
-        raise fail(EXIT_RETRYABLE_MISS if e.retryable else EXIT_FINAL_MISS,
-                   f"{e.code}: {e.reason}") from None
-    except Refused as e:
-        raise fail(EXIT_REFUSED, f"{e.code}: {e.reason}") from None
-    except Unreachable as e:
-        raise fail(EXIT_UNREACHABLE, f"fiberctl: {e}") from None
-    except Abandoned:
-        raise fail(EXIT_ABANDONED, "fiberctl: stopped waiting; the fiber was sent SIGKILL") \
-            from None
+class answers:  # lower case: used as the function it was, ``with answers():``
+    """Turn client failures into one stderr line and the documented exit code: a context
+    manager that raises ``Exit`` for Missed, Refused, Unreachable and Abandoned and lets
+    everything else through. (A class, not contextlib.contextmanager: contextlib's import
+    costs a fiberctl started per task more than this whole class.)"""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _kind: object, e: BaseException | None, _tb: object) -> None:
+        if isinstance(e, Missed):
+            raise fail(EXIT_RETRYABLE_MISS if e.retryable else EXIT_FINAL_MISS,
+                       f"{e.code}: {e.reason}") from None
+        if isinstance(e, Refused):
+            raise fail(EXIT_REFUSED, f"{e.code}: {e.reason}") from None
+        if isinstance(e, Unreachable):
+            raise fail(EXIT_UNREACHABLE, f"fiberctl: {e}") from None
+        if isinstance(e, Abandoned):
+            raise fail(EXIT_ABANDONED,
+                       "fiberctl: stopped waiting; the fiber was sent SIGKILL") from None
 
 
 def grant_fields(grant: str | None, token: str | None, env: list[str]) -> dict[str, object]:
@@ -153,9 +159,11 @@ def open_stdio() -> dict[str, int]:
     """This process's stdin/stdout/stderr descriptors that are open, by name."""
     out: dict[str, int] = {}
     for fd, name in enumerate(STDIO_NAMES):
-        with contextlib.suppress(OSError):
+        try:
             os.fstat(fd)
-            out[name] = fd
+        except OSError:
+            continue
+        out[name] = fd
     return out
 
 
@@ -177,20 +185,20 @@ class SignalForwarder:
 
     def __enter__(self) -> SignalForwarder:
         for signum in FORWARDED_SIGNALS:
-            self.saved[signum] = signal.signal(signum, self.on_signal)
+            self.saved[signum] = _signal.signal(signum, self.on_signal)
         return self
 
     def __exit__(self, *_exc: object) -> None:
         for signum, handler in self.saved.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            _signal.signal(signum, handler)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
+        if signum == _signal.SIGINT:
             self.interrupts += 1
             if self.interrupts >= 3:
                 raise Abandoned
             if self.interrupts == 2:
-                signum = signal.SIGKILL
+                signum = _signal.SIGKILL
         if self.fiber_id is None:
             self.held.append(signum)
         else:
@@ -208,6 +216,8 @@ class SignalForwarder:
             with FiberdClient(self.path, timeout=5.0) as client:
                 client.signal_fiber(str(self.fiber_id), signum)
         except (Unreachable, Refused) as e:
+            import signal
+
             print(f"fiberctl: could not forward {signal.Signals(signum).name}: {e}",
                   file=sys.stderr)
 
@@ -264,7 +274,7 @@ def call(args: argparse.Namespace) -> None:
     """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result."""
     call_spec: dict[str, object] = {"target": args.target}
     try:
-        values = json.loads(args.json_args) if args.json_args is not None else []
+        values = json_loads(args.json_args) if args.json_args is not None else []
     except ValueError as e:
         raise fail(EXIT_USAGE, f"fiberctl: JSON_ARGS is not JSON: {e}") from None
     if isinstance(values, list):
@@ -281,14 +291,30 @@ def call(args: argparse.Namespace) -> None:
     error = end.get("error")
     if isinstance(error, dict):
         raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
-    print(json.dumps(end.get("result")))
+    print(json_dumps(end.get("result")))
 
 
-@contextlib.contextmanager
-def connected(socket: str | None) -> Iterator[FiberdClient]:
-    """A client of the discovered fiberd; its failures exit as ``answers`` says."""
-    with answers(), FiberdClient(discover_socket(socket)) as client:
-        yield client
+class connected:  # lower case: used as the function it was
+    """A client of the discovered fiberd, closed on the way out; its failures (connecting,
+    talking, closing) exit as ``answers`` says."""
+
+    def __init__(self, socket: str | None) -> None:
+        self.socket = socket
+        self.client: FiberdClient | None = None
+
+    def __enter__(self) -> FiberdClient:
+        with answers():
+            self.client = FiberdClient(discover_socket(self.socket))
+        return self.client
+
+    def __exit__(self, kind: object, e: BaseException | None, tb: object) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+        except BaseException as failure:  # replaces ``e``, as it would leaving a with block
+            answers().__exit__(type(failure), failure, failure.__traceback__)
+            raise
+        answers().__exit__(kind, e, tb)
 
 
 FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
@@ -303,7 +329,7 @@ def list_fibers(args: argparse.Namespace) -> None:
     """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
     with connected(args.socket) as client:
         if args.json:
-            print(json.dumps(list(client.iter_fibers())))
+            print(json_dumps(list(client.iter_fibers())))
             return
         print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
         for record in client.iter_fibers():  # page by page: no one huge reply
@@ -314,7 +340,7 @@ def stop(args: argparse.Namespace) -> None:
     """Stop fiber ID (SIGTERM, grace, SIGKILL); returns once it is gone."""
     with connected(args.socket) as client:
         record = client.stop_fiber(args.fiber_id, args.grace)
-    print(json.dumps(record) if args.json else f"stopped {args.fiber_id}")
+    print(json_dumps(record) if args.json else f"stopped {args.fiber_id}")
 
 
 def inspect_fiber(args: argparse.Namespace) -> None:
@@ -322,14 +348,16 @@ def inspect_fiber(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         record = client.inspect_fiber(args.fiber_id)
     if args.json:
-        print(json.dumps(record))
+        print(json_dumps(record))
         return
     for key, value in record.items():
-        print(f"{key}: {value if isinstance(value, str) else json.dumps(value)}")
+        print(f"{key}: {value if isinstance(value, str) else json_dumps(value)}")
 
 
 def signal_number(word: str) -> int:
     """A signal from a number or a name ("TERM", "SIGTERM", "term"); raises Exit(2)."""
+    import signal
+
     if word.isdigit():
         number = int(word)
         if number in {int(s) for s in signal.Signals}:
@@ -346,12 +374,14 @@ def signal_number(word: str) -> int:
 def kill(args: argparse.Namespace) -> None:
     """Send fiber ID a signal (default SIGTERM), as kill(1) does: exit 0 when it was
     delivered, 1 when the fiber had already exited. ``stop`` waits for it to go."""
+    import signal
+
     signum = signal_number(args.signal)
     name = signal.Signals(signum).name
     with connected(args.socket) as client:
         delivered = client.signal_fiber(args.fiber_id, signum).delivered
     if args.json:
-        print(json.dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
+        print(json_dumps({"fiber": args.fiber_id, "signal": name, "delivered": delivered}))
     elif delivered:
         print(f"sent {name} to {args.fiber_id}")
     if not delivered:
@@ -373,7 +403,7 @@ def grants(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         listed = client.list_grants().grants
     if args.json:
-        print(json.dumps(listed))
+        print(json_dumps(listed))
         return
     print(grant_row([c.upper() for c in GRANT_COLUMNS]))
     for record in listed:
@@ -392,7 +422,7 @@ def metrics(args: argparse.Namespace) -> None:
     with connected(args.socket) as client:
         reply = client.metrics()
     if args.json:
-        print(json.dumps(reply.to_json()))
+        print(json_dumps(reply.to_json()))
     else:
         sys.stdout.write(reply.text)
 
@@ -403,7 +433,7 @@ def status(args: argparse.Namespace) -> None:
         report = {"status": client.status().data, "health": client.health().data,
                   "ready": client.ready().ready}
     if args.json:
-        print(json.dumps(report))
+        print(json_dumps(report))
         return
     print(f"ready: {report['ready']}")
     for section in ("status", "health"):
@@ -415,13 +445,13 @@ def status(args: argparse.Namespace) -> None:
             if section == "status" and key == "cgroups" and isinstance(value, dict):
                 # which backend, and where stop, emptiness, limits and devices live
                 print(f"status.cgroups.enforced: {value.get('enforced')}")
-            print(f"{section}.{key}: {json.dumps(value)}")
+            print(f"{section}.{key}: {json_dumps(value)}")
 
 
 def enforcement_lines(enforcement: dict[str, object]) -> list[str]:
     """``status``'s enforcement section, one line each: strict_limits, what this host
     enforces for a grant asking every limit, and each grant's record."""
-    lines = [f"strict_limits: {json.dumps(enforcement.get('strict_limits'))}"]
+    lines = [f"strict_limits: {json_dumps(enforcement.get('strict_limits'))}"]
     host = enforcement.get("host")
     if isinstance(host, dict):
         lines.append(f"host: {describe_enforcement(host)}")

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_fiber.core.api.client import FiberdClient
 
@@ -216,13 +218,13 @@ def loaded_by_run_and_call(socket: list[str], env: dict[str, str] | None = None)
 
 
 HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.protocol",
-         "slurm_fiber.core.api.service"}
+         "slurm_fiber.core.api.service", "contextlib", "json", "signal"}
 
 
 def test_run_and_call_import_only_what_one_request_needs() -> None:
     loaded = loaded_by_run_and_call(["-S", "/nonexistent"])
     assert "slurm_fiber.core.api.client" in loaded
-    assert not (HEAVY | {"typing", "pathlib", "slurm_fiber.homes.select"}) & loaded
+    assert not (HEAVY | {"typing", "pathlib", "slurm_fiber.homes.select", "re"}) & loaded
 
 
 def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
@@ -234,3 +236,114 @@ def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
     loaded = loaded_by_run_and_call([], env)
     assert "slurm_fiber.homes.slurm.sitefile" in loaded  # the Slurm home was asked
     assert not (HEAVY | {"typing", "tomllib", "pathlib"}) & loaded  # its plain line read
+
+
+def test_a_forward_that_fails_names_the_signal_and_ctrl_c_escalates(capsys) -> None:
+    import signal
+
+    from slurm_fiber.cli.fiberctl import Abandoned, SignalForwarder
+
+    forwarder = SignalForwarder("/nonexistent/fiberd.sock")
+    forwarder.on_signal(signal.SIGINT, None)
+    forwarder.on_signal(signal.SIGINT, None)
+    assert forwarder.held == [signal.SIGINT, signal.SIGKILL]
+    forwarder.attach("f1")  # both forwards fail: nothing listens
+    said = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1] for line in said] == [" could not forward SIGINT",
+                                                     " could not forward SIGKILL"]
+    with pytest.raises(Abandoned):
+        forwarder.on_signal(signal.SIGINT, None)
+
+
+def test_the_forwarder_restores_the_handlers_it_replaced() -> None:
+    import signal
+
+    from slurm_fiber.cli.fiberctl import FORWARDED_SIGNALS, SignalForwarder
+
+    before = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
+    with SignalForwarder("/nonexistent/fiberd.sock") as forwarder:
+        assert all(signal.getsignal(s) == forwarder.on_signal for s in FORWARDED_SIGNALS)
+    assert {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS} == before
+
+
+def argparse_outcome(argv: list[str]) -> dict[str, object] | int:
+    """What fiberctl's argparse parser makes of ``argv``: the namespace, or its exit code."""
+    import contextlib
+    import io
+
+    from slurm_fiber.cli.fiberctl import parse
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return vars(parse(argv))
+        except SystemExit as e:
+            return int(e.code or 0)
+
+
+def check_fast_path(argv: list[str]) -> bool:
+    """The fast path (main's: hoist, then quick_parse) either means exactly what argparse
+    means, or defers to it (None). True when it parsed."""
+    from slurm_fiber.cli.fiberctl import hoist, quick_parse
+
+    quick = quick_parse(hoist(argv))
+    if quick is not None:
+        assert vars(quick) == argparse_outcome(argv), argv
+    return quick is not None
+
+
+@pytest.mark.parametrize(("argv", "parsed"), [
+    (["run", "--", "true"], True),
+    (["run"], True),  # no command: argparse's empty cmd too (run then says what to give)
+    (["run", "--"], True),
+    (["run", "true", "--", "x"], True),
+    (["run", "--", "--", "-q"], True),  # after the first --, everything is the command's
+    (["run", "true", "-q"], True),  # an option after the command: argparse takes it too
+    (["run", "true", "-q", "x"], False),  # ... then a positional argparse refuses
+    (["run", "--token=/t", "--", "x"], True),
+    (["run", "--token", "/t", "--", "x"], True),
+    (["run", "-t", "/t", "--", "x"], True),
+    (["run", "--token=", "--", "x"], True),
+    (["run", "--token", "--", "x"], False),  # the value missing: argparse says so
+    (["run", "--token"], False),
+    (["run", "-g", "a", "-g", "b", "--", "x"], True),  # repeated: the last wins
+    (["run", "-e", "A=1", "--env", "B=2", "--env=C=3", "--", "x"], True),  # appended
+    (["run", "-q", "--quiet", "--", "x"], True),
+    (["run", "--quiet=1", "--", "x"], False),
+    (["run", "--grant", "-q", "--", "x"], False),
+    (["run", "--gra", "g", "--", "x"], False),  # an abbreviation: argparse's own rules
+    (["run", "-gg1", "--", "x"], False),  # a short option's attached value
+    (["run", "-qe", "A=1", "--", "x"], False),  # bundled short options
+    (["run", "--bogus", "--", "x"], False),  # unknown option
+    (["run", "-x", "--", "y"], False),
+    (["run", "--json", "--", "x"], False),  # another command's option
+    (["run", "-h"], False), (["run", "--help"], False),
+    (["-S", "/s", "run", "--", "x"], True),  # a global option before the command
+    (["--socket=/s", "-q", "run", "-g", "g", "--", "x"], True),
+    (["call", "m:f"], True),
+    (["call", "m:f", "[1, 2]"], True),
+    (["call", "m:f", "{}", "-q"], True),
+    (["call", "-g", "g", "--token=/t", "m:f", "{}"], True),
+    (["call", "m:f", "--grant", "g", "{}"], False),
+    (["call"], False),  # missing target
+    (["call", "a", "b", "c"], False),
+    (["call", "m:f", "--", "x"], False),
+    (["call", "--unknown", "m:f"], False),
+    ([], False), (["status"], False), (["map", "--", "x"], False), (["bogus"], False),
+    (["--help"], False), (["-q"], False),
+])
+def test_the_fast_path_means_what_argparse_means_or_defers(argv: list[str],
+                                                           parsed: bool) -> None:
+    assert check_fast_path(argv) is parsed
+
+
+WORDS = ["run", "call", "--", "-q", "--quiet", "-S", "/s", "--socket=/s", "-g", "g1", "--grant",
+         "--grant=g2", "-t", "--token", "/tok", "--token=/t2", "-e", "A=1", "--env=B=2", "--env",
+         "-x", "--json", "-h", "m:f", "[1]", "{}", "true", "a b", "-", "--gr", "-gq", "=", ""]
+
+
+@given(st.lists(st.sampled_from(WORDS), max_size=8)
+       | st.tuples(st.sampled_from(["run", "call"]), st.lists(st.sampled_from(WORDS), max_size=8))
+       .map(lambda head_tail: [head_tail[0], *head_tail[1]]))
+def test_the_fast_path_means_what_argparse_means_or_defers_for_any_words(
+        argv: list[str]) -> None:
+    check_fast_path(argv)

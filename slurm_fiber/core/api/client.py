@@ -14,7 +14,6 @@ thread-safe: one client per thread.
 from __future__ import annotations
 
 import array
-import contextlib
 import os
 import socket
 import stat
@@ -286,9 +285,11 @@ def _connect_failure(path: str | os.PathLike[str], err: OSError) -> str:
     if isinstance(err, FileNotFoundError):
         return f"no such socket; {hint}"
     if isinstance(err, ConnectionRefusedError):
-        with contextlib.suppress(OSError):
+        try:
             if not stat.S_ISSOCK(os.stat(path).st_mode):
                 return "not a socket; give --socket fiberd's socket"
+        except OSError:
+            pass
         return f"nothing listens there (a stale socket); {hint}"
     if isinstance(err, PermissionError):
         return ("permission denied; the socket is fiberd's user's (allowed_uids/"
