@@ -64,6 +64,8 @@ def json_loads(text: str) -> object:
     if _scan is not None:
         try:
             value, end = _scan(text, 0)
+        except RecursionError:  # json's scanner is this one: it would only fail again
+            raise
         except Exception:  # not JSON, or not plain JSON: json says what
             pass
         else:
