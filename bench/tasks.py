@@ -465,35 +465,32 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
 
 
 FLOOR_TASKS = 250  # per floor worker at least: CPU is read in clock ticks
-FLOOR_OF = {"w1_throughput_map_over_parallel": ("W1", "fibermap/W1"),
-            "w2_throughput_fiber_over_dask": ("W2", "fibermap/W2")}
+FLOOR_OF = {"w1_throughput_map_over_parallel": ("W1", "parallel"),  # workload, the peer
+            "w2_throughput_fiber_over_dask": ("W2", "dask")}
 
 
 def floor_budgets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
-    """For each throughput target: the rate it asks for in this run, the CPU per task that
-    rate leaves on this machine's CPUs, what the confined floor (bench/confined_floor.py)
-    reaches and spends of it, and what ``fiberctl map`` spends; the targets' other keys
-    are kept."""
+    """For each throughput target: the rate it asks for in this run (its goal times the
+    peer's rate), the CPU per task that rate leaves on this machine's CPUs, what the
+    confined floor (bench/confined_floor.py) reaches and spends of it, and what
+    ``fiberctl map`` spends; the targets' other keys are kept."""
     cores = len(os.sched_getaffinity(0))
-    targets, floor = figures["targets"], figures["floor"]
+    targets, floor, systems = figures["targets"], figures["floor"], figures["systems"]
     cpu = figures["cpu_per_task_ms"]
     assert isinstance(targets, dict) and isinstance(floor, dict) and isinstance(cpu, dict)
+    assert isinstance(systems, dict)
     out: dict[str, dict[str, object]] = {}
-    for key, (w, ours) in FLOOR_OF.items():
+    for key, (w, peer) in FLOOR_OF.items():
         target = targets[key]
-        value, goal = target["value"], float(str(target["target"]).split()[1])
-        reached = figures["systems"][ours.split("/")[0]].get(w, {})  # type: ignore[index]
-        rate = reached.get("tasks_per_s") if isinstance(reached, dict) else None
-        if key.startswith("w2"):  # the best of the Executor and the map, as the value is
-            best = figures["systems"]["fiber"].get(w, {}).get("tasks_per_s")  # type: ignore[index]
-            rate = max(filter(None, (rate, best)), default=None)
-        needed = None if not value or not rate else rate / value * goal
+        goal = float(str(target["target"]).split()[1])
+        peer_rate = systems[peer].get(w, {}).get("tasks_per_s")
+        needed = goal * peer_rate if peer_rate else None
         out[key] = {**target, "needs_tasks_per_s": None if needed is None else round(needed, 1),
                     "needs_cpu_per_task_ms": None if not needed
                     else round(cores * 1000 / needed, 3),
                     "floor_tasks_per_s": floor[w]["tasks_per_s"],
                     "floor_cpu_per_task_ms": floor[w]["cpu_per_task_ms"],
-                    "map_cpu_per_task_ms": cpu.get(ours, {}).get("total")}
+                    "map_cpu_per_task_ms": cpu.get(f"fibermap/{w}", {}).get("total")}
     return out
 
 
