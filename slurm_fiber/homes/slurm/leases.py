@@ -123,15 +123,26 @@ def _aside(area: int, name: str, why: str) -> str:
 
 
 def _move_aside_untrusted(area: int, paths: JobPaths) -> list[str]:
+    """Rename aside every entry of ``area`` not owned by root (names with a leading "." are
+    never looked at: they are other prologs' temporaries and what was moved aside before).
+
+    An entry that goes away between the listing and its stat or rename (another prolog's
+    state temporary, a job user removing what they planted) is gone, not an error.
+    """
     moved: list[str] = []
     with os.scandir(area) as entries:
         for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            if entry.name.startswith(".") or st.st_uid in AREA_OWNERS:
+            if entry.name.startswith("."):
                 continue
-            kind = next((k for test, k in _KINDS if test(st.st_mode)), "a file")
-            where = paths.lease_dir / entry.name
-            moved.append(_aside(area, entry.name, f"{where} is {kind} of uid {st.st_uid}"))
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid in AREA_OWNERS:
+                    continue
+                kind = next((k for test, k in _KINDS if test(st.st_mode)), "a file")
+                where = paths.lease_dir / entry.name
+                moved.append(_aside(area, entry.name, f"{where} is {kind} of uid {st.st_uid}"))
+            except FileNotFoundError:
+                continue
     return moved
 
 
