@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,17 @@ from tests.security.userkit import ALICE, MALLORY, JobUser
 from tests.security.userkit import job_user as make_job_user
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Signals a launcher left ignored go back to their defaults, for this process and so
+    for every daemon, template and fiber the tests start: a run under ``nohup`` or ``&``
+    in a script inherits SIGHUP, SIGINT or SIGQUIT ignored, an ignored signal stays ignored
+    across fork and exec, and the tests that send those signals to fibers would fail."""
+    for sig, default in ((signal.SIGHUP, signal.SIG_DFL), (signal.SIGQUIT, signal.SIG_DFL),
+                         (signal.SIGINT, signal.default_int_handler)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, default)
 
 
 @pytest.hookimpl(hookwrapper=True)
