@@ -52,8 +52,7 @@ from slurm_fiber.core.fiber_setup import (
     EXIT_SETUP,
     ResultChannel,
     await_order,
-    exec_argv,
-    take_order,
+    exec_order,
     try_join,
     write_error,
 )
@@ -204,9 +203,7 @@ def _run(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
     if order.get("mode") != "exec":
         write_error(result, ValueError("an exec stub runs exec orders only"))
         return EXIT_SETUP
-    if not take_order(order, stdio, result):
-        return EXIT_SETUP
-    return exec_argv(order, result)
+    return exec_order(order, stdio, result)
 
 
 def _clone_parent() -> int:

@@ -3,10 +3,13 @@
 A fiber spare (forked in core/template_main.py) and an exec stub
 (core/exec_stub.py, spawned by the template) do the same before user code:
 join their cgroup leaf (``join``), block on their order channel for one
-``run`` order (``await_order``), take the order's stdio, env and cwd
-(``take_order``) and, in exec mode, exec its argv (``exec_argv``), writing
-an ``exec_failed`` record on failure. Having one copy keeps an exec fiber
-identical whichever kind of spare it started from. Exit codes are the
+``run`` order (``await_order``), then take the order's stdio, env and cwd and
+either exec its argv (``exec_order``, writing an ``exec_failed`` record on
+failure) or, in a call fiber, go on to Python (``take_order``). Everything
+between a spare's fork and its exec stays in C calls and plain dicts where it
+can: each page the Python layers would touch there is a copy-on-write fault.
+Having one copy keeps an exec fiber identical whichever kind of spare it
+started from. Exit codes are the
 template's (module doc of core/template_main.py). Stdlib only and light: an
 exec stub imports it at start, ahead of its Clone; it holds no state and
 starts no threads.
@@ -14,11 +17,11 @@ starts no threads.
 
 from __future__ import annotations
 
+import _signal
+import _socket
 import errno
 import json
 import os
-import signal
-import socket
 
 from slurm_fiber.core import template_wire as wire
 
@@ -32,6 +35,9 @@ EXIT_CGROUP = 71
 EXIT_SETUP = 72
 EXIT_EXEC = 127  # not found, as a shell's "command not found"
 EXIT_NOT_RUNNABLE = 126  # found but not runnable, as a shell's
+_INT_SIZE = 4  # a C int, as SCM_RIGHTS carries descriptors
+_FDS_SPACE = _socket.CMSG_SPACE(wire.MAX_FDS * _INT_SIZE)
+_EXEC_DEFAULTS = (13, 25)  # SIGPIPE and SIGXFSZ, which Python ignores: default for a program
 
 
 def write_control(cgroup: str, name: str, value: bytes) -> None:
@@ -78,7 +84,7 @@ class ResultChannel:
 
     CHUNK = 32 * 1024
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
 
     def write(self, text: str) -> None:
@@ -94,14 +100,17 @@ def await_order(order_fd: int, msg: wire.Message, joined: OSError | None,
     ``joined`` why joining it failed. Returns the exit code: 0 when dismissed (end of
     file), EXIT_SETUP for anything but a ``run`` and EXIT_CGROUP when the join had
     failed (each with an error record sent), else ``run``'s. The channel is closed
-    on return."""
-    channel = socket.socket(fileno=order_fd)
-    # Closed here, not left to the finalizer, whose ResourceWarning (formatted even when
-    # filtered out) cost a call fiber about a twentieth of its CPU.
-    with channel:
+    on return (or at exec)."""
+    # The C socket type and recvmsg, not socket.socket and socket.recv_fds: this runs
+    # right after a fork, where every page the Python layers touch is a copy-on-write
+    # fault (about 30 fewer per fiber). Closed here, not left to a finalizer, whose
+    # ResourceWarning (formatted even when filtered out) cost a call fiber about a
+    # twentieth of its CPU.
+    channel = _socket.socket(fileno=order_fd)
+    try:
         channel.setblocking(True)
-        channel.set_inheritable(False)
-        data, fds, _, _ = socket.recv_fds(channel, wire.MAX_MESSAGE + 1, wire.MAX_FDS)
+        os.set_inheritable(order_fd, False)
+        data, fds = _receive(channel)
         if not data:
             return 0  # dismissed before it was used
         try:
@@ -119,22 +128,42 @@ def await_order(order_fd: int, msg: wire.Message, joined: OSError | None,
                                                       f"{joined.strerror}"))
             return EXIT_CGROUP
         return run(order, fds, result)
+    finally:
+        channel.close()
+
+
+def _receive(channel: _socket.socket) -> tuple[bytes, list[int]]:
+    """One datagram from ``channel`` and the descriptors that rode along (as
+    ``socket.recv_fds``). Blocks."""
+    data, ancillary, _, _ = channel.recvmsg(wire.MAX_MESSAGE + 1, _FDS_SPACE)
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            whole = len(payload) - len(payload) % _INT_SIZE
+            fds += memoryview(payload[:whole]).cast("i").tolist()
+    return data, fds
 
 
 def take_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> bool:
-    """Take the order's stdio, env (and SLURM_FIBER_ID) and cwd; False (error record
-    written) when one cannot be set up."""
+    """Take the order's stdio, env (and SLURM_FIBER_ID, into ``os.environ``) and cwd, as a
+    call fiber runs; False (error record written) when one cannot be set up."""
     try:
         setup_stdio(order, stdio)
-        env = order.get("env") or {}
-        os.environ.update({str(k): str(v) for k, v in dict(env).items()})
-        os.environ["SLURM_FIBER_ID"] = str(order.get("id"))
+        os.environ.update(order_env(order))
         if order.get("cwd"):
             os.chdir(str(order["cwd"]))
     except OSError as e:
         write_error(result, e)
         return False
     return True
+
+
+def order_env(order: wire.Message) -> dict[str, str]:
+    """The variables the order adds to the spare's environment: its ``env`` and
+    ``SLURM_FIBER_ID``."""
+    env = {str(k): str(v) for k, v in dict(order.get("env") or {}).items()}
+    env["SLURM_FIBER_ID"] = str(order.get("id"))
+    return env
 
 
 def setup_stdio(msg: wire.Message, passed: list[int]) -> None:
@@ -155,24 +184,74 @@ def setup_stdio(msg: wire.Message, passed: list[int]) -> None:
         os.close(fd)
 
 
-def exec_argv(msg: wire.Message, result: ResultChannel) -> int:
-    """Exec the order's argv (SIGPIPE and SIGXFSZ back to default first); on failure the
-    ``exec_failed`` record and a shell's exit code."""
-    argv = [str(a) for a in msg.get("argv") or []]
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    # A plain dict: execve reads os.environ, a Python-level mapping, once per PATH entry
-    # tried, which cost an exec stub about a tenth of its CPU.
-    env = dict(os.environ)
+def exec_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
+    """Run an exec order: its stdio and cwd, then exec its argv with this process's
+    environment plus the order's (``os.environ`` itself is left as it is) and SIGPIPE and
+    SIGXFSZ at default. Returns only on failure: EXIT_SETUP (error record written), or a
+    shell's exit code with the ``exec_failed`` record.
+
+    Between the fork and the exec, only C calls and plain dicts: each page the Python
+    layers (``os.environ``'s mapping, ``os.execvpe``, ``signal``'s enums) would touch is a
+    copy-on-write fault, and together they cost an exec fiber about 100."""
     try:
-        os.execvpe(argv[0], argv, env)
+        setup_stdio(order, stdio)
+        if order.get("cwd"):
+            os.chdir(str(order["cwd"]))
+        env = _environ_bytes()
+        for key, value in order_env(order).items():
+            env[key.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
+        argv = [str(a).encode("utf-8", "surrogateescape") for a in order.get("argv") or []]
+        if not argv:
+            raise ValueError("the exec order has no argv")
+    except (OSError, ValueError) as e:
+        write_error(result, e)
+        return EXIT_SETUP
+    for sig in _EXEC_DEFAULTS:
+        _signal.signal(sig, _signal.SIG_DFL)
+    try:
+        _execvpe(argv, env)
+    except ValueError as e:  # a NUL in argv or env, an "=" in a name: execve's refusal
+        write_error(result, e)
+        return EXIT_SETUP
     except OSError as e:
-        failure = exec_failure(argv[0], e)
+        failure = exec_failure(argv[0].decode("utf-8", "surrogateescape"), e)
         result.write(json.dumps({"ok": False, "exec_failed": failure}))
         return EXIT_EXEC if failure["code"] == EXIT_EXEC else EXIT_NOT_RUNNABLE
-    except IndexError as e:
-        write_error(result, e)
-    return EXIT_EXEC
+    return EXIT_EXEC  # not reached: _execvpe returns only by raising
+
+
+def _environ_bytes() -> dict[bytes, bytes]:
+    """``os.environ`` as the plain bytes dict execve takes. CPython keeps exactly that
+    behind the mapping (``_data``, kept in step by every change through it); elsewhere
+    the mapping is copied."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        return dict(data)
+    return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+
+
+def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
+    """``os.execvpe(argv[0], argv, env)``, same search and errors: a name with a slash is
+    exec'd as it is, else each directory of ``env``'s PATH (``os.defpath`` without one)
+    in turn; when none runs, the first error that was not "no such file" is raised, else
+    the last. A directory without the file is passed over with ``access``, not a failed
+    execve. Raises OSError; does not return."""
+    name = argv[0]
+    if b"/" in name:
+        os.execve(name, argv, env)
+    first: OSError | None = None
+    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    for directory in env.get(b"PATH", os.defpath.encode()).split(b":"):
+        path = directory + b"/" + name if directory else name
+        if not os.access(path, os.F_OK):
+            continue
+        try:
+            os.execve(path, argv, env)
+        except OSError as e:
+            last = e
+            if first is None and not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+                first = e
+    raise first or last
 
 
 def exec_failure(name: str, err: OSError) -> dict[str, object]:

@@ -100,7 +100,7 @@ from slurm_fiber.core.fiber_setup import (
     ResultChannel,
     await_order,
     error_record,
-    exec_argv,
+    exec_order,
     join,
     take_order,
     try_join,
@@ -390,10 +390,10 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
 
 def run_fiber(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
     """Take the order's stdio, env and cwd, then run it. Returns the exit code."""
+    if order.get("mode") == "exec":
+        return exec_order(order, stdio, result)
     if not take_order(order, stdio, result):
         return EXIT_SETUP
-    if order.get("mode") == "exec":
-        return exec_argv(order, result)
     return _call(order, result)
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 
+from slurm_fiber.core.api.framing import json_loads
+
 TYPE_CHECKING = False  # typing is not imported at run time: an exec stub starts lean
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -53,9 +55,12 @@ def encode(msg: Mapping[str, object]) -> bytes:
 
 
 def decode(data: bytes) -> Message:
-    """The message in ``data``; raises WireError on anything but a JSON object with ``t``."""
+    """The message in ``data`` (UTF-8); raises WireError on anything but a JSON object with
+    ``t``. Parsed by json's C scanner without ``json.loads``'s Python layers
+    (``framing.json_loads``): a spare decodes its order right after its fork, where each
+    page that code touches is a copy-on-write fault (about 60 fewer per exec fiber)."""
     try:
-        msg = json.loads(data)
+        msg = json_loads(data.decode())
     except ValueError as e:
         raise WireError(f"undecodable message: {e}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
