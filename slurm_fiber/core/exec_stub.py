@@ -9,7 +9,8 @@ PARENT FD``: isolated (no PYTHON* variables, no user site, no current or
 script directory on ``sys.path``), no ``site`` (no ``.pth`` file runs), with
 ``sys.path`` holding the standard library and ``LIB`` only, the directory the
 template imported slurm_fiber from, which the template has checked is safe
-(``dirtrust``). Its env, cwd, signal mask (but SIGCHLD, which the template blocks
+(``dirtrust``). Its env (but LD_BIND_NOW, which the maker alone runs with:
+``_BIND_NOW``), cwd, signal mask (but SIGCHLD, which the template blocks
 for its own use) and ignored signals are the template's (exec resets the template's
 handlers); it dies with the template (PR_SET_PDEATHSIG, SIGKILL) and, being in the
 template's process group, with its group kill.
@@ -64,6 +65,10 @@ _CALLS = {"x86_64": (13, 56), "aarch64": (134, 220), "riscv64": (134, 220),
 SUPPORTED = _CALLS is not None  # whether exec stubs can run here (module doc)
 _GLIBC_SIGNALS = (32, 33)  # SIGCANCEL, SIGSETXID: refused by sigaction(), not by the kernel
 _CLONE_PARENT = 0x00008000
+# The maker starts with every symbol bound (ld.so's LD_BIND_NOW): a stub then finds its
+# libc and libpython calls bound, where lazy binding would write the GOT of each library
+# it first calls after the clone, a copy-on-write fault and a symbol search each.
+_BIND_NOW = "LD_BIND_NOW"
 _syscall = ctypes.PyDLL(None, use_errno=True).syscall  # with the GIL held: a clone keeps it
 _syscall.restype = ctypes.c_long
 
@@ -108,10 +113,13 @@ class StubMaker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             theirs.set_inheritable(True)
+            env = dict(os.environ)
+            bound_by_us = "1" if _BIND_NOW not in env else ""
+            env.setdefault(_BIND_NOW, "1")
             argv = [self.python, "-I", "-S", "-c", BOOT, self.lib, str(os.getpid()),
-                    str(theirs.fileno())]
+                    str(theirs.fileno()), bound_by_us]
             try:
-                self.pid = os.posix_spawn(self.python, argv, os.environ,
+                self.pid = os.posix_spawn(self.python, argv, env,
                                           setsigmask=_mask_without_sigchld())
             except OSError:
                 ours.close()
@@ -146,9 +154,12 @@ def _mask_without_sigchld() -> set[int]:
 
 
 def serve(argv: list[str]) -> int:
-    """The maker's loop (argv: PARENT FD): one stub per request, until end of file.
-    Returns its exit code."""
+    """The maker's loop (argv: PARENT FD BOUND): one stub per request, until end of file.
+    BOUND non-empty: LD_BIND_NOW was set for the maker alone, and leaves its environment
+    (so no stub's program inherits it) before any stub. Returns its exit code."""
     parent, fd = int(argv[0]), int(argv[1])
+    if argv[2:3] == ["1"]:
+        os.environ.pop(_BIND_NOW, None)
     # Whatever else the template let through posix_spawn is no stub's business: every
     # stub, and the program it execs, starts with stdio and its order channel only.
     os.closerange(3, fd)

@@ -240,7 +240,7 @@ def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
     if b"/" in name:
         os.execve(name, argv, env)
     first: OSError | None = None
-    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    last: OSError | None = None
     for directory in env.get(b"PATH", os.defpath.encode()).split(b":"):
         path = directory + b"/" + name if directory else name
         if not os.access(path, os.F_OK):
@@ -251,7 +251,7 @@ def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
             last = e
             if first is None and not isinstance(e, (FileNotFoundError, NotADirectoryError)):
                 first = e
-    raise first or last
+    raise first or last or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 
 def exec_failure(name: str, err: OSError) -> dict[str, object]:

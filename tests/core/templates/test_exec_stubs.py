@@ -106,6 +106,24 @@ async def test_an_exec_fiber_inherits_env_devices_cwd_cgroup_group_and_death_sig
     assert marked_procs(mark) == []
 
 
+@aio
+async def test_the_makers_own_bind_now_stays_its_own_and_a_templates_is_kept(
+        tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The maker runs with LD_BIND_NOW=1 (core/exec_stub.py); without it in the template's
+    # env, a program never sees it (the env test above); with it, it keeps its value.
+    monkeypatch.setenv("LD_BIND_NOW", "kept")
+    t = await exec_template(tmp_path, mark, "stub")
+    fiber = await fork_as(t, "stub", FiberRequest(
+        id="probe", mode="exec", argv=(sys.executable, "-c", PROBE), cwd=str(tmp_path)))
+    assert (await fiber.wait()).exit_code == 0
+    assert fiber.stdout_path is not None
+    seen = json.loads(fiber.stdout_path.read_text())
+    assert seen["env"]["LD_BIND_NOW"] == "kept"
+    assert seen["env"] == {**proc_env(t.pid), "SLURM_FIBER_ID": "probe"}
+    await t.stop(1.0)
+    assert marked_procs(mark) == []
+
+
 @pytest.mark.parametrize("start", EXEC_STARTS)
 @aio
 async def test_an_exec_fiber_starts_with_signals_unblocked_and_at_default(
