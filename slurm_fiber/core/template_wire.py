@@ -24,9 +24,7 @@ Both ends import this module; it holds no state and never blocks.
 
 from __future__ import annotations
 
-import json
-
-from slurm_fiber.core.api.framing import json_loads
+from slurm_fiber.core.api.framing import json_dumps, json_loads
 
 TYPE_CHECKING = False  # typing is not imported at run time: an exec stub starts lean
 if TYPE_CHECKING:
@@ -47,8 +45,9 @@ class WireError(ValueError):
 
 
 def encode(msg: Mapping[str, object]) -> bytes:
-    """The datagram for ``msg``; raises WireError when it exceeds MAX_MESSAGE."""
-    data = json.dumps(msg, separators=(",", ":")).encode()
+    """The datagram for ``msg`` (``json.dumps``'s text, through json's C encoder:
+    ``framing.json_dumps``); raises WireError when it exceeds MAX_MESSAGE."""
+    data = json_dumps(msg).encode()
     if len(data) > MAX_MESSAGE:
         raise WireError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE}-byte limit")
     return data
