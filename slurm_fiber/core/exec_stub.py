@@ -166,10 +166,6 @@ def serve(argv: list[str]) -> int:
     os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
     die_with_parent(parent)
     _default_glibc_signals()
-    # os.execvpe asks os.get_exec_path, which imports warnings when first called: here,
-    # once, and not in every stub between its order and its exec (1-1.5 ms of CPU,
-    # module load and the copy-on-write of what it touches, on each exec Clone's path).
-    os.get_exec_path()
     gc.disable()  # a collection in a stub would touch, and so copy, the maker's whole heap
     gc.freeze()
     sock = socket.socket(fileno=fd)
