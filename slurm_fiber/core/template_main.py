@@ -93,6 +93,7 @@ from pathlib import Path
 
 from slurm_fiber.core import exec_stub
 from slurm_fiber.core import template_wire as wire
+from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.core.child_exits import ChildExits, sweep_due, sweep_wait
 from slurm_fiber.core.dirtrust import safe_path_entry, trusted_owners
 from slurm_fiber.core.fiber_setup import (
@@ -421,7 +422,7 @@ def _answer(result: ResultChannel, run: Callable[[], dict[str, object]], *,
     KeyboardInterrupt, else 1."""
     code = 0
     try:
-        record = json.dumps({"ok": True, **run()})
+        record = json_dumps({"ok": True, **run()})
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         record = json.dumps({"ok": code == 0, "result": None, "exit": code})
