@@ -565,14 +565,32 @@ def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
                            json_args=positionals[1] if len(positionals) > 1 else None, **values)
 
 
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's RawDescriptionHelpFormatter at the width shutil.get_terminal_size gives
+    (COLUMNS, else standard output's terminal, else 80), found without shutil: argparse
+    imports it (with bz2 and lzma, about 3 ms) each time it makes a formatter without a
+    width, which every parser does as its arguments are added."""
+    import argparse
+
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return argparse.RawDescriptionHelpFormatter(prog, width=(columns or 80) - 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """fiberctl's command line (argparse, imported only here: run and call, started per
     task, are parsed by quick_parse when they can be)."""
     import argparse
 
-    parser = argparse.ArgumentParser(
-        prog="fiberctl", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="fiberctl", description=__doc__,
+                                     formatter_class=help_formatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     handlers: list[tuple[str, Callable[[argparse.Namespace], None], str]] = [
         ("run", run, "run CMD as a fiber, here (fiberctl run [OPTIONS] -- CMD ...)"),
@@ -588,11 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
     ]
     # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
     # own parser and is imported only when map runs.
-    commands.add_parser("map", add_help=False, help="one fiber per argument, as GNU parallel "
+    commands.add_parser("map", add_help=False, formatter_class=help_formatter,
+                        help="one fiber per argument, as GNU parallel "
                         "(fiberctl map [OPTIONS] -- CMD {}; fiberctl map --help)")
     for name, handler, summary in handlers:
         sub = commands.add_parser(name, help=summary, description=handler.__doc__,
-                                  epilog=EXIT_EPILOG)
+                                  epilog=EXIT_EPILOG, formatter_class=help_formatter)
         sub.set_defaults(handler=handler)
         if name in ("run", "call"):
             _run_options(sub)

@@ -69,7 +69,6 @@ task here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -91,7 +90,9 @@ from slurm_fiber.cli.fiberctl import (
     end_line,
     fail,
     grant_fields,
+    help_formatter,
 )
+from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.record import record
 from slurm_fiber.tasks import Outcome, Task, TaskRunner
@@ -361,7 +362,7 @@ class Map:
             if isinstance(error, dict):
                 stderr += f"{error.get('type')}: {error.get('message')}\n".encode()
             elif not outcome.timed_out:
-                stdout += (json.dumps(end.get("result")) + "\n").encode()
+                stdout += (json_dumps(end.get("result")) + "\n").encode()
         return stdout, stderr
 
     def abort_for(self, outcome: Outcome) -> bool:
@@ -424,12 +425,12 @@ class Map:
         if self.opts.call is not None and exitval == 0 and not outcome.ok:
             exitval = 1
         if self.joblog is not None:
-            command = (f"{self.opts.call}" + json.dumps(words) if self.opts.call
+            command = (f"{self.opts.call}" + json_dumps(words) if self.opts.call
                        else shlex.join(words))
             row = (f"{seq}\t{self.host}\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
                    f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
             # a node's share: one JSON string per row, as a command may span lines
-            self.joblog.write(row if self.share is None else json.dumps(row) + "\n")
+            self.joblog.write(row if self.share is None else json_dumps(row) + "\n")
             self.joblog.flush()
         if self.opts.results is not None:
             place = results_dir(self.opts.results, arg)
@@ -496,6 +497,8 @@ class NodeShare:
     def options(self) -> argparse.Namespace:
         """The map's options as the user gave them, reading the arguments and writing the
         joblog in the spool."""
+        import json  # a node's share, not every map's start
+
         opts = parse(json.loads((self.spool / "argv.json").read_text()))
         opts.nodes, opts.json, opts.range = None, False, None
         opts.arg_file = str(self.spool / "args")
@@ -513,7 +516,7 @@ class NodeShare:
 
     def report(self, job: Map, status: int) -> None:
         """This share's counts, for the merged exit status."""
-        _write_whole(self.spool / f"node-{self.index}.json", json.dumps({
+        _write_whole(self.spool / f"node-{self.index}.json", json_dumps({
             "node": self.node, "failed": job.failed, "succeeded": job.succeeded,
             "abort": job.abort[0] if job.abort is not None else None,
             "halted_at": job.halted_at, "halted_status": job.halted_status(),
@@ -544,7 +547,8 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    import shutil  # only here: with subprocess and tempfile, about 5 ms of every map's start
+    import json  # only here: with shutil, subprocess and tempfile, about 6 ms of every map's start
+    import shutil
     import subprocess
     import tempfile
 
@@ -554,7 +558,7 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         (spool / "args").write_text("".join(f"{arg}\n" for arg in args))
-        (spool / "argv.json").write_text(json.dumps(list(argv)))
+        (spool / "argv.json").write_text(json_dumps(list(argv)))
         started = time.monotonic()
         try:
             srun = subprocess.run(
@@ -589,7 +593,7 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
         opts.halt, bool(halted), halted[0][1] if halted else None, failed, succeeded)
     if opts.json:
         done = failed + succeeded
-        print(json.dumps({"tasks": done, "succeeded": succeeded, "failed": failed,
+        print(json_dumps({"tasks": done, "succeeded": succeeded, "failed": failed,
                           "halted": bool(halted), "wall_s": round(wall, 3),
                           "tasks_per_s": round(done / wall, 1) if wall > 0 else None,
                           "jobs": opts.jobs, "exit": status,
@@ -640,9 +644,8 @@ def _tag(data: bytes, arg: str) -> bytes:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fiberctl map", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="fiberctl map", description=__doc__,
+                                     formatter_class=help_formatter)
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
                         metavar="N", help="tasks at once (default: usable CPUs)")
     parser.add_argument("--joblog", type=Path, metavar="FILE", help="GNU parallel's joblog")
@@ -735,5 +738,5 @@ def main(argv: Sequence[str]) -> int:
         print("fiberctl map: interrupted; running fibers were stopped", file=sys.stderr)
         return 130
     if opts.json:
-        print(json.dumps(job.summary(status)))
+        print(json_dumps(job.summary(status)))
     return status

@@ -273,12 +273,25 @@ def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,
 
 def test_a_map_imports_nothing_its_start_does_not_need() -> None:
     """A map of a few tasks pays fiberctl's start each time: no dataclasses (with inspect
-    and ast), no typing, and the modules only --nodes all needs (subprocess, shutil,
-    tempfile) not before it asks."""
-    code = ("import sys\nimport slurm_fiber.cli.fibermap\n"
+    and ast), no typing, no json (the C codec is enough), and the modules only --nodes all
+    needs (subprocess, shutil, tempfile) not before it asks; parsing its options does not
+    bring shutil (argparse's way to the terminal's width) either."""
+    code = ("import sys\nfrom slurm_fiber.cli.fibermap import parse\n"
+            "parse(['--range', '1-2', '--', 'true'])\n"
             "print(' '.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split())
     assert "slurm_fiber.tasks" in loaded
-    assert not {"dataclasses", "inspect", "typing", "subprocess", "shutil",
-                "tempfile"} & loaded
+    assert not {"dataclasses", "inspect", "typing", "subprocess", "shutil", "tempfile",
+                "json"} & loaded
+
+
+@pytest.mark.parametrize("columns", [60, 120])
+def test_the_help_is_wrapped_to_the_terminals_width(columns: int) -> None:
+    out = subprocess.run([sys.executable, "-c", "from slurm_fiber.cli.fiberctl import main; main()",
+                          "map", "--help"],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "COLUMNS": str(columns)})
+    options = out.stdout[out.stdout.index("options:"):].splitlines()
+    assert max(len(line) for line in options) <= columns - 2
+    assert max(len(line) for line in options) > columns - 20
