@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.record import field, record
@@ -110,7 +109,7 @@ class TaskRunner:
                  retries: int = 5, backoff: float = 0.05, backoff_cap: float = 2.0,
                  stop_grace: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.socket = Path(socket)
+        self.socket = os.fspath(socket)
         self.base: dict[str, object] = {}
         if grant is not None:
             self.base["grant"] = grant

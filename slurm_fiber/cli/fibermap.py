@@ -77,7 +77,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from slurm_fiber.cli.fiberctl import (
     EXIT_FINAL_MISS,
@@ -99,6 +98,7 @@ from slurm_fiber.tasks import Outcome, Task, TaskRunner
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import IO
 
 PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
@@ -204,14 +204,14 @@ def parse_seconds(text: str) -> float:
     return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
 
-def results_dir(root: Path, arg: str) -> Path:
+def results_dir(root: str, arg: str) -> str:
     """GNU parallel's ``--results`` place for one argument: ``root/1/<arg>``, a ``/`` in
     the argument written as ``\\_`` (as parallel does), an empty one as ``\\0``... kept
     to one path component."""
     name = arg.replace("\\", "\\\\").replace("/", "\\_") or "\\0"
     if name in (".", ".."):
         name = "\\" + name
-    return root / "1" / name[:255]
+    return os.path.join(root, "1", name[:255])
 
 
 class Map:
@@ -434,10 +434,11 @@ class Map:
             self.joblog.flush()
         if self.opts.results is not None:
             place = results_dir(self.opts.results, arg)
-            place.mkdir(parents=True, exist_ok=True)
-            (place / "seq").write_text(f"{seq}\n")
-            (place / "stdout").write_bytes(stdout)
-            (place / "stderr").write_bytes(stderr)
+            os.makedirs(place, exist_ok=True)
+            for name, data in (("seq", f"{seq}\n".encode()), ("stdout", stdout),
+                               ("stderr", stderr)):
+                with open(os.path.join(place, name), "wb") as f:
+                    f.write(data)
         if self.progress:
             self.draw_progress()
 
@@ -488,10 +489,13 @@ class NodeShare:
     node: str
 
     @classmethod
-    def here(cls, spool: Path) -> NodeShare:
+    def here(cls, spool: str) -> NodeShare:
         """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS)."""
+        from pathlib import Path  # a node's share, not every map's start
+
         env = os.environ
-        return cls(spool, int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_NTASKS", "1")),
+        return cls(Path(spool), int(env.get("SLURM_PROCID", "0")),
+                   int(env.get("SLURM_NTASKS", "1")),
                    env.get("SLURMD_NODENAME") or os.uname().nodename)
 
     def options(self) -> argparse.Namespace:
@@ -502,7 +506,7 @@ class NodeShare:
         opts = parse(json.loads((self.spool / "argv.json").read_text()))
         opts.nodes, opts.json, opts.range = None, False, None
         opts.arg_file = str(self.spool / "args")
-        opts.joblog = self.spool / f"joblog-{self.index}"
+        opts.joblog = str(self.spool / f"joblog-{self.index}")
         return opts
 
     def mine(self, args: Iterator[str]) -> list[tuple[int, str]]:
@@ -547,10 +551,11 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    import json  # only here: with shutil, subprocess and tempfile, about 6 ms of every map's start
-    import shutil
+    import json  # only here: with pathlib, shutil, subprocess and tempfile, about 11 ms of
+    import shutil  # every map's start
     import subprocess
     import tempfile
+    from pathlib import Path
 
     spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
                                   dir=os.getcwd()))
@@ -581,7 +586,8 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
             rows: list[str] = [json.loads(line) for i in range(nodes)
                                for line in (spool / f"joblog-{i}").read_text().splitlines()]
             rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
-            opts.joblog.write_text(JOBLOG_HEADER + "".join(rows))  # in the order tasks ended
+            with open(opts.joblog, "w") as log:  # in the order tasks ended
+                log.write(JOBLOG_HEADER + "".join(rows))
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     failed = sum(s["failed"] for s in shares)
@@ -648,8 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=help_formatter)
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
                         metavar="N", help="tasks at once (default: usable CPUs)")
-    parser.add_argument("--joblog", type=Path, metavar="FILE", help="GNU parallel's joblog")
-    parser.add_argument("--results", type=Path, metavar="DIR",
+    parser.add_argument("--joblog", metavar="FILE", help="GNU parallel's joblog")
+    parser.add_argument("--results", metavar="DIR",
                         help="keep each task's stdout/stderr/seq under DIR/1/<arg>/")
     parser.add_argument("--retries", type=int, default=1, metavar="K",
                         help="run a failing task up to K times (default 1)")
@@ -674,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not say why a fiber ended (statuses are the same)")
     parser.add_argument("-g", "--grant", help="admitted grant UID (default: the only one)")
-    parser.add_argument("-t", "--token", type=Path, metavar="FILE",
+    parser.add_argument("-t", "--token", metavar="FILE",
                         help="file holding a grant token (JWS)")
     parser.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                         help="added to each fiber's env (repeatable)")
@@ -706,7 +712,7 @@ def main(argv: Sequence[str]) -> int:
     """Run ``fiberctl map``; its exit status (see the module doc)."""
     try:
         # --node-share SPOOL: run_on_nodes started this as one node's share (not for users)
-        share = NodeShare.here(Path(argv[1])) if argv[:1] == ["--node-share"] else None
+        share = NodeShare.here(argv[1]) if argv[:1] == ["--node-share"] else None
         opts = share.options() if share is not None else parse(argv)
         fields = grant_fields(opts.grant, opts.token, opts.env)
     except Exit as done:

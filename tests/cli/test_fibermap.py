@@ -273,8 +273,9 @@ def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,
 
 def test_a_map_imports_nothing_its_start_does_not_need() -> None:
     """A map of a few tasks pays fiberctl's start each time: no dataclasses (with inspect
-    and ast), no typing, no json (the C codec is enough), and the modules only --nodes all
-    needs (subprocess, shutil, tempfile) not before it asks; parsing its options does not
+    and ast), no typing, no json (the C codec is enough), no pathlib (with urllib.parse and
+    ipaddress), and the modules only --nodes all needs (subprocess, shutil, tempfile) not
+    before it asks; parsing its options does not
     bring shutil (argparse's way to the terminal's width) either."""
     code = ("import sys\nfrom slurm_fiber.cli.fibermap import parse\n"
             "parse(['--range', '1-2', '--', 'true'])\n"
@@ -283,7 +284,7 @@ def test_a_map_imports_nothing_its_start_does_not_need() -> None:
                                 check=True).stdout.split())
     assert "slurm_fiber.tasks" in loaded
     assert not {"dataclasses", "inspect", "typing", "subprocess", "shutil", "tempfile",
-                "json"} & loaded
+                "json", "pathlib"} & loaded
 
 
 @pytest.mark.parametrize("columns", [60, 120])
