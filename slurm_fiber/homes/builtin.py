@@ -9,7 +9,6 @@ purpose: fiberd loads only the home it runs, and listing the homes (for
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 
 from slurm_fiber.homes.select import BuiltHome, HomeEntry, HomeRefused
@@ -40,7 +39,7 @@ async def _build_standalone(config: FiberdConfig, clock: Clock, environ: Mapping
         return home.close()
 
     return BuiltHome(home, config.audience or
-                     STANDALONE_AUDIENCE.format(host=socket.gethostname()),
+                     STANDALONE_AUDIENCE.format(host=os.uname().nodename),
                      close=close, cgroup_reason=home.cgroup_reason)
 
 
@@ -94,7 +93,9 @@ def _slurm_socket(environ: Mapping[str, str]) -> str | None:
     from slurm_fiber.homes.slurm.sitefile import site_state_root
 
     root = site_state_root(environ)
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    # the host name as gethostname(2) gives it, without socket (and its enum and selectors:
+    # a fiberctl started in a job looks its socket up here)
+    node = environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     return os.path.join(job_dir_of(root, node, int(job_id)), SOCKET_NAME)
 
 

@@ -13,9 +13,9 @@ thread-safe: one client per thread.
 
 from __future__ import annotations
 
+import _socket
 import array
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -70,7 +70,9 @@ class FiberdClient:
         self.timeout = timeout
         self._decoder = FrameDecoder(MAX_REPLY)
         self._next_id = 0
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The C socket type: socket.py (with selectors and enum) would be about a third of
+        # the imports of a fiberctl run or call, which a job may start per task.
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(os.fspath(path))
@@ -93,7 +95,7 @@ class FiberdClient:
         data = encode_frame(message)
         try:
             sent = self.sock.sendmsg(
-                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                [data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]
             ) if fds else 0
             self.sock.sendall(data[sent:])
         except OSError as e:

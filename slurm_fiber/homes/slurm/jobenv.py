@@ -22,14 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from slurm_fiber.homes.slurm.names import NODE_RULE, SlurmParseError, is_node_name
 from slurm_fiber.record import record
 
 MAX_ID = 2**32 - 2  # Slurm ids and Unix ids are uint32; the top values are sentinels
 MAX_FREE_TEXT = 4096
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+-]{1,128}")  # partition, cluster, account
-# A node name is a path component of the node's state (paths.node_dir): it starts with a
-# letter or a digit, so it is never "", "." or "..", and holds no "/" or control character.
-NODE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 USER_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
 RANGE_PATTERN = re.compile(r"(\d{1,6})(?:-(\d{1,6}))?")
 MAX_INDICES = 1024
@@ -41,21 +39,6 @@ SLUID_PATTERN = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
 # variables carry the node's indices; CUDA_VISIBLE_DEVICES may be renumbered
 # when the site confines devices, so it is only the last resort.
 GPU_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
-
-
-class SlurmParseError(ValueError):
-    """Slurm gave something this package cannot use.
-
-    ``code`` is one of ``missing`` (a required value is absent), ``invalid`` (a
-    value is malformed), ``ambiguous`` (text that can be read two ways),
-    ``slurm_error`` (Slurm itself reported a failure) or ``unrecognised``
-    (output in no format this package knows). ``str()`` is one line.
-    """
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 @record(frozen=True)
@@ -131,23 +114,12 @@ def _name(env: Mapping[str, str], var: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-NODE_RULE = "letters, digits and _ . + -, starting with a letter or digit"
-
-
 def _node(env: Mapping[str, str]) -> str:
     value = _required(env, "SLURMD_NODENAME")
-    if not NODE_PATTERN.fullmatch(value):
+    if not is_node_name(value):
         raise SlurmParseError("invalid",
                               f"SLURMD_NODENAME={value[:80]!r} is not a node name ({NODE_RULE})")
     return value
-
-
-def check_node(node: str) -> str:
-    """``node`` when it is a valid node name (NODE_PATTERN); SlurmParseError ("invalid",
-    one line) otherwise. Pure."""
-    if not NODE_PATTERN.fullmatch(node):
-        raise SlurmParseError("invalid", f"{node[:80]!r} is not a node name ({NODE_RULE})")
-    return node
 
 
 def _optional_name(env: Mapping[str, str], var: str) -> str | None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from slurm_fiber.defaults import STATE_DIR
-from slurm_fiber.homes.slurm.jobenv import check_node
+from slurm_fiber.homes.slurm.names import check_node
 
 STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
 
@@ -31,7 +31,7 @@ def state_root_of(env: Mapping[str, str]) -> str:
 
 def node_dir_of(root: str | os.PathLike[str], node: str) -> str:
     """The per-node directory under ``root``. Raises ValueError (SlurmParseError) when
-    ``node`` is not a node name (jobenv.NODE_PATTERN: never "..", "/", empty or control
+    ``node`` is not a node name (names.is_node_name: never "..", "/", empty or control
     characters), so no caller can step out of ``root``."""
     return os.path.join(root, "nodes", check_node(node))
 

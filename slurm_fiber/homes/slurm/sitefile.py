@@ -13,7 +13,6 @@ read the same file the same way; ``siteconfig`` validates every key.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV, state_root_of
@@ -25,10 +24,7 @@ if TYPE_CHECKING:
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
 DEFAULT_CONFIG = "/etc/slurm-fiber/slurm-fiber.toml"
 MAX_CONFIG_BYTES = 1 << 20
-# A top-level state_root as sites write it, on one line: the bare key, a basic string with
-# no escape and no control character, at most a comment after (TOML's whitespace: space, tab).
-PLAIN_STATE_ROOT = re.compile(
-    r'state_root[ \t]*=[ \t]*"([^"\\\x00-\x1f\x7f]*)"[ \t]*(?:#[^\x00-\x08\x0a-\x1f\x7f]*)?')
+_BLANK = " \t"  # TOML's whitespace
 
 
 class SiteConfigError(ValueError):
@@ -82,7 +78,7 @@ def parse_site_text(path: str | os.PathLike[str], text: str) -> dict[str, Any]:
 
 def plain_state_root(text: str) -> str | None:
     """The top-level ``state_root`` of site file ``text`` when a line says it plainly
-    (``PLAIN_STATE_ROOT``) before anything that could change what such a line means: a
+    (``plain_line``) before anything that could change what such a line means: a
     table header (the key would be that table's) or a multi-line string's quotes (the
     line could be inside one); None otherwise, and the caller parses the file. In a valid
     TOML file, a value found is the one tomllib reads; where the rest of the file is not
@@ -92,10 +88,34 @@ def plain_state_root(text: str) -> str | None:
         line = line.removesuffix("\r").strip(" \t")
         if line.startswith("[") or '"""' in line or "'''" in line:
             return None
-        found = PLAIN_STATE_ROOT.fullmatch(line)
-        if found:
-            return found.group(1)
+        found = plain_line(line)
+        if found is not None:
+            return found
     return None
+
+
+def plain_line(line: str) -> str | None:
+    """The value when ``line`` (stripped) sets the top-level ``state_root`` as sites write
+    it: the bare key, ``=``, a basic string with no escape and no control character, at
+    most a comment after; else None. Read by hand, not with ``re``: this runs in each
+    ``fiberctl`` started in a job (homes.slurm.names says why). Pure."""
+    rest = line.removeprefix("state_root")
+    if rest == line:
+        return None
+    rest = rest.lstrip(_BLANK)
+    if not rest.startswith("="):
+        return None
+    rest = rest[1:].lstrip(_BLANK)
+    if not rest.startswith('"'):
+        return None
+    end = rest.find('"', 1)
+    value, tail = rest[1:end], rest[end + 1:].lstrip(_BLANK)
+    if end < 0 or any(c == "\\" or c < " " or c == "\x7f" for c in value):
+        return None
+    if tail and (tail[0] != "#" or any((c < " " and c != "\t") or c == "\x7f"
+                                       for c in tail[1:])):
+        return None
+    return value
 
 
 def site_state_root(environ: Mapping[str, str]) -> str:

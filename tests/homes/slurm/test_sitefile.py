@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from slurm_fiber.homes.slurm.sitefile import plain_state_root, site_state_root
+from slurm_fiber.homes.slurm.sitefile import plain_line, plain_state_root, site_state_root
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 SHIPPED = [CHECKOUT / "contrib" / "slurm.conf.d" / "slurm-fiber.toml",
@@ -59,3 +62,39 @@ def test_a_file_that_is_not_toml_gives_its_plain_line_or_the_default(tmp_path: P
     assert site_state_root(environ) == "/srv/sf"
     site.write_bytes(b'state_root = "/srv/\xff"\n')  # not UTF-8: nothing read
     assert site_state_root(environ) == "/var/lib/slurm-fiber"
+
+
+# The plain line as a regular expression: the reading plain_line does by hand (so that
+# fiberctl in a job imports no re), checked against it on generated lines.
+PLAIN_LINE = re.compile(
+    r'state_root[ \t]*=[ \t]*"([^"\\\x00-\x1f\x7f]*)"[ \t]*(?:#[^\x00-\x08\x0a-\x1f\x7f]*)?')
+CHARS = ["a", "/", " ", "\t", '"', "'", "\\", "#", "=", "\x00", "\x01", "\x08", "\x0a", "\x0b",
+         "\x1f", "\x7f", "\x80", "é"]
+PART = st.lists(st.sampled_from(CHARS), max_size=4).map("".join)
+BLANKS = st.sampled_from(["", " ", "\t", " \t "])
+
+
+# Mostly the plain line's own shape, so that what breaks it is one piece at a time.
+LINES = st.tuples(
+    st.sampled_from(["state_root"] * 6 + ["state_roo", "state_rootx", "'state_root'"]),
+    BLANKS, st.sampled_from(["="] * 6 + ["", "=="]), BLANKS,
+    st.sampled_from(['"'] * 6 + ["'", ""]), PART, st.sampled_from(['"'] * 6 + ["'", ""]),
+    BLANKS, st.sampled_from(["", "#", "#", "x"]), PART,
+).map("".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(LINES)
+def test_a_plain_line_is_read_as_the_expression_says(line: str) -> None:
+    found = PLAIN_LINE.fullmatch(line)
+    assert plain_line(line) == (found.group(1) if found else None)
+
+
+@pytest.mark.parametrize("line", [
+    'state_root = "/srv/sf"', 'state_root="/a" # c\tc', 'state_root\t=\t""',
+    'state_root = "/a"x', 'state_root = "/a', 'state_root = "/a" #\x01', "state_root = '/a'",
+    'state_root = "/a\\b"', 'state_roots = "/a"', 'state_root = "/a\x7f"', '= "/a"',
+    'state_root = "/a\tb"', 'state_root = "/a" #\tc\n'])
+def test_lines_the_expression_takes_or_refuses(line: str) -> None:
+    found = PLAIN_LINE.fullmatch(line)
+    assert plain_line(line) == (found.group(1) if found else None)
