@@ -18,9 +18,12 @@ add about 3 ms to each fiberctl started per task.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def home_socket_path(environ: Mapping[str, str]) -> str | None:

@@ -26,10 +26,9 @@ inheritance of fields). Pure; standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (about 3 ms of every
 if TYPE_CHECKING:  # fiberctl inside a job, whose socket is found through records)
+    from collections.abc import Callable
     from typing import Any, TypeVar, dataclass_transform, overload
 
     T = TypeVar("T")

@@ -52,7 +52,6 @@ from __future__ import annotations
 import _signal
 import os
 import sys
-from collections.abc import Callable, Sequence
 from types import FrameType, SimpleNamespace
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
@@ -62,6 +61,7 @@ from slurm_fiber.discovery import discover_socket
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable, Sequence
     from typing import NoReturn
 
 EXIT_OK = 0

@@ -9,8 +9,6 @@ directory. The concrete homes live in sub-modules.
 
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
     from typing import Any
@@ -52,6 +50,8 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # with warnings: not in fiberctl's start-up, which asks no lazy name
+
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

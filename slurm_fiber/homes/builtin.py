@@ -9,12 +9,12 @@ purpose: fiberd loads only the home it runs, and listing the homes (for
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from slurm_fiber.homes.select import BuiltHome, HomeEntry, HomeRefused
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (discovery imports this)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
     from slurm_fiber.config import FiberdConfig

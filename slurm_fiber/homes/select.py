@@ -32,14 +32,11 @@ command inside a job, where discovery asks the Slurm home for the socket.
 
 from __future__ import annotations
 
-import functools
-import importlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-
 from slurm_fiber.record import record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
+    from collections.abc import Awaitable, Callable, Iterator, Mapping
     from pathlib import Path
 
     from slurm_fiber.config import FiberdConfig
@@ -94,10 +91,11 @@ class BuiltHome:
         return f"the {self.home.name()} home gives no cgroup root"
 
 
-# ``build(config, clock, environ, on_problem)``: blocks briefly (file reads in threads);
-# raises HomeRefused with one line when the home cannot be built here.
-HomeBuilder = Callable[["FiberdConfig", "Clock", Mapping[str, str], "ProblemSink"],
-                       Awaitable[BuiltHome]]
+if TYPE_CHECKING:  # a type only: collections.abc stays out of a client's start-up
+    # ``build(config, clock, environ, on_problem)``: blocks briefly (file reads in threads);
+    # raises HomeRefused with one line when the home cannot be built here.
+    HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
+                           Awaitable[BuiltHome]]
 
 
 def _no_defaults(_environ: Mapping[str, str]) -> dict[str, object]:
@@ -146,17 +144,22 @@ def builtin_entries() -> tuple[HomeEntry, ...]:
     return BUILTIN
 
 
-@functools.cache
+_INSTALLED: list[tuple[tuple[str, str], ...]] = []  # _installed()'s one answer, once read
+
+
 def _installed() -> tuple[tuple[str, str], ...]:
     """(name, value) of every ``slurm_fiber.homes`` entry point, read once per process."""
-    from importlib.metadata import entry_points  # about 10 ms: only when a name needs it
+    if not _INSTALLED:
+        from importlib.metadata import entry_points  # about 10 ms: only when a name needs it
 
-    return tuple(sorted((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)))
+        _INSTALLED.append(tuple(sorted(
+            (ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP))))
+    return _INSTALLED[0]
 
 
 def forget_installed() -> None:
     """Read the entry points again on next use (after installing a home at run time)."""
-    _installed.cache_clear()
+    _INSTALLED.clear()
 
 
 def load_object(spec: str) -> object:
@@ -164,6 +167,8 @@ def load_object(spec: str) -> object:
 
     Raises LookupError with one line when it cannot be had.
     """
+    import importlib  # with warnings: not in a client's start-up, which loads no object
+
     module, _, attr = spec.partition(":")
     try:
         target: object = importlib.import_module(module)

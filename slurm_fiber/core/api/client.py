@@ -14,11 +14,10 @@ thread-safe: one client per thread.
 from __future__ import annotations
 
 import _socket
-import array
 import os
 import stat
+import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
 
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
 from slurm_fiber.core.api.replies import (
@@ -31,6 +30,10 @@ from slurm_fiber.core.api.replies import (
     Metrics,
     Ready,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
 
 MAX_REPLY = 16 << 20
 BATCH_SINCE = 3  # protocol.BATCH_SINCE and PAGED_SINCE (not imported: the protocol module
@@ -93,10 +96,11 @@ class FiberdClient:
     def send(self, message: dict[str, object], fds: Sequence[int] = ()) -> None:
         """Send one request frame, with ``fds`` attached to its first byte."""
         data = encode_frame(message)
+        # C ints packed by struct, not array.array: importing array imports collections.abc
+        rights = struct.pack(f"{len(fds)}i", *fds)
         try:
             sent = self.sock.sendmsg(
-                [data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]
-            ) if fds else 0
+                [data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)]) if fds else 0
             self.sock.sendall(data[sent:])
         except OSError as e:
             raise Unreachable(f"sending to fiberd failed: {e.strerror or e}") from e

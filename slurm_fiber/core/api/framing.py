@@ -22,12 +22,13 @@ is ``json``'s own.
 
 from __future__ import annotations
 
-import operator
 import os
 import struct
-from collections.abc import Iterable, Sequence
-from itertools import accumulate, count
 from types import SimpleNamespace
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a 64 KiB token plus generous arguments
@@ -176,7 +177,9 @@ def _depth(body: bytes) -> int:
     Works on the bytes at C speed (about one parse's cost): strings are cut
     out, then the running count of brackets is taken with accumulate.
     """
-    import re  # compiled once, on the first deep-looking body: not in a client's start-up
+    import operator  # these three on the first deep-looking body: not in a client's start-up
+    import re
+    from itertools import accumulate, count
 
     brackets = re.sub(_STRING, b"", body).translate(None, _NOT_BRACKET)
     if not brackets:

@@ -9,19 +9,22 @@ reads an older fiberd. Records (fibers, grants) stay JSON objects: their
 fields are documented in docs/socket-protocol.md and grow additively.
 
 Light on purpose: plain classes with slots, nothing imported (not even
-``typing``, whose import costs a client started per task, ``fiberctl run``,
-more than these whole types).
+``typing`` or ``collections.abc``, whose imports cost a client started per
+task, ``fiberctl run``, more than these whole types). A ``result`` is decoded
+JSON, so its objects are checked as ``dict``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 Json = dict[str, object]
 
 
 def _dict(value: object) -> Json:
-    return dict(value) if isinstance(value, Mapping) else {}
+    return dict(value) if isinstance(value, dict) else {}
 
 
 class _Reply:
@@ -35,7 +38,7 @@ class _Reply:
 
 
 def _records(value: object) -> list[Json]:
-    return [dict(r) for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
+    return [dict(r) for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 class Fiber(dict[str, object]):
@@ -227,7 +230,7 @@ class BatchStarted(_Reply):
     def fibers(self) -> dict[str, Fiber]:
         """The started fibers' records by item key."""
         return {str(i.get("key")): Fiber(_dict(i.get("fiber"))) for i in self.items
-                if i.get("ok") and isinstance(i.get("fiber"), Mapping)}
+                if i.get("ok") and isinstance(i.get("fiber"), dict)}
 
 
 Reply = Fiber | BatchStarted | FiberList | Delivered | GrantList | Ready | Document | Metrics

@@ -10,10 +10,13 @@ about 3 ms of such a command. Pure: nothing here touches the file system.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from slurm_fiber.defaults import STATE_DIR
 from slurm_fiber.homes.slurm.names import check_node
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 STATE_ROOT_ENV = "SLURM_FIBER_STATE_ROOT"
 

@@ -13,12 +13,12 @@ read the same file the same way; ``siteconfig`` validates every key.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV, state_root_of
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 CONFIG_ENV = "SLURM_FIBER_CONFIG"
