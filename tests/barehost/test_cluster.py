@@ -37,6 +37,21 @@ def test_srun_on_both_nodes(slurm_cluster: SlurmCluster, job_user: JobUser) -> N
     assert sorted(names.stdout.splitlines()) == [f"n1 {job_user.name}", f"n2 {job_user.name}"]
 
 
+def test_fiberctl_in_a_job_imports_only_what_one_run_needs(slurm_cluster: SlurmCluster,
+                                                          job_user: JobUser) -> None:
+    """The site venv's console script (pip >= 25.2: bare-host's SITE_PIP) and fiberctl's
+    in-job path import no re, nor the enum, functools and collections it brings (about
+    8 ms of every fiberctl a job starts). No fiberd runs in this step: it ends with 69."""
+    bin_dir = slurm_cluster.site_bin
+    out = slurm_cluster.srun("-N1", str(bin_dir / "python"), "-X", "importtime",
+                             str(bin_dir / "fiberctl"), "run", "--", "true", user=job_user)
+    assert out.returncode == 69, out.stderr
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"slurm_fiber.cli.fiberctl", "slurm_fiber.homes.slurm.sitefile"} <= imported
+    assert not {"re", "enum", "functools", "collections", "socket", "typing"} & imported
+
+
 def test_gpu_step_sees_its_gpu(slurm_cluster: SlurmCluster, job_user: JobUser) -> None:
     out = slurm_cluster.srun("--gres=gpu:1", "printenv", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS",
                              user=job_user)
