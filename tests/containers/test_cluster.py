@@ -54,6 +54,19 @@ def test_the_release_runs_and_a_user_reaches_both_nodes(
     assert sorted(out.stdout.splitlines()) == [f"n1 {USER}", f"n2 {USER}"]
 
 
+def test_the_site_venvs_fiberctl_imports_no_re(container_cluster: ContainerCluster) -> None:
+    """The image installs as docs/slurm.md's site install does, pip >= 25.2 first, so the
+    console script imports no re (with enum, functools and collections, about 8 ms of every
+    fiberctl), whatever pip the release's venv brings. No fiberd at that socket: 69."""
+    venv = "/opt/slurm-fiber/venv/bin"
+    out = container_cluster.run("n1", f"{venv}/python", "-X", "importtime", f"{venv}/fiberctl",
+                                "run", "-S", "/nonexistent", "--", "true", user=USER)
+    assert out.returncode == 69, out.stderr
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "slurm_fiber.cli.fiberctl" in imported and "re" not in imported, out.stderr
+
+
 def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> None:
     work = f"/tmp/fiber-job-{container_cluster.release}"
     made = container_cluster.run("n1", "sh", "-c", f"rm -rf {work} && mkdir {work} && "
