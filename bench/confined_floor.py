@@ -5,18 +5,27 @@ no daemon, measured on this host.
 processes at once, released together. Each holds one leaf of its own in every cgroup
 hierarchy listed (``fiber_hierarchies``: where a fiber of fiberd's cgroup mode and
 backend is placed here, the unified hierarchy and, on a hybrid host, each v1
-hierarchy fiberd carves) and, per task, forks a fresh child that joins those leaves
-(one ``cgroup.procs`` write each, as a spare does; the first child checks it sits in
-all of them) and then either execs ``true``
-(W1, from a worker that imported nothing more) or computes ``i * i`` and writes it to
-a pipe (W2, from a worker holding the preloads with its heap frozen, as a template
-does); the worker reads the result where there is one and reaps the child. Leaves are
-reused from task to task, as fiberd's leaf pool reuses them (core/leaves.py). There is
-no socket, admission, audit record, spare or client: what a task costs here is what
-the kernel charges for fork, the cgroup moves, exec, exit and wait, and the least
-Python around them. So no implementation of a fresh confined process per task can go
-faster on this host's CPUs, and ``cpu_per_task_ms`` is the part of any per-task CPU
-budget that is gone before a daemon does anything.
+hierarchy fiberd carves) and, per task, starts a fresh process in those leaves:
+
+  W1        ``true`` spawned (``os.posix_spawn``: vfork and exec, no copy of the worker's
+            page tables) while the worker itself sits in the leaves: it joins them (one
+            ``cgroup.procs`` write each), spawns, and goes back to its own groups, so the
+            leaves hold the task alone; from a worker that imported nothing more
+  W1-fork   the same ``true`` from a forked child that joins the leaves and execs, as
+            an exec stub does (a spare process per task); shown beside W1
+  W2        a forked child of a worker holding the preloads with its heap frozen, as a
+            template does, that joins the leaves, computes ``i * i`` and writes it to a
+            pipe
+
+The first task checks it sits in every leaf. The worker reads the result where there
+is one and reaps the child. Leaves are reused from task to task, as fiberd's leaf pool
+reuses them (core/leaves.py). There is no socket, admission, audit record, spare or
+client: what a task costs here is what the kernel charges for the process, the cgroup
+moves, exec, exit and wait, and the least Python around them. So no implementation of
+a fresh confined process per task of that kind can go much faster on this host's CPUs,
+and ``cpu_per_task_ms`` is the part of any per-task CPU budget that is gone before a
+daemon does anything. (W1 against W1-fork is what spawning an exec fiber, instead of
+execing a pre-placed fork, would save.)
 
 Returns tasks/s over all workers (the slowest worker's wall time) and CPU ms per task
 (workers and their reaped children, /proc clock ticks). Needs root (or a delegated
@@ -48,40 +57,64 @@ for m in sys.argv[4:]:
     __import__(m)
 gc.collect(); gc.freeze()
 procs = [os.path.join(leaf, "cgroup.procs") for leaf in leaves]
+homes = [os.path.join(os.path.dirname(os.path.dirname(leaf)), "cgroup.procs") for leaf in leaves]
+tail = "/" + "/".join(leaves[0].split("/")[-2:]) if leaves else ""
+env = dict(os.environ)
+null = os.open(os.devnull, os.O_RDWR)
+quiet = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)]
+
+def join(paths):  # move this process: one cgroup.procs write per hierarchy
+    for p in paths:
+        fd = os.open(p, os.O_WRONLY)
+        os.write(fd, b"0")
+        os.close(fd)
+
+def placed(text):  # whether /proc/<pid>/cgroup's text names every leaf
+    return sum(line.endswith(tail) for line in text.splitlines()) == len(leaves)
+
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()  # released with the other workers
 t0, c0 = time.perf_counter(), os.times()
 for i in range(n):
     r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+    if workload == "W1":  # spawned from inside the leaves, the worker back out at once
+        check = i == 0 and leaves
+        join(procs)
         try:
-            os.close(r)
-            for p in procs:
-                fd = os.open(p, os.O_WRONLY)
-                os.write(fd, b"0")
-                os.close(fd)
-            if i == 0 and leaves:  # the first child checks it sits in every leaf
-                tail = "/" + "/".join(leaves[0].split("/")[-2:])
-                lines = open("/proc/self/cgroup").read().splitlines()
-                if sum(line.endswith(tail) for line in lines) != len(leaves):
-                    os._exit(3)
-            if workload == "W1":
-                os.execv("/bin/true", ["true"])
-            os.write(w, str(i * i).encode())
-            os._exit(0)
+            pid = os.posix_spawn("/bin/cat", ["cat", "/proc/self/cgroup"], env,
+                                 file_actions=[quiet[0], (os.POSIX_SPAWN_DUP2, w, 1)]) \\
+                if check else os.posix_spawn("/bin/true", ["true"], env, file_actions=quiet)
         finally:
-            os._exit(127)
+            join(homes)
+    else:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                join(procs)
+                if i == 0 and leaves and not placed(open("/proc/self/cgroup").read()):
+                    os._exit(3)
+                if workload == "W1-fork":
+                    os.execv("/bin/true", ["true"])
+                os.write(w, str(i * i).encode())
+                os._exit(0)
+            finally:
+                os._exit(127)
     os.close(w)
-    got = os.read(r, 64)
+    got = os.read(r, 65536)
     os.close(r)
     _, status = os.waitpid(pid, 0)
+    if workload == "W1" and i == 0 and leaves and not placed(got.decode()):
+        sys.exit(f"task 0 did not sit in every leaf: {got!r}")
     if status != 0 or (workload == "W2" and int(got) != i * i):
         sys.exit(f"task {i}: status {status}, result {got!r}")
 c1 = os.times()
 cpu = sum(c1[:4]) - sum(c0[:4])
 print(json.dumps({"wall": time.perf_counter() - t0, "cpu": cpu}))
 """
+
+
+WORKLOADS = ("W1", "W1-fork", "W2")
 
 
 def fiber_hierarchies(carved: bool, backend: str | None) -> list[str]:
@@ -170,7 +203,7 @@ def main() -> int:
     where = fiber_hierarchies(True, "hybrid" if opts.v1 else "v2")
     try:
         figures = {w: confined_floor(w, opts.n, opts.jobs, opts.modules, where)
-                   for w in ("W1", "W2")}
+                   for w in WORKLOADS}
     except OSError as err:
         print(json.dumps({"bench": "confined_floor", "unavailable": str(err)}))
         return 1

@@ -31,7 +31,8 @@ hundred tasks): what that CPU allows on this machine's CPUs caps the throughput
 whatever the latency (``cpu_bound_per_s``), and ``share_of_bound`` says how close each
 run came. Last, after fiberd has stopped, the floor under both throughput targets
 (bench/confined_floor.py): W1 and W2 as fresh processes in their own leaves of the
-cgroup hierarchies a fiber joins here, ``-j`` at once, no daemon; for each throughput
+cgroup hierarchies a fiber joins here, ``-j`` at once, no daemon (W1 spawned from inside
+the leaves, and beside it ``W1-fork``, forked and exec'd as an exec stub is); for each throughput
 target (``floor_budgets``) the rate it asks in this run, the CPU per task that rate
 leaves on this machine's CPUs, and what the floor and ``fiberctl map`` spend of it.
 The fibers run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
@@ -70,7 +71,7 @@ from pathlib import Path
 import plots  # bench/plots.py
 import slurm  # bench/slurm.py: the job machinery
 from clone import cpu_by_role  # bench/clone.py: CPU of fiberd and what runs under it
-from confined_floor import confined_floor, fiber_hierarchies
+from confined_floor import WORKLOADS, confined_floor, fiber_hierarchies
 from fork_floor import spare_pipeline
 
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
@@ -540,6 +541,10 @@ def print_table(figures: dict[str, object]) -> None:
               f"{where}, no daemon: {t['floor_tasks_per_s']}/s, "
               f"{t['floor_cpu_per_task_ms']} ms CPU; fiberctl map: "
               f"{t['map_cpu_per_task_ms']} ms CPU")
+    fork = floor.get("W1-fork")
+    if isinstance(fork, dict):
+        print(f"floor, W1 forked in {where} and exec'd (as an exec stub is, not spawned): "
+              f"{fork['tasks_per_s']}/s, {fork['cpu_per_task_ms']} ms CPU")
     for key, row in figures.get("cpu_per_task_ms", {}).items():  # type: ignore[union-attr]
         parts = ", ".join(f"{role} {ms}" for role, ms in row.items()
                           if role not in ("total", "cpu_bound_per_s", "share_of_bound"))
@@ -624,7 +629,7 @@ def main() -> int:
         left = site.leftovers()
     hierarchies = fiber_hierarchies(mode == "carved", backend)
     floor = {w: confined_floor(w, max(FLOOR_TASKS, opts.n // opts.jobs), opts.jobs,
-                               [*preloads, FNS], hierarchies) for w in ("W1", "W2")}
+                               [*preloads, FNS], hierarchies) for w in WORKLOADS}
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
                "rounds": rounds, "cgroups": mode, "cgroup_backend": backend,
                **report(seq, par, bound, opts.jobs, skipped), "cpu_per_task_ms": cpu,

@@ -50,7 +50,7 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
                                            "share_of_bound"}
     floor = figures["floor"]  # the confined floor, in the hierarchies the fibers joined
     assert floor["hierarchies"][:1] == (["unified"] if figures["cgroups"] == "carved" else [])
-    for w in ("W1", "W2"):
+    for w in ("W1", "W1-fork", "W2"):
         assert floor[w]["tasks_per_s"] > 0 and floor[w]["cpu_per_task_ms"] >= 0
     for key, w in (("w1_throughput_map_over_parallel", "W1"),
                    ("w2_throughput_fiber_over_dask", "W2")):
