@@ -24,6 +24,7 @@ and read by the test (root).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,9 +134,11 @@ def alices_entries(victim: Victim) -> dict[str, object]:
     """What of the node's lease area is alice's: her lease's holder record and every entry of
     the state document that names her party or her GPU (by key or in its value)."""
     mine = (victim.party(), victim.resource)
+    # Whole names: job 12's party is a prefix of job 123's, which may be mallory's.
+    her = re.compile("(?:" + "|".join(re.escape(m) for m in mine) + r")(?![0-9])")
 
     def names_her(key: str, value: object) -> bool:
-        return key in mine or any(m in json.dumps(value) for m in mine)
+        return key in mine or her.search(json.dumps(value)) is not None
 
     doc = json.loads(victim.paths.lease_state.read_text())
     state: dict[str, object] = {}
