@@ -109,8 +109,10 @@ def plain_line(line: str) -> str | None:
     if not rest.startswith('"'):
         return None
     end = rest.find('"', 1)
+    if end < 0:
+        return None
     value, tail = rest[1:end], rest[end + 1:].lstrip(_BLANK)
-    if end < 0 or any(c == "\\" or c < " " or c == "\x7f" for c in value):
+    if any(c == "\\" or c < " " or c == "\x7f" for c in value):
         return None
     if tail and (tail[0] != "#" or any((c < " " and c != "\t") or c == "\x7f"
                                        for c in tail[1:])):
