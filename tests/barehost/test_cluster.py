@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.barehost.importtimekit import imported
+
 if TYPE_CHECKING:
     from tests.barehost.clusterkit import BareHost, SlurmCluster
     from tests.security.userkit import JobUser
@@ -46,10 +48,9 @@ def test_fiberctl_in_a_job_imports_only_what_one_run_needs(slurm_cluster: SlurmC
     out = slurm_cluster.srun("-N1", str(bin_dir / "python"), "-X", "importtime",
                              str(bin_dir / "fiberctl"), "run", "--", "true", user=job_user)
     assert out.returncode == 69, out.stderr
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert {"slurm_fiber.cli.fiberctl", "slurm_fiber.homes.slurm.sitefile"} <= imported
-    assert not {"re", "enum", "functools", "collections", "socket", "typing"} & imported
+    modules = imported(out.stderr)
+    assert {"slurm_fiber.cli.fiberctl", "slurm_fiber.homes.slurm.sitefile"} <= modules
+    assert not {"re", "enum", "functools", "collections", "socket", "typing"} & modules
 
 
 def test_gpu_step_sees_its_gpu(slurm_cluster: SlurmCluster, job_user: JobUser) -> None:

@@ -14,6 +14,7 @@ import subprocess
 
 import yaml
 
+from tests.barehost.importtimekit import imported
 from tests.conform.conformkit import SLURM_CLAUSES, outcomes
 from tests.containers.conftest import CLUSTER, ContainerCluster
 
@@ -62,9 +63,8 @@ def test_the_site_venvs_fiberctl_imports_no_re(container_cluster: ContainerClust
     out = container_cluster.run("n1", f"{venv}/python", "-X", "importtime", f"{venv}/fiberctl",
                                 "run", "-S", "/nonexistent", "--", "true", user=USER)
     assert out.returncode == 69, out.stderr
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "slurm_fiber.cli.fiberctl" in imported and "re" not in imported, out.stderr
+    modules = imported(out.stderr)
+    assert "slurm_fiber.cli.fiberctl" in modules and "re" not in modules, out.stderr
 
 
 def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> None:
