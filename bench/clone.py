@@ -25,10 +25,10 @@ machine falls on all of them alike:
       template's spare (fiberd ``--spares``) keeps it off;
   (f) for exec mode's baseline: ``subprocess.run(["true"])`` from this process;
   (g) the CPU a Clone costs, per mode and per process: fiberd itself, its template,
-      the fibers (each spare or exec stub from its fork to its exit, and what it
-      exec'd), the helpers alive under the template (idle spares and stubs, the stub
-      maker) and this client, over the samples, per Clone. Their sum over the CPUs
-      is what bounds throughput; ``total`` is exec mode's old single figure.
+      the fibers (each spare from its fork to its exit, or spawned program, and what
+      it exec'd), the helpers alive under the template (idle spares) and this client,
+      over the samples, per Clone. Their sum over the CPUs is what bounds throughput;
+      ``total`` is exec mode's old single figure.
 
 Targets: Clone p50 ≤ 1.5x the floor's p50, and ≥ 20x faster than (a) when
 (a) takes ≥ 200 ms. The report says for each mode whether they were met.
@@ -110,7 +110,7 @@ def _children(pid: int) -> list[int]:
 def cpu_by_role(pid: int) -> dict[str, float]:
     """CPU seconds so far of fiberd ``pid`` and what runs under it, by role (``ROLES``):
     fiberd itself, its templates, the fibers they reaped, their live children (spares,
-    stubs, stub makers, with what those reaped) and this process."""
+    with what those reaped) and this process."""
     out = dict.fromkeys(ROLES, 0.0)
     out["fiberd"] = _times(pid)[0]
     for template in _children(pid):

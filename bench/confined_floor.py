@@ -10,9 +10,10 @@ hierarchy fiberd carves) and, per task, starts a fresh process in those leaves:
   W1        ``true`` spawned (``os.posix_spawn``: vfork and exec, no copy of the worker's
             page tables) while the worker itself sits in the leaves: it joins them (one
             ``cgroup.procs`` write each), spawns, and goes back to its own groups, so the
-            leaves hold the task alone; from a worker that imported nothing more
+            leaves hold the task alone, as a template spawns an exec fiber
+            (core/exec_spawn.py); from a worker that imported nothing more
   W1-fork   the same ``true`` from a forked child that joins the leaves and execs, as
-            an exec stub does (a spare process per task); shown beside W1
+            a forked spare does (a spare process per task); shown beside W1
   W2        a forked child of a worker holding the preloads with its heap frozen, as a
             template does, that joins the leaves, computes ``i * i`` and writes it to a
             pipe

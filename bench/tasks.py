@@ -25,14 +25,15 @@ work: what the machine leaves), and a bare call-mode Clone round trip through
 ``FiberdClient`` (``slurm_fiber.cli.latency``: what fiberd adds to the bound; the
 Executor's and the exec path's p50 over it is what the client side adds), and, for the
 throughput runs of ``fiberctl map`` and GNU parallel, the CPU a task cost in all
-processes (``cpu_per_task_ms``: fiberd, its templates, the fibers, the stub makers and
-spares, the tool's own process tree; /proc's clock ticks, so read it from runs of a few
+processes (``cpu_per_task_ms``: fiberd, its templates, the fibers, the spares, the
+tool's own process tree; /proc's clock ticks, so read it from runs of a few
 hundred tasks): what that CPU allows on this machine's CPUs caps the throughput
 whatever the latency (``cpu_bound_per_s``), and ``share_of_bound`` says how close each
 run came. Last, after fiberd has stopped, the floor under both throughput targets
 (bench/confined_floor.py): W1 and W2 as fresh processes in their own leaves of the
 cgroup hierarchies a fiber joins here, ``-j`` at once, no daemon (W1 spawned from inside
-the leaves, and beside it ``W1-fork``, forked and exec'd as an exec stub is); for each throughput
+the leaves, as a template spawns an exec fiber, and beside it ``W1-fork``, forked and
+exec'd as a spare would); for each throughput
 target (``floor_budgets``) the rate it asks in this run, the CPU per task that rate
 leaves on this machine's CPUs, and what the floor and ``fiberctl map`` spend of it.
 The fibers run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
@@ -543,7 +544,7 @@ def print_table(figures: dict[str, object]) -> None:
               f"{t['map_cpu_per_task_ms']} ms CPU")
     fork = floor.get("W1-fork")
     if isinstance(fork, dict):
-        print(f"floor, W1 forked in {where} and exec'd (as an exec stub is, not spawned): "
+        print(f"floor, W1 forked in {where} and exec'd (as a spare would, not spawned): "
               f"{fork['tasks_per_s']}/s, {fork['cpu_per_task_ms']} ms CPU")
     for key, row in figures.get("cpu_per_task_ms", {}).items():  # type: ignore[union-attr]
         parts = ", ".join(f"{role} {ms}" for role, ms in row.items()

@@ -34,7 +34,7 @@ the working directory (environment and flags).
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 2 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
-| spares_idle | 300 | seconds with no Clone before a grant's spares and exec stubs go (0: never) |
+| spares_idle | 300 | seconds with no Clone before a grant's spares go (0: never) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
@@ -394,7 +394,7 @@ OPTIONS: tuple[Option, ...] = (
            "fiber processes each ready template forks ahead, from its grant's first Clone "
            "on (0: fork on each Clone)"),
     Option("spares_idle", _seconds(0, 86400, zero_ok=True),
-           "seconds without a Clone after which a grant's spares and exec stubs are "
+           "seconds without a Clone after which a grant's spares are "
            "dismissed, until its next Clone (0: kept while the grant lives)"),
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",

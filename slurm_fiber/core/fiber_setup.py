@@ -1,18 +1,17 @@
-"""What a spare process does between its start and user code, shared by both kinds.
+"""What a spare process does between its start and user code, and what an exec is given.
 
-A fiber spare (forked in core/template_main.py) and an exec stub
-(core/exec_stub.py, spawned by the template) do the same before user code:
-join their cgroup leaf (``join``), block on their order channel for one
-``run`` order (``await_order``), then take the order's stdio, env and cwd and
-either exec its argv (``exec_order``, writing an ``exec_failed`` record on
-failure) or, in a call fiber, go on to Python (``take_order``). Everything
+A fiber spare (forked in core/template_main.py) joins its cgroup leaf
+(``join``), blocks on its order channel for one ``run`` order
+(``await_order``), then takes the order's stdio, env and cwd and either
+execs its argv (``exec_order``, writing an ``exec_failed`` record on
+failure) or, in a call fiber, goes on to Python (``take_order``). Everything
 between a spare's fork and its exec stays in C calls and plain dicts where it
 can: each page the Python layers would touch there is a copy-on-write fault.
-Having one copy keeps an exec fiber identical whichever kind of spare it
-started from. Exit codes are the
-template's (module doc of core/template_main.py). Stdlib only and light: an
-exec stub imports it at start, ahead of its Clone; it holds no state and
-starts no threads.
+An exec fiber spawned straight into its leaf (core/exec_spawn.py) is given
+its stdio, env and argv by the same functions (``stdio_fds``, ``exec_env``,
+``exec_argv``), so it is the same whichever way it started. Exit codes are
+the template's (module doc of core/template_main.py). Stdlib only; it holds
+no state and starts no threads.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import os
 
 from slurm_fiber.core import template_wire as wire
 
-TYPE_CHECKING = False  # typing is not imported at run time: an exec stub starts lean
+TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -167,21 +166,36 @@ def order_env(order: wire.Message) -> dict[str, str]:
 
 
 def setup_stdio(msg: wire.Message, passed: list[int]) -> None:
-    """Make fds 0/1/2 the passed fds, else /dev/null and files under ``out_dir``."""
+    """Make fds 0/1/2 the order's stdio (``stdio_fds``)."""
+    for target, fd in enumerate(stdio_fds(msg, passed)):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def stdio_fds(msg: wire.Message, passed: list[int]) -> list[int]:
+    """The order's stdin, stdout and stderr as three fds the caller owns: the passed fds,
+    else /dev/null and files under ``out_dir``. Raises OSError (those opened so far
+    closed)."""
     flags = msg.get("stdio") or [False, False, False]
     out_dir = msg.get("out_dir")
     passed_iter = iter(passed)
-    for target, given in enumerate(list(flags)[:3]):
-        if given:
-            fd = next(passed_iter)
-        elif target == 0 or not isinstance(out_dir, str):
-            fd = os.open(os.devnull, os.O_RDWR)
-        else:
-            suffix = "out" if target == 1 else "err"
-            path = f"{out_dir}/fiber-{msg.get('id')}.{suffix}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(fd, target)
-        os.close(fd)
+    fds: list[int] = []
+    try:
+        for target, given in enumerate(list(flags)[:3]):
+            if given:
+                fds.append(next(passed_iter))
+            elif target == 0 or not isinstance(out_dir, str):
+                fds.append(os.open(os.devnull, os.O_RDWR))
+            else:
+                suffix = "out" if target == 1 else "err"
+                path = f"{out_dir}/fiber-{msg.get('id')}.{suffix}"
+                fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    except OSError:
+        for fd in fds:
+            if fd not in passed:
+                os.close(fd)
+        raise
+    return fds
 
 
 def exec_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:
@@ -197,12 +211,8 @@ def exec_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> 
         setup_stdio(order, stdio)
         if order.get("cwd"):
             os.chdir(str(order["cwd"]))
-        env = _environ_bytes()
-        for key, value in order_env(order).items():
-            env[key.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
-        argv = [str(a).encode("utf-8", "surrogateescape") for a in order.get("argv") or []]
-        if not argv:
-            raise ValueError("the exec order has no argv")
+        env = exec_env(order)
+        argv = exec_argv(order)
     except (OSError, ValueError) as e:
         write_error(result, e)
         return EXIT_SETUP
@@ -218,6 +228,24 @@ def exec_order(order: wire.Message, stdio: list[int], result: ResultChannel) -> 
         result.write(json.dumps({"ok": False, "exec_failed": failure}))
         return EXIT_EXEC if failure["code"] == EXIT_EXEC else EXIT_NOT_RUNNABLE
     return EXIT_EXEC  # not reached: _execvpe returns only by raising
+
+
+def exec_env(order: wire.Message) -> dict[bytes, bytes]:
+    """The environment an exec order's program gets: this process's plus the order's
+    (``order_env``), as the plain bytes dict execve takes. ``os.environ`` itself is left as
+    it is."""
+    env = _environ_bytes()
+    for key, value in order_env(order).items():
+        env[key.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
+    return env
+
+
+def exec_argv(order: wire.Message) -> list[bytes]:
+    """An exec order's argv as bytes. Raises ValueError when it is empty."""
+    argv = [str(a).encode("utf-8", "surrogateescape") for a in order.get("argv") or []]
+    if not argv:
+        raise ValueError("the exec order has no argv")
+    return argv
 
 
 def _environ_bytes() -> dict[bytes, bytes]:
@@ -282,7 +310,7 @@ def exec_failure(name: str, err: OSError) -> dict[str, object]:
 
 def error_record(exc: BaseException) -> dict[str, object]:
     """The ``error`` member of a failed fiber's record: type, one line, traceback."""
-    import traceback  # only on this path: an exec stub starts without it
+    import traceback  # only on this path
 
     tb = "".join(traceback.format_exception(exc))[-4000:]
     return {"type": type(exc).__name__, "message": wire.one_line(exc), "traceback": tb}

@@ -179,15 +179,17 @@ class Fiber:
 
     # ------------------------------------------------------------ set-up (Template only)
 
-    def attach(self, result_sock: socket.socket, pidfd: int | None) -> None:
-        """Start reading the result socket (stream or datagrams, joined until end of file).
+    def attach(self, result_sock: socket.socket | None, pidfd: int | None) -> None:
+        """Start reading the result socket (stream or datagrams, joined until end of file;
+        None: a program spawned straight from the template, which writes no record).
 
         The fiber owns the socket and ``pidfd`` (opened before the process
         could exit, or None) from now on. Called once by Template.fork.
         """
         self.pidfd = pidfd
-        result_sock.setblocking(False)
-        self._result = _ResultReader(result_sock)
+        if result_sock is not None:
+            result_sock.setblocking(False)
+            self._result = _ResultReader(result_sock)
         self._finished = asyncio.ensure_future(self._finish())
 
     def reported_exit(self, msg: dict[str, object]) -> None:
@@ -306,7 +308,9 @@ class Fiber:
         """The call-mode record once the fiber has written all of it (its result channel
         at end of file, which may be before its exit is known), or at its end; None when
         it wrote none. Never raises."""
-        assert self._result is not None, "Fiber.attach was not called"
+        assert self._finished is not None, "Fiber.attach was not called"
+        if self._result is None:
+            return None
         await asyncio.shield(self._result.complete)
         return self._result.record()
 
@@ -355,8 +359,7 @@ class Fiber:
             found = await end_reading(self.cgroup, self.stdout_path, self.stderr_path)
             peak, ooms = found.peak, found.oom_kills
             self.stdout_path, self.stderr_path = found.stdout, found.stderr
-        assert self._result is not None
-        result = self._result.finish()
+        result = self._result.finish() if self._result is not None else None
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None

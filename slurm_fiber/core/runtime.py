@@ -151,8 +151,8 @@ class Core:
     ``state_dir`` holds template logs and fiber output files. ``grace`` is
     the SIGTERM → SIGKILL delay for every stop. ``spares`` is how many fiber
     processes each ready template forks ahead; ``spares_idle``, the clock
-    seconds without a Clone after which a grant's spares and exec stubs are
-    dismissed until its next Clone (None: never). ``template_timeout`` is the
+    seconds without a Clone after which a grant's spares are dismissed until
+    its next Clone (None: never). ``template_timeout`` is the
     seconds a template or spare may take to answer before the template is
     killed and re-warmed. ``python`` is the interpreter templates run.
     ``strict_limits``: refuse (``unenforceable``) a grant asking for a limit
@@ -308,7 +308,7 @@ class Core:
             self._shed_idle_spares()
 
     def _shed_idle_spares(self) -> None:
-        """Dismiss the spares and exec stubs of grants not cloned for ``spares_idle``
+        """Dismiss the spares of grants not cloned for ``spares_idle``
         (``Template.shed_idle_spares``), each said in the log."""
         for uid, grant in self._grants.items():
             if grant.template.shed_idle_spares():

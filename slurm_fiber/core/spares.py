@@ -1,18 +1,18 @@
 """A template's spares of one kind, as fiberd sees them: asked, idle, in use.
 
 A *spare* is a process made ahead of a Clone, already in its cgroup leaf
-(core/leaves.py), tied to the template by its death signal and blocked on
-its order channel, whose other end fiberd holds (``Spare.orders``). Two
-kinds exist: a *fiber* spare, forked from the warm template (it runs call
-and exec orders), and an *exec stub*, a small interpreter the template
-spawns (it runs exec orders only; core/exec_stub.py). ``SparePool`` holds
-one kind's spares through their life: *asked* of the template (``asked``,
-until its ``spared`` answer), *idle* (spared, waiting for an order), *in
-use* (handed an order: the fiber it became, by spare id, until that fiber
-ends). It does the bookkeeping and no I/O; ``Template`` sends, kills and
-reaps. ``short()`` says whether more should be asked for to keep
-``target`` idle or under way. Ids are unique across a template's kinds (one
-counter, shared): the template reports each exit by spare id.
+(core/leaves.py), tied to the template by its death signal and blocked on its order
+channel, whose other end fiberd holds (``Spare.orders``): a *fiber* spare, forked from
+the warm template (it runs call and exec orders). A *spawn* is kept the same way with no
+process made ahead: an exec fiber's program the template starts straight into its leaf
+on the Clone (core/exec_spawn.py), asked with its order and no order channel; its pool
+keeps none idle. ``SparePool`` holds one kind's spares through their life: *asked* of
+the template (``asked``, until its ``spared`` answer), *idle* (spared, waiting for an
+order), *in use* (handed an order: the fiber it became, by spare id, until that fiber
+ends). It does the bookkeeping and no I/O; ``Template`` sends, kills and reaps.
+``short()`` says whether more should be asked for to keep ``target`` idle or under way.
+Ids are unique across a template's kinds (one counter, shared): the template reports
+each exit by spare id.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from slurm_fiber.record import record
 
 class Kind(enum.StrEnum):
     FIBER = "spare"  # forked from the warm template (the wire's "spare" order)
-    STUB = "stub"  # an exec stub spawned by the template (the wire's "stub" order)
+    SPAWN = "spawn"  # an exec fiber's program, started on its Clone (the wire's "spawn")
 
 
 @record
@@ -39,10 +39,11 @@ class Spare:
     id: str
     kind: Kind
     cgroup: Path | None
-    orders: socket.socket  # fiberd's end of the spare's order channel
+    orders: socket.socket | None  # fiberd's end of the spare's order channel (a spawn: none)
     spared: asyncio.Future[int]  # its pid, once the template has made it
     asked: float = 0.0  # when it was asked of the template (clock mono)
     pidfd: int | None = None
+    pid: int = 0  # once spared
 
 
 class SparePool:
@@ -99,6 +100,10 @@ class SparePool:
     def used(self, spare_id: str) -> None:
         """The fiber spare ``spare_id`` became has ended."""
         self._in_use.pop(spare_id, None)
+
+    def running(self) -> int:
+        """How many of its spares are fibers now."""
+        return len(self._in_use)
 
     def fiber(self, spare_id: str) -> Fiber | None:
         """The fiber spare ``spare_id`` became, while it runs."""

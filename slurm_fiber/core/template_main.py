@@ -35,15 +35,13 @@ In order, the template:
    of file on the order channel dismisses the spare (exit 0). So the fork
    and the cgroup move, which costs an RCU grace period when moves are
    spaced out, are paid before the Clone, not during it;
-3a. serves ``stub`` orders: each makes one *exec stub* (core/exec_stub.py)
-   without copying this big process: a small maker process (spawned once,
-   with ``posix_spawn``) clones itself as this process's child, which
-   confines itself as a spare does, then waits for an exec order. fiberd
-   asks for stubs once the grant has run an exec fiber and hands exec Clones
-   to an idle stub when it has one. Unless this package's
-   directory is safe (``dirtrust``) and the machine supported, stubs are
-   refused (``fork_failed``) and exec fibers fork as before;
-4. reaps its children, spares and stubs alike (``wait4``) and reports each exit, by
+3a. serves ``spawn`` orders: each starts one exec fiber's program straight
+   into its leaf (core/exec_spawn.py), with no fork of this big process: it
+   moves itself into the leaf, ``vfork``s and execs the program, moves
+   back, and answers ``spawned`` (the program's pidfd rides along) or, when
+   the program cannot start as ordered, ``spawn_failed`` (fiberd then starts
+   the fiber from a forked spare, which reports the failure);
+4. reaps its children, spares and spawned programs alike (``wait4``) and reports each exit, by
    spare id, with wait status and rusage. It learns which child exited from
    SIGCHLD's own record, or from fiberd's ``reap`` order, and waits for that pid
    alone; a walk of all children (for exits whose SIGCHLD coalesced) runs only as
@@ -89,9 +87,8 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
-from slurm_fiber.core import exec_stub
+from slurm_fiber.core import exec_spawn
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.core.child_exits import ChildExits, sweep_due, sweep_wait
@@ -112,7 +109,6 @@ from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _SPARE_UNBLOCKS = (*_FIBER_SIGNALS, signal.SIGCHLD)  # SIGCHLD: the template's signalfd's
-STUB_TIMEOUT = 10.0  # seconds the stub maker may take to clone one stub
 # Around each fork and in each spare, signal masks and dispositions are set with the C
 # module ``_signal``: ``signal``'s wrappers turn every signal they return into an enum,
 # Python code whose reference counting copies pages of the shared heap (~5 µs each here).
@@ -175,13 +171,15 @@ def _warm(order: wire.Message) -> None:
 class Server:
     """The template's fork-and-reap loop (blocking, single-threaded)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, home: wire.Message) -> None:
+        """``home``: the ``warm`` order, whose ``cgroup`` and ``also`` are this process's
+        own groups (a spawn comes back to them)."""
         self.sock = sock
         self.pid = os.getpid()
+        self.home = {"cgroup": home.get("cgroup"), "also": home.get("also")}
         self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
-        self.sock.set_inheritable(False)  # the stub maker must not hold it
+        self.sock.set_inheritable(False)  # inherited from fiberd: no child may hold it
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.stubs, self.no_stubs = _stub_maker()
         signal.set_wakeup_fd(self.wake_w)
         # The handler makes a SIGCHLD delivered to another thread fire the wakeup fd; in
         # this thread SIGCHLD is blocked and read, with its pid, from ``exits``.
@@ -208,8 +206,6 @@ class Server:
     def close(self) -> None:
         """Drop the template's fds (in a fiber, before user code)."""
         self.sock.close()
-        if self.stubs is not None:
-            self.stubs.forget()
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.exits.close()
@@ -280,8 +276,8 @@ class Server:
 
     def handle_request(self) -> bool:
         """Serve one message; False when the parent is gone or said stop."""
-        # Close-on-exec from the start: a received fd the template still holds when it
-        # spawns its stub maker must not reach the maker, its stubs and their programs.
+        # Close-on-exec from the start: a received fd must reach no program but the one
+        # it was sent for.
         data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, wire.MAX_FDS,
                                           socket.MSG_CMSG_CLOEXEC)
         if not data:
@@ -296,8 +292,8 @@ class Server:
             self.reap(msg["pid"])
         if msg["t"] == "spare" and len(fds) == 1:
             self.spare(msg, fds[0])
-        elif msg["t"] == "stub" and len(fds) == 1:
-            self.stub(msg, fds[0])
+        elif msg["t"] == "spawn":
+            self.spawn(msg, fds)
         else:
             for fd in fds:
                 os.close(fd)
@@ -339,38 +335,28 @@ class Server:
         _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
 
 
-    def stub(self, msg: dict[str, object], order_fd: int) -> None:
-        """Have the stub maker clone one exec stub (core/exec_stub.py); answer ``spared``
-        or ``fork_failed``. The stub is a child of this process, as a spare is: ``reap``
-        collects and reports it."""
+    def spawn(self, msg: dict[str, object], stdio: list[int]) -> None:
+        """Start an exec fiber's program in its leaf (core/exec_spawn.py) with the passed
+        ``stdio`` (closed here); answer ``spawned`` with its pidfd, or ``spawn_failed``.
+        The program is a child of this process, as a spare is: ``reap`` collects and
+        reports it. Raises Stranded (this process cannot go on: it exits)."""
         spare_id = str(msg.get("id"))
         try:
-            if self.stubs is None:
-                raise OSError(self.no_stubs)
-            pid = self.stubs.make(msg, order_fd)
-        except (OSError, wire.WireError) as e:
-            _send(self.sock, {"t": "fork_failed", "id": spare_id,
-                              "error": type(e).__name__, "message": wire.one_line(e)})
+            pid = exec_spawn.spawn(msg, stdio, self.home, set(_SPARE_UNBLOCKS))
+        except exec_spawn.Refused as e:
+            _send(self.sock, {"t": "spawn_failed", "id": spare_id, "message": str(e)})
             return
         finally:
-            os.close(order_fd)
-        with contextlib.suppress(OSError):  # as for a spare: it leads its group once spared
-            os.setpgid(pid, pid)
+            for fd in stdio:
+                os.close(fd)
         cgroup = msg.get("cgroup")
         self.children[pid] = (spare_id, cgroup if isinstance(cgroup, str) else None)
-        _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
-
-
-def _stub_maker() -> tuple[exec_stub.StubMaker | None, str | None]:
-    """The template's exec stub maker (started on first use), or why there is none: the
-    machine is not supported, or this package's directory is not safe (``dirtrust``)."""
-    lib = str(Path(exec_stub.__file__).resolve().parents[2])
-    if not exec_stub.SUPPORTED:
-        return None, f"exec stubs are off: no system call numbers for {os.uname().machine}"
-    why = safe_path_entry(lib)
-    if why is not None:
-        return None, f"exec stubs are off: {lib}: {why}"
-    return exec_stub.StubMaker(sys.executable, lib, STUB_TIMEOUT), None
+        pidfd = os.pidfd_open(pid)  # before any reap: it names this child, race-free
+        try:
+            socket.send_fds(self.sock, [wire.encode({"t": "spawned", "id": spare_id,
+                                                     "pid": pid})], [pidfd])
+        finally:
+            os.close(pidfd)
 
 
 def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
@@ -489,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     if not data:
         return 0
     try:
-        _warm(wire.decode(data))
+        warm = wire.decode(data)
+        _warm(warm)
     except BaseException as e:
         _send(sock, {"t": "warm_failed", "error": type(e).__name__,
                      "message": wire.one_line(e)})
@@ -497,8 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     _send(sock, {"t": "ready", "pid": os.getpid(), "modules": len(sys.modules)})
-    server = Server(sock)
-    server.serve()
+    server = Server(sock, warm)
+    try:
+        server.serve()
+    except exec_spawn.Stranded as e:
+        print(f"template: {e}; exiting", file=sys.stderr)
     server.kill_all()
     return 0
 

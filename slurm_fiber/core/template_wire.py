@@ -5,13 +5,16 @@ whole or not at all and file descriptors ride along with SCM_RIGHTS.
 Messages are dicts with a ``t`` (type):
 
 parent → template: ``warm`` (first, once: preload, warm, cgroup), ``spare``
-(fork one spare; its order channel rides along), ``stub`` (spawn one exec
-stub, core/exec_stub.py; same fields, its order channel rides along; it is
-answered and reaped as a spare is), ``reap`` (a ``pid`` whose pidfd showed its
-exit before its ``exit`` came: reap and report it now if it is the template's
-exited child; core/child_exits.py), ``stop``.
+(fork one spare; its order channel rides along), ``spawn`` (start one exec
+fiber's program in its leaf, core/exec_spawn.py: the fields of ``spare`` and
+its ``run`` ``order``; its stdio rides along; reaped as a spare is),
+``reap`` (a ``pid`` whose pidfd showed its exit before its ``exit`` came:
+reap and report it now if it is the template's exited child;
+core/child_exits.py), ``stop``.
 template → parent: ``ready``, ``warm_failed`` (error class, one line),
-``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``exit``
+``spared`` / ``fork_failed`` (answer to ``spare``, by ``id``), ``spawned``
+(its pid; the program's pidfd rides along) / ``spawn_failed`` (answer to
+``spawn``), ``exit``
 (a reaped spare or fiber, by spare ``id``: wait status and rusage).
 parent → spare, on its order channel: ``run`` (once: the fiber's id, mode,
 target and arguments or argv, env, cwd; its stdio rides along), or end of
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from slurm_fiber.core.api.framing import json_dumps, json_loads
 
-TYPE_CHECKING = False  # typing is not imported at run time: an exec stub starts lean
+TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

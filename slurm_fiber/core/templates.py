@@ -25,11 +25,14 @@ nor the cgroup move. A spare's replacement waits for the fiber's end (and
 takes its leaf) while another spare is idle: a fork of the template while
 its fiber exits held that exit up (1.0 → 2.8 ms measured: both work on the
 template's shared memory), so a waited Clone's exit event came late; with
-no idle spare left it is forked at once. (An exec stub's replacement, a
-clone of the small stub maker, is made at once: waiting only moved its
-work onto the exit event's path.) With no spare at hand (a burst, ``spares=0``, a spare
-that died) ``fork`` makes one on the spot and uses it. Spares are not
-fibers: they run no user code and do not count toward ``fibers`` (a grant's
+no idle spare left it is forked at once. With no spare at hand (a burst,
+``spares=0``, a spare that died) ``fork`` makes one on the spot and uses it.
+An exec fiber takes no spare (unless ``exec_spawn`` is off): the template
+starts its program straight into a leaf (core/exec_spawn.py: it moves
+itself there and back around a ``vfork`` and exec), so the program starts
+from no copy of the template; one that cannot start as ordered (not found,
+a bad cwd) starts from a spare after all, which reports why as it always
+has. Spares are not fibers: they run no user code and do not count toward ``fibers`` (a grant's
 ``pids`` limit, where enforced, does count them), and are killed (cgroup and
 all) when the template stops or dies.
 
@@ -106,7 +109,7 @@ from slurm_fiber.core.lifecycle import (
     WarmError,
 )
 from slurm_fiber.core.spares import Kind, Spare, SparePool
-from slurm_fiber.core.waiting import first_done, pidfd_wait, set_done, stopped
+from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, stopped
 from slurm_fiber.record import field, record
 
 __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template",
@@ -213,7 +216,7 @@ class Template:
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
                  spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                 exec_stubs: int | None = None, spares_once_cloned: bool = False,
+                 exec_spawn: bool = True, spares_once_cloned: bool = False,
                  spares_idle: float | None = None) -> None:
         self.uid = uid
         self.spec = spec
@@ -235,12 +238,13 @@ class Template:
         self._pidfd: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
-        self.exec_stubs = spares if exec_stubs is None else exec_stubs
-        # Stubs are kept once the grant has run an exec fiber (a call-only grant pays none);
-        # with ``spares_once_cloned``, fiber spares once it has run any (a grant never
-        # cloned holds its template only).
+        self.exec_spawn = exec_spawn
+        # With ``spares_once_cloned``, spares are kept once the grant has run a fiber (a
+        # grant never cloned holds its template only). Spawns are asked one per exec fiber,
+        # never ahead: their pool only tracks them (target 0).
         self._pools = {Kind.FIBER: SparePool(Kind.FIBER, 0 if spares_once_cloned else spares),
-                       Kind.STUB: SparePool(Kind.STUB, 0)}
+                       Kind.SPAWN: SparePool(Kind.SPAWN, 0)}
+        self._spawning: dict[str, _Spawn] = {}  # by spare id, until its Clone has it
         self._leaves = LeafPool(cgroup)
 
     @classmethod
@@ -248,18 +252,18 @@ class Template:
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                    exec_stubs: int | None = None, spares_once_cloned: bool = False,
+                    exec_spawn: bool = True, spares_once_cloned: bool = False,
                     spares_idle: float | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
         ``spares`` spare processes (with ``spares_once_cloned``, from its first fiber on)
-        and, from its first exec fiber on, ``exec_stubs`` exec stubs (default: as many
-        as spares), until ``spares_idle`` clock seconds pass with no fork
-        (``shed_idle_spares``; None: never). ``timeout``: seconds it and its spares may
-        take to answer (module doc). Raises OSError if the process cannot be started
+        until ``spares_idle`` clock seconds pass with no fork
+        (``shed_idle_spares``; None: never); ``exec_spawn``: exec fibers start from no
+        spare (module doc). ``timeout``: seconds it and its spares may take to answer
+        (module doc). Raises OSError if the process cannot be started
         (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
-                       exec_stubs=exec_stubs, spares_once_cloned=spares_once_cloned,
+                       exec_spawn=exec_spawn, spares_once_cloned=spares_once_cloned,
                        spares_idle=spares_idle)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
@@ -307,26 +311,19 @@ class Template:
     async def fork(self, request: FiberRequest) -> Fiber:
         """Start one fiber and return it running (its pid known, its pidfd open).
 
-        An exec request uses an idle exec stub when there is one; otherwise (and
-        for a call) an idle spare, else one made now (waiting at most ``timeout``
-        for it). Raises TemplateNotReady unless ``ready``, also when the template
-        dies, stops answering or is stopped meanwhile; ValueError for a
-        malformed request; ForkFailed when the template cannot fork or the
-        fiber's cgroup cannot be made.
+        An exec request is spawned straight into a leaf (``exec_spawn``), or, when its
+        program cannot start so, and for a call, runs in an idle spare, else one
+        made now (waiting at most ``timeout`` for it). Raises TemplateNotReady
+        unless ``ready``, also when the template dies, stops answering or is
+        stopped meanwhile; ValueError for a malformed request; ForkFailed when
+        the template cannot fork or the fiber's cgroup cannot be made.
         """
         request.check()
         self._last_fork = self.clock.mono()
-        self._pools[Kind.FIBER].target = self.spares  # a first fiber: keep spares from now on
-        stubs = self._pools[Kind.STUB]
-        if request.mode == "exec" and stubs.target != self.exec_stubs:
-            stubs.target = self.exec_stubs  # the first exec: keep stubs from now on
-        stub = stubs.take() if request.mode == "exec" else None
-        if stub is not None and self.life.ready and request.id not in self.fibers:
-            self._refill()  # a stub is the maker's clone: it does not touch the template
-            with contextlib.suppress(_SpareGone):  # it died unseen: a spare, as below
-                return await self._hand_over(stub, request)
-        elif stub is not None:
-            stubs.keep(stub)
+        if request.mode == "exec" and self.exec_spawn:
+            with contextlib.suppress(_SpawnRefused):  # a spare's fork then says why
+                return await self._spawn_exec(request)
+        self._pools[Kind.FIBER].target = self.spares  # a first forked fiber: keep spares
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
             if not self.life.ready or self._sock is None:
@@ -390,17 +387,11 @@ class Template:
         """Pids of the (fiber) spares waiting for an order now."""
         return [s.spared.result() for s in self._pools[Kind.FIBER].idle]
 
-    @property
-    def idle_stubs(self) -> list[int]:
-        """Pids of the exec stubs waiting for an order now."""
-        return [s.spared.result() for s in self._pools[Kind.STUB].idle]
-
     def to_json(self) -> dict[str, object]:
         return {"uid": self.uid, "state": self.state.value, "pid": self.pid,
                 "warm_error": self.warm_error.to_json() if self.warm_error else None,
                 "restarts": self.restarts, "last_fault": self.last_fault,
                 "fibers": len(self.fibers), "spares": len(self._pools[Kind.FIBER].idle),
-                "exec_stubs": len(self._pools[Kind.STUB].idle),
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
 
     # ------------------------------------------------------------ lifecycle
@@ -455,36 +446,79 @@ class Template:
         tells when it is made; the template has ``timeout`` to answer, see ``_guard``).
         Raises ForkFailed when its cgroup leaf fails, _NoAnswer when the template cannot
         take the request (it is then given up on)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            ours.setblocking(False)
+            try:
+                return await self._ask(pool, ours, {}, [theirs.fileno()])
+            except BaseException:
+                ours.close()
+                raise
+
+    async def _ask(self, pool: SparePool, orders: socket.socket | None,
+                   extra: dict[str, object], fds: list[int]) -> Spare:
+        """Take a leaf and send the template ``pool``'s request for it (``extra`` fields
+        added, ``fds`` riding along); the spare it is about, asked. Raises ForkFailed when
+        the leaf fails, _NoAnswer when the template cannot take the request (it is then
+        given up on)."""
         spare_id = str(next(self._spare_ids))
         try:
             leaf = await self._leaves.take(spare_id)
         except LeafCreateFailed as err:
             raise ForkFailed(str(err)) from None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
-        spare = Spare(spare_id, pool.kind, leaf, ours,
+        spare = Spare(spare_id, pool.kind, leaf, orders,
                       asyncio.get_running_loop().create_future(), asked=self.clock.mono())
         pool.asked(spare)
         try:
             await _send(self._sock, {"t": pool.kind.value, "id": spare_id,
                                      "cgroup": str(leaf) if leaf else None,
                                      "also": [str(m) for m in cgroups.mirrors(leaf)]
-                                     if leaf else []},
-                        [theirs.fileno()], "the template", self.clock, self.timeout)
+                                     if leaf else [], **extra},
+                        fds, "the template", self.clock, self.timeout)
         except BaseException as err:
             self._bury(pool, spare)
             if isinstance(err, ForkFailed):
                 self._on(Event.STALLED, str(err))
                 raise _NoAnswer(str(err)) from None
             raise
-        finally:
-            theirs.close()
         return spare
 
+    async def _spawn_exec(self, request: FiberRequest) -> Fiber:
+        """Have the template start exec ``request``'s program straight into a leaf
+        (core/exec_spawn.py); the fiber, running. Raises as ``fork``, and _SpawnRefused
+        when the program cannot start so (its leaf is given back)."""
+        if not self.life.ready or self._sock is None:
+            raise self._not_ready()
+        if request.id in self.fibers or any(
+                s.request.id == request.id for s in self._spawning.values()):
+            raise ForkFailed(f"fiber id {request.id} is in use")
+        pool = self._pools[Kind.SPAWN]
+        try:
+            spare = await self._ask(pool, None, {"order": self._order(request)},
+                                    [fd for fd in request.stdio if fd is not None])
+        except _NoAnswer:
+            raise self._not_ready() from None
+        spawn = self._spawning[spare.id] = _Spawn(request)
+        try:
+            await asyncio.shield(spare.spared)
+        except _NoAnswer:
+            raise self._not_ready() from None
+        except asyncio.CancelledError:
+            # Nobody will hear of the fiber: once started, it is killed at once.
+            spare.spared.add_done_callback(lambda f: self._unwanted(f, spare.id))
+            raise
+        finally:
+            self._spawning.pop(spare.id, None)
+        assert spawn.fiber is not None
+        return spawn.fiber  # perhaps ended already: a fast program's exit came with it
+
     def _give_back(self, leaf: Path, peak: int | None) -> None:
-        """An ended fiber's empty leaf: kept for a later spare, or removed."""
-        self._leaves.give_back(leaf, peak, keep=self.life.ready,
-                               limit=max(sum(p.target for p in self._pools.values()), 1))
+        """An ended fiber's empty leaf: kept for a later spare or spawn, or removed. As many
+        are kept as spares are wanted, plus one per spawned fiber still running: a map of
+        exec fibers finds its next leaf free, rather than making one and removing one
+        per task."""
+        wanted = sum(p.target for p in self._pools.values()) + self._pools[Kind.SPAWN].running()
+        self._leaves.give_back(leaf, peak, keep=self.life.ready, limit=max(wanted, 1))
 
     def _refill(self) -> None:
         """Make spares in the background until each pool's target is idle or being made."""
@@ -536,9 +570,14 @@ class Template:
             if isinstance(err, ForkFailed):
                 raise _SpareGone(str(err)) from None
             raise
+        return self._become(pool, spare, request)
+
+    def _become(self, pool: SparePool, spare: Spare, request: FiberRequest) -> Fiber:
+        """Make ``spare``, handed ``request`` and its pid known, the running fiber it is
+        now (in ``fibers``; its exit report reaches it by spare id)."""
         out = self._out_path(request)
         fiber = Fiber(
-            id=request.id, pid=spare.spared.result(), uid=self.uid, jti=request.jti,
+            id=request.id, pid=spare.pid, uid=self.uid, jti=request.jti,
             epoch=request.epoch, deadline=request.deadline, started=self.clock.mono(),
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
             stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
@@ -559,9 +598,9 @@ class Template:
         return fiber
 
     def shed_idle_spares(self) -> bool:
-        """When no fork was asked for ``spares_idle`` clock seconds, dismiss the spares and
-        exec stubs (idle or being made) and keep none until the next fork, which forks on
-        the spot and restores them; whether it did now. Called by the core's upkeep."""
+        """When no fork was asked for ``spares_idle`` clock seconds, dismiss the spares
+        (idle or being made) and keep none until the next fork, which forks on the spot
+        and restores them; whether it did now. Called by the core's upkeep."""
         pools = self._pools.values()
         if (self.spares_idle is None or self._last_fork is None
                 or self.clock.mono() - self._last_fork < self.spares_idle
@@ -585,7 +624,8 @@ class Template:
     def _bury(self, pool: SparePool, spare: Spare) -> None:
         """Kill an unused spare and remove its leaf, in the background (``stop`` waits)."""
         pool.drop(spare)
-        spare.orders.close()
+        if spare.orders is not None:
+            spare.orders.close()
         if not spare.spared.done():
             spare.spared.set_exception(_NoAnswer("the template is gone"))
         if not spare.spared.cancelled():
@@ -630,9 +670,16 @@ class Template:
 
         def readable() -> None:  # every message waiting, in order, then back to the loop
             try:
-                while data := sock.recv(wire.MAX_MESSAGE + 1):
-                    with contextlib.suppress(wire.WireError):
-                        self._dispatch(wire.decode(data))
+                while True:
+                    data, fds, _, _ = socket.recv_fds(sock, wire.MAX_MESSAGE + 1, 1,
+                                                      socket.MSG_CMSG_CLOEXEC)
+                    if not data:
+                        break
+                    try:
+                        msg = wire.decode(data)
+                    except wire.WireError:
+                        msg = {"t": "unreadable"}
+                    self._dispatch(msg, fds)
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionError:
@@ -724,8 +771,19 @@ class Template:
         state = TemplateState.STOPPED if self.life.stopping else self.state
         return TemplateNotReady(state, self.warm_error)
 
-    def _dispatch(self, msg: dict[str, object]) -> None:
+    def _dispatch(self, msg: dict[str, object], fds: list[int]) -> None:
+        """Act on one message from the template; its ``fds`` are taken (used or closed)."""
         kind = msg["t"]
+        spawn = self._pools[Kind.SPAWN]
+        spare = spawn.answered(str(msg.get("id"))) if kind in ("spawned", "spawn_failed") \
+            else None
+        if spare is not None and self.life.phase is not Phase.REWARMING:
+            self._spawned(spawn, spare, msg, fds)
+            return
+        for fd in fds:
+            if kind == "spawned":  # nobody waits for it (given up on, stopping): kill it
+                _kill_by_pidfd(fd, msg.get("pid"))
+            os.close(fd)
         if self.life.phase is Phase.REWARMING and kind != "exit":
             return  # given up on: only its fibers' exits still count
         if kind == "ready":
@@ -748,6 +806,31 @@ class Template:
                 if (idle := pool.idle_one(spare_id)) is not None:
                     self._bury(pool, idle)  # it died idle (killed, or its set-up failed)
 
+    def _spawned(self, pool: SparePool, spare: Spare, msg: dict[str, object],
+                 fds: list[int]) -> None:
+        """The template's answer to a spawn: the fiber, made here and now (its exit may
+        be the next message), or the refusal (its leaf back to the pool)."""
+        spawn = self._spawning.get(spare.id)
+        if msg["t"] == "spawn_failed" or len(fds) != 1 or spawn is None:
+            for fd in fds:
+                os.close(fd)
+            if spare.cgroup is not None:
+                self._give_back(spare.cgroup, None)
+            spare.spared.set_exception(_SpawnRefused(str(msg.get("message"))))
+            return
+        spare.pid, spare.pidfd = int(str(msg.get("pid"))), fds[0]
+        spawn.fiber = self._become(pool, spare, spawn.request)
+        spare.spared.set_result(spare.pid)
+
+    def _unwanted(self, answer: asyncio.Future[int], spare_id: str) -> None:
+        """The ``answer`` to a spawn whose Clone was cancelled: kill the fiber it started."""
+        if answer.cancelled() or answer.exception() is not None:
+            return
+        fiber = self._pools[Kind.SPAWN].fiber(spare_id)
+        if fiber is not None:
+            fiber.note_reason("cancelled", "its Clone was cancelled while it started")
+            fiber.kill()
+
     def _spared(self, pool: SparePool, spare: Spare, msg: dict[str, object]) -> None:
         if msg["t"] == "fork_failed":
             spare.spared.set_exception(ForkFailed(f"fork failed: {msg.get('message')}"))
@@ -759,6 +842,7 @@ class Template:
         except ProcessLookupError:
             self._bury(pool, spare)
             return
+        spare.pid = pid
         spare.spared.set_result(pid)
 
     def _out_path(self, request: FiberRequest) -> Path:
@@ -799,13 +883,36 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
             raise ForkFailed(f"cannot reach {peer}: {e.strerror}") from None
 
 
+@record
+class _Spawn:
+    """An exec fiber asked of the template (``request``), and the fiber once started."""
+
+    request: FiberRequest
+    fiber: Fiber | None = None
+
+
 class _SpareGone(Exception):
     """The spare died before it took its order (one line)."""
+
+
+class _SpawnRefused(Exception):
+    """The template could not start an exec fiber's program straight into a leaf (one
+    line): a forked spare will run it and say why."""
 
 
 class _NoAnswer(ForkFailed):
     """The template cannot serve a spare request: it is gone, stopped answering or is
     stopping (it is no longer ready; ``fork`` turns this into TemplateNotReady)."""
+
+
+def _kill_by_pidfd(pidfd: int, pid: object) -> None:
+    """SIGKILL the process ``pidfd`` names and the process group it leads (``pid``, while
+    it is unreaped). Never raises."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    if isinstance(pid, int) and not pidfd_exited(pidfd):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def _kill_spare(spare: Spare, leaves: LeafPool) -> None:

@@ -39,8 +39,7 @@ def test_sigterm_stops_fibers_and_templates_and_removes_the_socket(site: Site) -
         sock = wait_socket(site, proc)
         wait_ready(sock)
         start_long_fiber(sock)
-        # The template, its spare, the fiber, and since the grant has run an exec fiber, the
-        # stub maker and an idle exec stub.
+        # The template and the fiber (commandkit.PROCESSES).
         assert len(wait_marked(site.mark, PROCESSES)) == PROCESSES
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -61,10 +61,10 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
                          uid: str = "grant-1", spares: int = 1,
-                         timeout: float = 10.0, exec_stubs: int = 0,
+                         timeout: float = 10.0, exec_spawn: bool = True,
                          spares_idle: float | None = None) -> Template:
     """A template whose env carries the test's mark and can import ``tests``
-    (no exec stubs unless asked: ``exec_template`` tests exec fibers from both kinds)."""
+    (``exec_template`` tests exec fibers started both ways)."""
     spec = TemplateSpec(preload=preload, warm=warm,
                         env={"SF_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
     env = template_env(dict(os.environ), spec, channel or DeviceChannel())
@@ -72,7 +72,7 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
     state.mkdir(exist_ok=True)
     return await Template.start(uid, spec, env, cgroup, state_dir=state,
                                 clock=clock or SystemClock(), spares=spares, timeout=timeout,
-                                exec_stubs=exec_stubs, spares_idle=spares_idle)
+                                exec_spawn=exec_spawn, spares_idle=spares_idle)
 
 
 async def read_line(fd: int) -> bytes:
@@ -94,49 +94,22 @@ async def warm_template(tmp: Path, mark: str, **kwargs: Any) -> Template:
     return t
 
 
-EXEC_STARTS = ("forked", "stub")  # how an exec fiber may start: a forked spare, an exec stub
+EXEC_STARTS = ("forked", "spawned")  # how an exec fiber may start (core/templates.py)
 
 
 async def exec_template(tmp: Path, mark: str, start: str, **kwargs: Any) -> Template:
-    """A ready template whose next exec fiber starts as ``start`` says: from a forked
-    spare (no exec stubs), or from an exec stub (a first exec fiber, which turns stubs on,
-    has run; a stub is idle when this returns)."""
-    t = await warm_template(tmp, mark, exec_stubs=int(start == "stub"), **kwargs)
-    if start == "stub":
-        first = await t.fork(FiberRequest(id="first-exec", mode="exec", argv=("true",)))
-        assert (await first.wait()).exit_code == 0
-        await idle_stub(t)
-    return t
+    """A ready template whose exec fibers start as ``start`` says: from a forked spare, or
+    spawned straight into their leaf (core/exec_spawn.py)."""
+    return await warm_template(tmp, mark, exec_spawn=start == "spawned", **kwargs)
 
 
 async def fork_as(t: Template, start: str, request: FiberRequest) -> Fiber:
-    """Fork ``request``; for "stub", check the fiber is the exec stub that was idle."""
-    stub = await idle_stub(t) if start == "stub" else None
+    """Fork ``request``; for "spawned", check the fiber took no idle spare; for "forked",
+    that it did when one was idle."""
+    spares = set(t.idle_spares)
     fiber = await t.fork(request)
-    assert stub is None or fiber.pid == stub
+    assert (fiber.pid in spares) == (start == "forked" and bool(spares))
     return fiber
-
-
-def stub_makers(pids: list[int]) -> list[int]:
-    """Those of ``pids`` that run a template's exec stub maker's code (core/exec_stub.py):
-    the maker, and its clones not yet exec'd (idle stubs)."""
-    out = []
-    for pid in pids:
-        try:
-            if b"exec_stub import serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue  # gone meanwhile
-    return out
-
-
-async def idle_stub(t: Template, within: float = 10.0) -> int:
-    """The pid of an idle exec stub of ``t``, waiting up to ``within`` seconds for one."""
-    for _ in range(int(within / 0.01)):
-        if t.idle_stubs:
-            return t.idle_stubs[0]
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no idle exec stub within {within:g} s")
 
 
 async def stop_on_fake_clock(template: Template, clock: Any, grace: float = 1) -> None:

@@ -49,13 +49,13 @@ def let_go(served, within: float = 10.0) -> None:
 
 
 def spares_made(path, within: float = 30.0) -> None:
-    """Return once every template keeps its spares and exec stubs (two each, fiberd's
-    default) idle: what a Clone uses is replaced in the background."""
+    """Return once every template keeps its spares (two, fiberd's default) idle: what a
+    Clone uses is replaced in the background."""
     end = time.monotonic() + within
     with FiberdClient(path) as c:
         while time.monotonic() < end:
             templates = [g["template"] for g in c.request("list_grants")["grants"]]
-            if all(t["spares"] == 2 and t["exec_stubs"] == 2 for t in templates):
+            if all(t["spares"] == 2 for t in templates):
                 return
             time.sleep(0.02)
     raise AssertionError(f"spares not all made within {within:g} s: {templates}")
@@ -116,7 +116,7 @@ def test_fifty_clients_hammering(runtime: str, request: pytest.FixtureRequest) -
     valid_call(path)
     malformed(path, 4)
     if runtime == "fiberd_served":
-        spares_made(path)  # each spare and stub holds fds in fiberd: count them all
+        spares_made(path)  # each spare holds fds in fiberd: count them all
     let_go(served)
     before = open_fds()
     answered: list[int] = []

@@ -5,7 +5,7 @@ and a replacement is forked behind it, into an ended fiber's leaf when one
 is free; with ``spares=0`` each Clone makes its spare on the spot. A spare
 killed from outside never costs a Clone, and a stopped template leaves no
 spare process or leaf behind. A template not asked to fork for ``spares_idle``
-clock seconds dismisses its spares and exec stubs until its next fork.
+clock seconds dismisses its spares until its next fork.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from tests.core.processkit import (
     aio,
     cgroup_dirs,
     idle_spares,
-    idle_stub,
     marked_procs,
     stop_on_fake_clock,
     unified_cgroup,
@@ -107,22 +106,19 @@ async def test_an_idle_spare_killed_from_outside_does_not_cost_a_clone(
 
 
 @aio
-async def test_spares_and_stubs_go_after_spares_idle_without_a_fork_and_come_back_with_one(
+async def test_spares_go_after_spares_idle_without_a_fork_and_come_back_with_one(
         tmp_path: Path, mark: str):
     clock = FakeClock()
-    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, exec_stubs=1,
-                            spares_idle=60.0)
+    t = await warm_template(tmp_path, mark, preload=(T,), clock=clock, spares_idle=60.0)
     ran = await t.fork(FiberRequest(id="x1", mode="exec", argv=["true"], cwd="/"))
     assert (await ran.wait()).exit_code == 0
     [spare] = await idle_spares(t)
-    stub = await idle_stub(t)
     await clock.advance_and_settle(59.0)
     assert not t.shed_idle_spares()  # cloned 59 s ago: recent enough
     await clock.advance_and_settle(1.0)
     assert t.shed_idle_spares()
-    assert wait_dead(spare) and wait_dead(stub)
+    assert wait_dead(spare)
     assert t.idle_spares == [] and t.to_json()["spares"] == 0
-    assert t.to_json()["exec_stubs"] == 0
     assert not t.shed_idle_spares()  # nothing left to dismiss
     fiber = await t.fork(FiberRequest(id="c1", target=f"{T}:add", args=(2, 3)))
     assert (await fiber.wait()).result == {"ok": True, "result": 5}  # forked on the spot

@@ -1,10 +1,13 @@
-"""Exec fibers started from an exec stub get exactly what one forked from the template gets.
+"""Exec fibers spawned straight into their leaf get what one forked from a spare gets.
 
-Each test runs once per start (``EXEC_STARTS``): "forked" (no exec stubs, today's
-path) and "stub" (an idle exec stub is waiting, and the fiber is checked to be it).
-The same expectations hold for both: env (the template's, the order's, SLURM_FIBER_ID;
-the devices' variables win), cwd, cgroup leaf, stdio (passed fds and output files),
-process group, signal mask and dispositions, death signal, parent, exit and reasons.
+Each test runs once per start (``EXEC_STARTS``): "forked" (from a spare of the
+template) and "spawned" (core/exec_spawn.py: no spare is taken). The same
+expectations hold for both: env (the template's, the order's, SLURM_FIBER_ID; the
+devices' variables win), cwd, cgroup leaf, stdio (passed fds and output files),
+process group, signal mask and dispositions, parent, exit and reasons. The death
+signal differs, as core/exec_spawn.py says: a spawned program has none, and fiberd
+kills it when its template is lost. A program that cannot start as ordered starts
+from a spare after all, and fails as it always has.
 """
 
 from __future__ import annotations
@@ -28,17 +31,11 @@ from tests.core.processkit import (
     aio,
     exec_template,
     fork_as,
-    idle_spares,
-    idle_stub,
     marked_procs,
     read_line,
     stop_on_fake_clock,
-    stub_makers,
     wait_marked,
-    warm_template,
 )
-
-T = "tests.core.templates.targetkit"
 
 # Prints, as JSON, what an exec'd program inherits: its env, cwd, process group, parent,
 # death signal, cgroup and open descriptors (the listing's own among them).
@@ -93,7 +90,7 @@ async def test_an_exec_fiber_inherits_env_devices_cwd_cgroup_group_and_death_sig
     # stdio and the listing's own: nothing leaked
     assert sorted(int(fd) for fd in seen["fds"]) == [0, 1, 2, 3], seen["fds"]
     assert (seen["ppid"], seen["leads_group"], seen["deathsig"]) == (
-        t.pid, True, signal.SIGKILL)
+        t.pid, True, signal.SIGKILL if start == "forked" else 0)
     if carved:
         assert fiber.cgroup is not None and root is not None
         lines = seen["cgroup"].splitlines()
@@ -102,24 +99,6 @@ async def test_an_exec_fiber_inherits_env_devices_cwd_cgroup_group_and_death_sig
             assert any(line.endswith(":/" + "/".join(mirror.parts[5:])) for line in lines)
     else:
         assert seen["cgroup"] == Path(f"/proc/{t.pid}/cgroup").read_text()
-    await t.stop(1.0)
-    assert marked_procs(mark) == []
-
-
-@aio
-async def test_the_makers_own_bind_now_stays_its_own_and_a_templates_is_kept(
-        tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The maker runs with LD_BIND_NOW=1 (core/exec_stub.py); without it in the template's
-    # env, a program never sees it (the env test above); with it, it keeps its value.
-    monkeypatch.setenv("LD_BIND_NOW", "kept")
-    t = await exec_template(tmp_path, mark, "stub")
-    fiber = await fork_as(t, "stub", FiberRequest(
-        id="probe", mode="exec", argv=(sys.executable, "-c", PROBE), cwd=str(tmp_path)))
-    assert (await fiber.wait()).exit_code == 0
-    assert fiber.stdout_path is not None
-    seen = json.loads(fiber.stdout_path.read_text())
-    assert seen["env"]["LD_BIND_NOW"] == "kept"
-    assert seen["env"] == {**proc_env(t.pid), "SLURM_FIBER_ID": "probe"}
     await t.stop(1.0)
     assert marked_procs(mark) == []
 
@@ -165,33 +144,52 @@ async def test_an_exec_fiber_takes_passed_stdio_and_reports_its_exit(
 
 
 @aio
-async def test_a_killed_template_takes_its_stubs_their_fibers_and_the_maker_with_it(
-        tmp_path: Path, mark: str) -> None:
+async def test_a_killed_template_takes_its_spawned_programs_with_it(
+        tmp_path: Path, mark: str, cgroup_root: Path) -> None:
     clock = FakeClock()  # no re-warm meanwhile: what is left is what survived
-    t = await exec_template(tmp_path, mark, "stub", clock=clock)
-    fiber = await fork_as(t, "stub", FiberRequest(id="long", mode="exec",
-                                                  argv=("sleep", "60")))
-    await idle_stub(t)  # the one made to replace it
-    assert len(stub_makers(marked_procs(mark))) == 2  # the maker and the idle stub
+    grant = CgroupManager(cgroup_root).carve_grant("g", Limits())
+    t = await exec_template(tmp_path, mark, "spawned", clock=clock, cgroup=grant)
+    fiber = await fork_as(t, "spawned", FiberRequest(id="long", mode="exec",
+                                                     argv=("sleep", "60")))
     os.kill(t.pid, signal.SIGKILL)
-    end = await fiber.wait()
+    end = await fiber.wait()  # no death signal: fiberd killed it
     assert end.state is FiberState.LOST and end.reason is not None
     assert end.reason.code == "template_lost"
-    assert wait_marked(mark, 0) == []  # all by their death signal
+    assert wait_marked(mark, 0) == []
     await stop_on_fake_clock(t, clock)
 
 
+@pytest.mark.parametrize("carved", [False, True])
 @aio
-async def test_stubs_are_kept_from_the_first_exec_fiber_on(tmp_path: Path, mark: str) -> None:
-    t = await warm_template(tmp_path, mark, preload=(T,), exec_stubs=1)
-    call = await t.fork(FiberRequest(id="c", target=f"{T}:add", args=(1, 2)))
-    assert (await call.wait()).exit_code == 0
-    await idle_spares(t)
-    assert t.idle_stubs == [] and stub_makers(marked_procs(mark)) == []  # call-only: none
-    first = await t.fork(FiberRequest(id="x", mode="exec", argv=("true",)))
-    assert first.pid not in t.idle_stubs and (await first.wait()).exit_code == 0
-    stub = await idle_stub(t)
-    assert (await fork_as(t, "stub", FiberRequest(id="y", mode="exec", argv=("true",)))).pid \
-        == stub
+async def test_the_template_is_back_in_its_own_groups_after_each_spawn(
+        tmp_path: Path, mark: str, request: pytest.FixtureRequest, carved: bool) -> None:
+    root = request.getfixturevalue("cgroup_root") if carved else None
+    grant = CgroupManager(root).carve_grant("g", Limits())
+    t = await exec_template(tmp_path, mark, "spawned", cgroup=grant)
+    own = Path(f"/proc/{t.pid}/cgroup").read_text()
+    for i in range(3):
+        fiber = await fork_as(t, "spawned", FiberRequest(id=f"x{i}", mode="exec",
+                                                         argv=("true",)))
+        assert (await fiber.wait()).exit_code == 0
+        assert Path(f"/proc/{t.pid}/cgroup").read_text() == own
+    await t.stop(1.0)
+    assert marked_procs(mark) == []
+
+
+@aio
+async def test_a_program_that_cannot_start_as_ordered_fails_from_a_spare_as_before(
+        tmp_path: Path, mark: str) -> None:
+    t = await exec_template(tmp_path, mark, "spawned")
+    missing = await t.fork(FiberRequest(id="nf", mode="exec", argv=("no-such-program-sf",)))
+    end = await missing.wait()
+    assert end.exit_code == 127 and end.result is not None
+    assert end.result["exec_failed"]["name"] == "ENOENT"
+    nowhere = await t.fork(FiberRequest(id="cwd", mode="exec", argv=("true",),
+                                        cwd=str(tmp_path / "gone")))
+    end = await nowhere.wait()
+    assert end.exit_code == 72 and end.result is not None
+    assert "gone" in end.result["error"]["message"]
+    ran = await fork_as(t, "spawned", FiberRequest(id="ok", mode="exec", argv=("true",)))
+    assert (await ran.wait()).exit_code == 0  # and the next one is spawned again
     await t.stop(1.0)
     assert marked_procs(mark) == []
