@@ -27,14 +27,21 @@ its fiber exits held that exit up (1.0 → 2.8 ms measured: both work on the
 template's shared memory), so a waited Clone's exit event came late; with
 no idle spare left it is forked at once. With no spare at hand (a burst,
 ``spares=0``, a spare that died) ``fork`` makes one on the spot and uses it.
-An exec fiber takes no spare (unless ``exec_spawn`` is off): the template
+An exec fiber is mostly *spawned* instead (``exec_spawn``): the template
 starts its program straight into a leaf (core/exec_spawn.py: it moves
 itself there and back around a ``vfork`` and exec), so the program starts
-from no copy of the template; one that cannot start as ordered (not found,
-a bad cwd) starts from a spare after all, which reports why as it always
-has. Spares are not fibers: they run no user code and do not count toward ``fibers`` (a grant's
-``pids`` limit, where enforced, does count them), and are killed (cgroup and
-all) when the template stops or dies.
+from no copy of the template and costs a third of the CPU. But a cgroup
+move that comes after some 30 ms without one (anywhere on the machine)
+waits for an RCU grace period, ~11 ms here, where one within ~25 ms of the
+last costs 0.2 ms: so with ``exec_spawn="hot"`` (fiberd's) an exec Clone
+is spawned when this template moved a process within ``SPAWN_HOT`` seconds
+(a map, a burst) or has no idle spare, and otherwise takes an idle spare,
+already in its leaf (a lone ``fiberctl run``: 4.7 ms against 11 ms spawned,
+paced 100 ms apart). A program that cannot start as ordered (not found, a
+bad cwd) starts from a spare after all, which reports why as it always has.
+Spares are not fibers: they run no user code and do not count toward
+``fibers`` (a grant's ``pids`` limit, where enforced, does count them), and
+are killed (cgroup and all) when the template stops or dies.
 
 A template is one child process (``template_main``) started with exactly
 the ``env`` given (build it with ``template_env``: the grant's env, then the
@@ -117,6 +124,8 @@ __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_TIMEOUT = 10.0  # seconds a template or a spare may take to answer (template_timeout)
+SPAWN_HOT = 0.02  # seconds after a cgroup move of ours in which another is cheap (module doc)
+ExecSpawn = Literal["never", "hot", "always"]  # when an exec fiber is spawned (module doc)
 log = logging.getLogger(__name__)
 
 
@@ -216,7 +225,7 @@ class Template:
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
                  python: str = sys.executable, backoff: Backoff | None = None,
                  spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                 exec_spawn: bool = True, spares_once_cloned: bool = False,
+                 exec_spawn: ExecSpawn = "hot", spares_once_cloned: bool = False,
                  spares_idle: float | None = None) -> None:
         self.uid = uid
         self.spec = spec
@@ -239,6 +248,7 @@ class Template:
         self._task: asyncio.Task[None] | None = None
         self._spare_ids = itertools.count(1)  # never reset: a leaf may outlive its process
         self.exec_spawn = exec_spawn
+        self._moved_at: float | None = None  # clock mono of our last cgroup move (spawn, spare)
         # With ``spares_once_cloned``, spares are kept once the grant has run a fiber (a
         # grant never cloned holds its template only). Spawns are asked one per exec fiber,
         # never ahead: their pool only tracks them (target 0).
@@ -252,15 +262,15 @@ class Template:
                     cgroup: GrantCgroup | None = None, *, state_dir: Path, clock: Clock,
                     python: str = sys.executable, backoff: Backoff | None = None,
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                    exec_spawn: bool = True, spares_once_cloned: bool = False,
+                    exec_spawn: ExecSpawn = "hot", spares_once_cloned: bool = False,
                     spares_idle: float | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
         ``spares`` spare processes (with ``spares_once_cloned``, from its first fiber on)
         until ``spares_idle`` clock seconds pass with no fork
-        (``shed_idle_spares``; None: never); ``exec_spawn``: exec fibers start from no
-        spare (module doc). ``timeout``: seconds it and its spares may take to answer
-        (module doc). Raises OSError if the process cannot be started
-        (e.g. ``state_dir`` not writable)."""
+        (``shed_idle_spares``; None: never); ``exec_spawn``: when an exec fiber is
+        spawned rather than handed a spare (module doc). ``timeout``: seconds it and
+        its spares may take to answer (module doc). Raises OSError if the process
+        cannot be started (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
                        exec_spawn=exec_spawn, spares_once_cloned=spares_once_cloned,
@@ -311,7 +321,7 @@ class Template:
     async def fork(self, request: FiberRequest) -> Fiber:
         """Start one fiber and return it running (its pid known, its pidfd open).
 
-        An exec request is spawned straight into a leaf (``exec_spawn``), or, when its
+        An exec request may be spawned straight into a leaf (``exec_spawn``), or, when its
         program cannot start so, and for a call, runs in an idle spare, else one
         made now (waiting at most ``timeout`` for it). Raises TemplateNotReady
         unless ``ready``, also when the template dies, stops answering or is
@@ -320,10 +330,12 @@ class Template:
         """
         request.check()
         self._last_fork = self.clock.mono()
-        if request.mode == "exec" and self.exec_spawn:
+        self._pools[Kind.FIBER].target = self.spares  # a first fiber: keep spares from now on
+        if request.mode == "exec" and self._spawns():
             with contextlib.suppress(_SpawnRefused):  # a spare's fork then says why
-                return await self._spawn_exec(request)
-        self._pools[Kind.FIBER].target = self.spares  # a first forked fiber: keep spares
+                fiber = await self._spawn_exec(request)
+                self._refill()
+                return fiber
         gone = ""
         for _ in range(2):  # an idle spare may have died unseen: then one made now
             if not self.life.ready or self._sock is None:
@@ -482,6 +494,14 @@ class Template:
                 raise _NoAnswer(str(err)) from None
             raise
         return spare
+
+    def _spawns(self) -> bool:
+        """Whether an exec Clone now is spawned rather than handed an idle spare."""
+        if self.exec_spawn != "hot":
+            return self.exec_spawn == "always"
+        moved = self._moved_at
+        return (moved is not None and self.clock.mono() - moved < SPAWN_HOT) \
+            or not self._pools[Kind.FIBER].has_idle()
 
     async def _spawn_exec(self, request: FiberRequest) -> Fiber:
         """Have the template start exec ``request``'s program straight into a leaf
@@ -819,6 +839,7 @@ class Template:
             spare.spared.set_exception(_SpawnRefused(str(msg.get("message"))))
             return
         spare.pid, spare.pidfd = int(str(msg.get("pid"))), fds[0]
+        self._moved_at = self.clock.mono()
         spawn.fiber = self._become(pool, spare, spawn.request)
         spare.spared.set_result(spare.pid)
 
@@ -843,6 +864,7 @@ class Template:
             self._bury(pool, spare)
             return
         spare.pid = pid
+        self._moved_at = self.clock.mono()  # it joins its leaf now
         spare.spared.set_result(pid)
 
     def _out_path(self, request: FiberRequest) -> Path:

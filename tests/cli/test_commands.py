@@ -39,7 +39,7 @@ def test_sigterm_stops_fibers_and_templates_and_removes_the_socket(site: Site) -
         sock = wait_socket(site, proc)
         wait_ready(sock)
         start_long_fiber(sock)
-        # The template and the fiber (commandkit.PROCESSES).
+        # The template, its spares and the fiber (commandkit.PROCESSES).
         assert len(wait_marked(site.mark, PROCESSES)) == PROCESSES
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

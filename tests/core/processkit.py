@@ -23,7 +23,13 @@ from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.fibers import Fiber
 from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import FiberRequest, Template, TemplateState, template_env
+from slurm_fiber.core.templates import (
+    ExecSpawn,
+    FiberRequest,
+    Template,
+    TemplateState,
+    template_env,
+)
 from slurm_fiber.procs import marked
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +67,7 @@ async def start_template(tmp: Path, mark: str, *, preload: tuple[str, ...] = (),
                          warm: str | None = None, cgroup: GrantCgroup | None = None,
                          channel: DeviceChannel | None = None, clock: Clock | None = None,
                          uid: str = "grant-1", spares: int = 1,
-                         timeout: float = 10.0, exec_spawn: bool = True,
+                         timeout: float = 10.0, exec_spawn: ExecSpawn = "hot",
                          spares_idle: float | None = None) -> Template:
     """A template whose env carries the test's mark and can import ``tests``
     (``exec_template`` tests exec fibers started both ways)."""
@@ -100,7 +106,8 @@ EXEC_STARTS = ("forked", "spawned")  # how an exec fiber may start (core/templat
 async def exec_template(tmp: Path, mark: str, start: str, **kwargs: Any) -> Template:
     """A ready template whose exec fibers start as ``start`` says: from a forked spare, or
     spawned straight into their leaf (core/exec_spawn.py)."""
-    return await warm_template(tmp, mark, exec_spawn=start == "spawned", **kwargs)
+    return await warm_template(tmp, mark, exec_spawn="always" if start == "spawned" else "never",
+                               **kwargs)
 
 
 async def fork_as(t: Template, start: str, request: FiberRequest) -> Fiber:

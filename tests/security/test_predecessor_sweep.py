@@ -73,13 +73,13 @@ def test_the_next_fiberd_sweeps_a_sigkilled_ones_cgroup_tree_and_readiness(site:
             fiber = client.clone(grant="g1", exec={"argv": ["sleep", "300"]})
             (grant,) = client.request("list_grants")["grants"]
         template = int(grant["template"]["pid"])
-        # The template and the fiber (commandkit.PROCESSES).
+        # The template, its spares and the fiber (commandkit.PROCESSES).
         assert len(wait_marked(site.mark, PROCESSES)) == PROCESSES
         os.kill(template, signal.SIGSTOP)
         first.kill()
         first.wait(10)
     time.sleep(0.5)  # a template that could act on its death signal would have by now
-    left = marked_procs(site.mark)  # not these:
+    left = marked_procs(site.mark)  # the spares went (order channels closed); not these:
     assert {template, int(fiber["pid"])} <= set(left)
     in_tree = {int(p) for procs in tree.rglob("cgroup.procs") for p in procs.read_text().split()}
     assert set(left) <= in_tree

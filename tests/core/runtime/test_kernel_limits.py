@@ -105,8 +105,9 @@ def test_an_ended_fibers_leaf_serves_again_with_its_memory_peak_renewed(
         site: Site, backend: str) -> None:
     # On v1 memory a leaf is reused once its peak is reset (cgroups.renew_memory): a
     # Clone makes and removes no cgroup, and a fiber after a big one reports its own peak.
+    # (No spares: each exec fiber is spawned into the leaf the one before it left free.)
     site.drop(memory=512 << 20)
-    with serving(site, backend) as sock, FiberdClient(sock) as client:
+    with serving(site, backend, spares="0") as sock, FiberdClient(sock) as client:
         def clone(code: str) -> tuple[str, dict[str, object]]:
             fiber = client.clone(grant="g1", wait=True, exec={"argv": [PYTHON, "-c", code]})
             return str(fiber["cgroup"]), client.wait_exit(within=60)

@@ -7,7 +7,8 @@ devices' variables win), cwd, cgroup leaf, stdio (passed fds and output files),
 process group, signal mask and dispositions, parent, exit and reasons. The death
 signal differs, as core/exec_spawn.py says: a spawned program has none, and fiberd
 kills it when its template is lost. A program that cannot start as ordered starts
-from a spare after all, and fails as it always has.
+from a spare after all, and fails as it always has. fiberd spawns while cgroup moves
+are cheap and hands an idle spare the Clone that comes after a pause.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from tests.core.processkit import (
     aio,
     exec_template,
     fork_as,
+    idle_spares,
     marked_procs,
     read_line,
     stop_on_fake_clock,
     wait_marked,
+    warm_template,
 )
 
 # Prints, as JSON, what an exec'd program inherits: its env, cwd, process group, parent,
@@ -192,4 +195,26 @@ async def test_a_program_that_cannot_start_as_ordered_fails_from_a_spare_as_befo
     ran = await fork_as(t, "spawned", FiberRequest(id="ok", mode="exec", argv=("true",)))
     assert (await ran.wait()).exit_code == 0  # and the next one is spawned again
     await t.stop(1.0)
+    assert marked_procs(mark) == []
+
+
+@aio
+async def test_an_exec_clone_is_spawned_while_moves_are_cheap_and_takes_a_spare_after_a_pause(
+        tmp_path: Path, mark: str) -> None:
+    # fiberd's rule (exec_spawn="hot", core/templates.py): a cgroup move after a pause waits
+    # for an RCU grace period, so a Clone after one takes the idle spare, already placed.
+    clock = FakeClock()
+    t = await warm_template(tmp_path, mark, clock=clock)
+    [spare] = await idle_spares(t)
+    await clock.advance_and_settle(1.0)  # a pause since the spare moved
+    paused = await t.fork(FiberRequest(id="a", mode="exec", argv=("true",)))
+    assert paused.pid == spare and (await paused.wait()).exit_code == 0
+    [spare] = await idle_spares(t)  # its replacement has just moved: moves are cheap
+    burst = await t.fork(FiberRequest(id="b", mode="exec", argv=("true",)))
+    assert burst.pid != spare and (await burst.wait()).exit_code == 0
+    assert t.idle_spares == [spare]
+    await clock.advance_and_settle(1.0)
+    later = await t.fork(FiberRequest(id="c", mode="exec", argv=("true",)))
+    assert later.pid == spare and (await later.wait()).exit_code == 0
+    await stop_on_fake_clock(t, clock)
     assert marked_procs(mark) == []
