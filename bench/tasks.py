@@ -46,8 +46,10 @@ the invoking user with this venv, fiberd started with `srun --overlap
 fiberd-run`): `fiberctl run -- true` against an `srun --overlap -n1 true` step
 and the interpreter's floor (`python -I -S -c pass`, the least fiberctl can
 take), sequential p50s in interleaved rounds; and the same N tasks of `true`
-through one `fiberctl map -j j` and as N srun steps, j at once, in interleaved
-rounds. Its ratios join the targets (``slurm_*``) and the JSON line (``slurm``).
+(``--slurm-n``) through one `fiberctl map -j j` and as N srun steps, j at once, all N
+of each in every round (a map split per round would pay fiberctl's start once per
+part); the walls are each round's mean. Its ratios join the targets (``slurm_*``)
+and the JSON line (``slurm``).
 
     .venv/bin/python bench/tasks.py [-n 200] [--rounds 4] [-j 2] [--plot tasks.png]
                                     [--slurm [--slurm-n 500]]
@@ -309,12 +311,12 @@ def slurm_in_job(n: int, seq_n: int, jobs: int, rounds: int) -> dict[str, object
                 took = slurm.timed(argv)
                 if round_no:  # round 0 warms up
                     samples[way].append(took)
-        for n_i in split(n, rounds):
+        for _ in range(rounds):  # the whole N each time: one map of N is what is compared
             walls["map"] += slurm.timed([FIBERCTL, "map", "-j", str(jobs), "--range",
-                                         f"1-{n_i}", "--", "true"])
+                                         f"1-{n}", "--", "true"])
             start = time.perf_counter()
             with cf.ThreadPoolExecutor(jobs) as pool:
-                list(pool.map(lambda _i: slurm.timed(SRUN_TRUE), range(n_i)))
+                list(pool.map(lambda _i: slurm.timed(SRUN_TRUE), range(n)))
             walls["srun_steps"] += time.perf_counter() - start
     finally:
         step.terminate()
@@ -322,8 +324,8 @@ def slurm_in_job(n: int, seq_n: int, jobs: int, rounds: int) -> dict[str, object
         log.close()
     return {"fiberd_ready_s": round(ready_s, 2), "tasks": n, "jobs": jobs,
             **{way: percentiles(values) for way, values in samples.items()},
-            **{f"{way}_wall_s": round(wall, 3) for way, wall in walls.items()},
-            **{f"{way}_tasks_per_s": round(n / wall, 1) for way, wall in walls.items()}}
+            **{f"{way}_wall_s": round(wall / rounds, 3) for way, wall in walls.items()},
+            **{f"{way}_tasks_per_s": round(n * rounds / wall, 1) for way, wall in walls.items()}}
 
 
 def slurm_targets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
