@@ -41,6 +41,14 @@ class CountedLog(AuditLog):
         monkeypatch.setattr(os, "fsync", fsync)
 
 
+@pytest.fixture
+def gated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[CountedLog, GroupCommit]:
+    """A counted log whose next group fsync waits at its gate, and its group commit."""
+    log = CountedLog(tmp_path / "audit.jsonl", monkeypatch)
+    log.gate = threading.Event()
+    return log, GroupCommit(log)
+
+
 def test_append_is_not_synced_under_always_until_sync(tmp_path: Path) -> None:
     log = AuditLog(tmp_path / "audit.jsonl", "always")
     assert log.write(AuditEvent.ADMIT, uid="g") == log.synced == 1
@@ -86,11 +94,9 @@ def test_concurrent_waiters_share_fsyncs_and_all_end_durable(tmp_path: Path,
     assert log.synced == 50
 
 
-def test_a_record_written_during_an_fsync_waits_for_the_next(tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    log = CountedLog(tmp_path / "audit.jsonl", monkeypatch)
-    commit = GroupCommit(log)
-    log.gate = threading.Event()
+def test_a_record_written_during_an_fsync_waits_for_the_next(
+        gated: tuple[CountedLog, GroupCommit]) -> None:
+    log, commit = gated
 
     async def main() -> None:
         first = asyncio.ensure_future(commit.durable(log.append_many([("a", {})])))
@@ -107,11 +113,9 @@ def test_a_record_written_during_an_fsync_waits_for_the_next(tmp_path: Path,
     asyncio.run(main())
 
 
-def test_a_failed_fsync_reaches_every_waiter(tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    log = CountedLog(tmp_path / "audit.jsonl", monkeypatch)
-    commit = GroupCommit(log)
-    log.gate = threading.Event()
+def test_a_failed_fsync_reaches_every_waiter(
+        gated: tuple[CountedLog, GroupCommit]) -> None:
+    log, commit = gated
 
     async def main() -> None:
         seqs = [log.append_many([(AuditEvent.CLONE, {"fiber": f"f{i}"})]) for i in range(3)]
