@@ -805,17 +805,13 @@ class Core:
             exit=end.to_json() if end else None)))
 
     def _write_exits(self) -> None:
-        """Append the exits of this loop step; their fsync is a group commit, begun now
-        (durable whether or not anyone waits) and awaited by each exit event
-        (``_exits_durable``)."""
+        """Append the exits of this loop step; their fsync is a group commit that each exit
+        event awaits (``_exits_durable``)."""
         records, self._exits = self._exits, []
         try:
-            seq = self.audit.append_many(records)
+            self.audit.append_many(records)
         except OSError as err:
             log.error("%d fiber exits unaudited: %s", len(records), err)
-            return
-        if self.audit.synced < seq:
-            self._spawn(self._exits_durable())
 
     async def _exits_durable(self) -> None:
         """Return once every record written so far is durable (an exit event's wait: the

@@ -57,24 +57,6 @@ async def test_delivered_grant_is_warm_before_the_first_clone_and_runs_in_it(sit
 
 
 @aio
-async def test_with_fsync_always_records_are_synced_before_answers_and_unwaited_exits_too(
-        site: Site) -> None:
-    """The group commit (core/audit_sync.py) keeps audit_fsync=always's promise: a Clone is
-    answered once its record is synced, an exit event once the exit's is, and the exit of a
-    fiber nobody waits for is synced as well."""
-    site.drop()
-    async with running_fiberd(site, audit_fsync="always") as live:
-        await warm(live)
-        audit = live.core.audit
-        fiber = await live.clone(argv=("true",))
-        assert audit.synced == audit.seq  # its clone record, before the answer
-        assert (await fiber.wait()).exit_code == 0
-        assert audit.synced == audit.seq  # its fiber_exit, before the exit event
-        await live.clone(argv=("true",))  # nobody waits for this one
-        await until(lambda: audit.seq - audit.synced == 0 and [
-            e["event"] for e in audit_events(site)].count("fiber_exit") == 2)
-
-@aio
 async def test_a_grant_never_cloned_holds_its_template_alone(site: Site) -> None:
     """Idle grants do not multiply idle processes: a template forks its spares ahead only
     once its grant has been cloned, and keeps them (two by default) from then on."""
