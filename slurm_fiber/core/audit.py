@@ -22,13 +22,6 @@ followed by a new record. Durability follows ``fsync``: ``always`` (fsync
 each record), ``interval`` (fsync when ``interval`` seconds have passed since
 the last one; a power loss may drop that much, a process crash nothing) or
 ``never`` (the kernel decides). Thread-safe.
-
-``append_many`` writes without the fsync ``always`` asks, and ``sync`` makes
-every record written so far durable: a group commit (core/audit_sync.py) lets
-fiberd's loop go on while one fsync in a worker thread covers all the records
-written before it began; ``synced`` is the last seq durable per the policy.
-A failed group fsync raises ``AuditWriteFailed`` but cannot cut its records
-back (later ones may follow them): they stay in the file, maybe not on disk.
 """
 
 from __future__ import annotations
@@ -160,7 +153,6 @@ class AuditLog:
         self._last_fsync = self._clock.mono()
         dropped = self._repair_tail()
         self._seq = self._last_seq()
-        self._synced = self._seq
         if dropped:
             self.write(AuditEvent.AUDIT_REPAIRED, bytes_dropped=dropped,
                        reason="torn last line from a crash was cut off")
@@ -169,12 +161,6 @@ class AuditLog:
     def seq(self) -> int:
         """The sequence number of the last record written (0 for an empty log)."""
         return self._seq
-
-    @property
-    def synced(self) -> int:
-        """The seq of the last record durable per the policy (``sync``); under ``interval``
-        and ``never``, every record written."""
-        return self._synced
 
     def set_scope(self, scope: Sequence[ScopeClaim]) -> None:
         """Replace the scope claims stamped on every following record."""
@@ -193,33 +179,6 @@ class AuditLog:
         """Append several records (event, fields) as ``write`` does each, in one write and
         one fsync: each whole and on its own line, with consecutive seqs; all or none
         (AuditWriteFailed, and the seq is not advanced). Returns the last seq."""
-        return self._write_records(records, sync=True)
-
-    def append_many(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
-        """``write_many`` without the fsync the ``always`` policy asks (``sync`` does it,
-        for these and every record written before); the last seq. Raises as ``write_many``."""
-        return self._write_records(records, sync=False)
-
-    def sync(self) -> None:
-        """fsync the log, making every record written before the call durable (``synced``).
-        Blocking: any thread may call it while others write (it fsyncs its own duplicate of
-        the descriptor). Raises AuditWriteFailed when the fsync fails or the log is closed."""
-        with self._lock:
-            if self._fd < 0:
-                raise AuditWriteFailed(errno.EBADF, f"audit log {self.path} is closed")
-            fd, upto = os.dup(self._fd), self._seq
-        try:
-            os.fsync(fd)
-        except OSError as err:
-            raise AuditWriteFailed(err.errno, f"audit log {self.path}: records up to seq "
-                                   f"{upto} not synced ({err.strerror or err})") from None
-        finally:
-            os.close(fd)
-        with self._lock:
-            self._synced = max(self._synced, upto)
-
-    def _write_records(self, records: Sequence[tuple[str, Mapping[str, Any]]], *,
-                       sync: bool) -> int:
         for _, fields in records:
             clash = RESERVED.intersection(fields)
             if clash:
@@ -235,10 +194,8 @@ class AuditLog:
                 record.update(fields)
                 lines.append(json.dumps(record, default=_jsonable, separators=(",", ":")))
             if lines:
-                synced = self._append(("\n".join(lines) + "\n").encode(), sync)
+                self._append(("\n".join(lines) + "\n").encode())
                 self._seq += len(lines)
-                if synced:
-                    self._synced = self._seq
             return self._seq
 
     def close(self) -> None:
@@ -251,10 +208,8 @@ class AuditLog:
                 finally:
                     os.close(fd)
 
-    def _append(self, data: bytes, sync: bool) -> bool:
-        """One whole line, or nothing (cut back to the size before) and AuditWriteFailed.
-        Whether what was written is durable per the policy (with ``sync``, fsynced when it
-        asks; without, only when it asks for none now)."""
+    def _append(self, data: bytes) -> None:
+        """One whole line, or nothing (cut back to the size before) and AuditWriteFailed."""
         if self._fd < 0:
             raise AuditWriteFailed(errno.EBADF, f"audit log {self.path} is closed")
         before = os.fstat(self._fd).st_size
@@ -262,19 +217,11 @@ class AuditLog:
             written = os.write(self._fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-            if self.fsync is FsyncPolicy.NEVER:
-                return True
             now = self._clock.mono()
-            if self.fsync is FsyncPolicy.INTERVAL:
-                if now - self._last_fsync >= self.interval:
-                    os.fsync(self._fd)
-                    self._last_fsync = now
-                return True
-            if not sync:
-                return False
-            os.fsync(self._fd)
-            self._last_fsync = now
-            return True
+            due = self.fsync is FsyncPolicy.INTERVAL and now - self._last_fsync >= self.interval
+            if self.fsync is FsyncPolicy.ALWAYS or due:
+                os.fsync(self._fd)
+                self._last_fsync = now
         except OSError as err:
             cut = ""
             try:

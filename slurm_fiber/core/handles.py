@@ -8,8 +8,6 @@ else: waiting and records are the Fiber's own.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from slurm_fiber.core.api.service import FiberExit
 from slurm_fiber.core.fibers import Fiber, FiberEnd, FiberState
 
@@ -60,13 +58,9 @@ def call_outcome(record: dict[str, object] | None) -> tuple[object, dict[str, ob
 class FiberView:
     """A started fiber as ``Service.clone`` returns it. ``record`` adds runtime fields."""
 
-    def __init__(self, fiber: Fiber, extra: dict[str, object] | None = None, *,
-                 settled: Callable[[], Awaitable[None]] | None = None) -> None:
-        """``settled``: awaited after the fiber's end, before ``wait`` returns (the runtime's:
-        its exit record durable; never raises)."""
+    def __init__(self, fiber: Fiber, extra: dict[str, object] | None = None) -> None:
         self.fiber = fiber
         self.extra = extra or {}
-        self._settled = settled
 
     @property
     def id(self) -> str:
@@ -97,8 +91,6 @@ class FiberView:
         return found
 
     async def wait(self) -> FiberExit:
-        """Wait until the fiber and its cgroup are gone (and ``settled``); never raises."""
+        """Wait until the fiber and its cgroup are gone; never raises."""
         core = await self.fiber.wait()
-        if self._settled is not None:
-            await self._settled()
         return api_exit(self.fiber.id, self.fiber.mode, core)

@@ -41,7 +41,6 @@ from slurm_fiber.core.api.service import (
     page,
 )
 from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
-from slurm_fiber.core.audit_sync import GroupCommit
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import (
@@ -170,7 +169,6 @@ class Core:
         self.book = book
         self.verifier = verifier
         self.audit = audit
-        self._commit = GroupCommit(audit)
         self.cgroups = cgroups
         self.clock = clock
         self.state_dir = state_dir
@@ -748,14 +746,12 @@ class Core:
                         **caller)
             raise CloneFailed(str(err)) from None
         deadline_wall = self._wall(decision.deadline.at)
-        view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall},
-                         settled=self._exits_durable)
-        try:  # its record durable before the answer, in a group commit (core/audit_sync.py)
-            await self._commit.durable(self.audit.append_many([(AuditEvent.CLONE, _present(
-                uid=grant.uid, jti=decision.jti, fiber=fiber_id, pid=fiber.pid,
-                epoch=decision.epoch, deadline=deadline_wall,
-                deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
-                health_age=self.home.health().read().age, **caller))]))
+        view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
+        try:
+            self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
+                        pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
+                        deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
+                        health_age=self.home.health().read().age, **caller)
         except AuditWriteFailed:
             await self._unstart(fiber)
             raise
@@ -805,22 +801,11 @@ class Core:
             exit=end.to_json() if end else None)))
 
     def _write_exits(self) -> None:
-        """Append the exits of this loop step; their fsync is a group commit that each exit
-        event awaits (``_exits_durable``)."""
         records, self._exits = self._exits, []
         try:
-            self.audit.append_many(records)
+            self.audit.write_many(records)
         except OSError as err:
             log.error("%d fiber exits unaudited: %s", len(records), err)
-
-    async def _exits_durable(self) -> None:
-        """Return once every record written so far is durable (an exit event's wait: the
-        fiber's ``fiber_exit`` was written before any task its end woke runs). An fsync
-        that fails is logged, not raised: the fiber has ended either way."""
-        try:
-            await self._commit.durable(self.audit.seq)
-        except AuditWriteFailed as err:
-            log.error("fiber exits not synced: %s", err)
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
         """Audit that fiberd is stopping a running fiber and why (once per fiber), and tell
