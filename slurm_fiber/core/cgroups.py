@@ -178,17 +178,34 @@ def populated(cgroup: Path) -> bool:
     try:
         text = read_small(cgroup / "cgroup.events")
     except FileNotFoundError:  # gone, or a v1 group (no events file): look at its pids
-        return cgroup.is_dir() and bool(pids(cgroup))
+        return any(procs.split() for procs in _procs_by_group(cgroup))
     return "\npopulated 1\n" in "\n" + text
 
 
 def pids(cgroup: Path) -> list[int]:
     """Pids in the subtree (empty when it is gone)."""
-    out: list[int] = []
-    for dirpath, _, _ in os.walk(cgroup):
-        with contextlib.suppress(FileNotFoundError):
-            out += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
-    return out
+    return [int(p) for procs in _procs_by_group(cgroup) for p in procs.split()]
+
+
+def _procs_by_group(cgroup: Path) -> Iterator[str]:
+    """The ``cgroup.procs`` text of ``cgroup`` and of each group below it, lazily (a
+    group's children are listed only after its own pids were taken: a v1 fiber's end
+    asks whether its leaf is empty, and a live process answers at once). Groups that
+    vanish meanwhile are skipped; symlinks are not followed."""
+    stack = [os.fspath(cgroup)]
+    while stack:
+        group = stack.pop()
+        try:
+            fd = os.open(os.path.join(group, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            procs = b"".join(iter(functools.partial(os.read, fd, 65536), b"")).decode()
+        finally:
+            os.close(fd)
+        yield procs
+        with contextlib.suppress(FileNotFoundError), os.scandir(group) as entries:
+            stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
 
 
 def kill(cgroup: Path) -> None:
@@ -509,7 +526,7 @@ def _v2_memory(parent: Path) -> bool:
 RENEW_RESIDUE = 1 << 20  # bytes a v1 leaf may hold charged and still be renewed (see below)
 
 
-def renew_memory(cgroup: Path) -> bool:
+def renew_memory(cgroup: Path, kills: int | None) -> bool:
     """Make an ended fiber's empty leaf report memory afresh for the next fiber, where that
     can be done for every reader: with only a v1 memory mirror counting (``memory_peak``,
     ``oom_kills``), no OOM kill counted and at most ``RENEW_RESIDUE`` still charged to it,
@@ -520,14 +537,15 @@ def renew_memory(cgroup: Path) -> bool:
     in the page cache) has its leaf removed. Whether the leaf now reports as a new one
     would; False (leave it to be removed) where v2's ``memory.peak`` counts (a reset holds
     only for the file descriptor that wrote it), past the residue, or when a file cannot
-    be read or written. True where no memory controller counts at all."""
+    be read or written. True where no memory controller counts at all. ``kills``: its OOM
+    kill count as read at the fiber's end (``oom_kills``; None: unknown, not renewed)."""
     if _v2_memory(cgroup.parent) and (cgroup / "memory.peak").exists():
         return False
     v1 = _mirror(cgroup, "memory")
     if v1 is None:
         return True
     usage = _read_int(v1 / "memory.usage_in_bytes")
-    if usage is None or usage > RENEW_RESIDUE or oom_kills(cgroup) != 0:
+    if usage is None or usage > RENEW_RESIDUE or kills != 0:
         return False
     try:
         fd = os.open(v1 / "memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC)

@@ -88,13 +88,14 @@ class LeafPool:
             raise LeafCreateFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
         return leaf
 
-    def give_back(self, leaf: Path, peak: int | None, *, keep: bool, limit: int) -> None:
-        """An ended fiber's leaf: kept for a later spare when ``keep`` (the template still
-        serves), fewer than ``limit`` are free, it holds no sub-cgroup and it had no
-        memory peak or its memory figures were renewed (``cgroups.renew_memory``); else
-        removed in the background."""
+    def give_back(self, leaf: Path, peak: int | None, oom_kills: int | None, *, keep: bool,
+                  limit: int) -> None:
+        """An ended fiber's leaf, with its memory peak and OOM kill count as read at its
+        end: kept for a later spare when ``keep`` (the template still serves), fewer than
+        ``limit`` are free, it holds no sub-cgroup and it had no memory peak or its memory
+        figures were renewed (``cgroups.renew_memory``); else removed in the background."""
         if keep and len(self._free) < limit and _bare(leaf) \
-                and (peak is None or cgroups.renew_memory(leaf)):
+                and (peak is None or cgroups.renew_memory(leaf, oom_kills)):
             self._free.append(leaf)
         else:
             self._remove([leaf])

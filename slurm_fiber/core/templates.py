@@ -532,13 +532,14 @@ class Template:
         assert spawn.fiber is not None
         return spawn.fiber  # perhaps ended already: a fast program's exit came with it
 
-    def _give_back(self, leaf: Path, peak: int | None) -> None:
+    def _give_back(self, leaf: Path, peak: int | None, oom_kills: int | None) -> None:
         """An ended fiber's empty leaf: kept for a later spare or spawn, or removed. As many
         are kept as spares are wanted, plus one per spawned fiber still running: a map of
         exec fibers finds its next leaf free, rather than making one and removing one
         per task."""
         wanted = sum(p.target for p in self._pools.values()) + self._pools[Kind.SPAWN].running()
-        self._leaves.give_back(leaf, peak, keep=self.life.ready, limit=max(wanted, 1))
+        self._leaves.give_back(leaf, peak, oom_kills, keep=self.life.ready,
+                               limit=max(wanted, 1))
 
     def _refill(self) -> None:
         """Make spares in the background until each pool's target is idle or being made."""
@@ -611,7 +612,9 @@ class Template:
             self.fibers.pop(f.id, None)
             pool.used(spare.id)
             if f.cgroup is not None:
-                self._give_back(f.cgroup, f.exit.memory_peak if f.exit else None)
+                end = f.exit
+                self._give_back(f.cgroup, end.memory_peak if end else None,
+                                end.oom_kills if end else None)
             self._refill()  # its replacement, if it waited (``_refill_unless_idle``)
 
         fiber.on_done(gone)
@@ -835,7 +838,7 @@ class Template:
             for fd in fds:
                 os.close(fd)
             if spare.cgroup is not None:
-                self._give_back(spare.cgroup, None)
+                self._give_back(spare.cgroup, None, None)
             spare.spared.set_exception(_SpawnRefused(str(msg.get("message"))))
             return
         spare.pid, spare.pidfd = int(str(msg.get("pid"))), fds[0]

@@ -280,6 +280,28 @@ def test_kill_ends_the_processes_of_a_v1_group_that_has_no_cgroup_kill() -> None
     cgroups.kill(group)  # gone: not an error
 
 
+@pytest.mark.skipif(not v1_usable("devices"), reason="a writable cgroup v1 devices hierarchy")
+def test_a_v1_tree_is_populated_by_a_process_in_any_group_below() -> None:
+    """v1 has no cgroup.events: ``populated`` and ``pids`` read each group's cgroup.procs,
+    down the tree (a fiber's child may have made sub-groups)."""
+    top = V1.root("devices", f"sf-populated-{os.getpid()}")
+    deep, empty = top / "leaf" / "sub", top / "other"
+    deep.mkdir(parents=True)
+    empty.mkdir()
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        assert not cgroups.populated(top) and cgroups.pids(top) == []
+        (deep / "cgroup.procs").write_text(f"{proc.pid}\n")
+        assert cgroups.populated(top) and cgroups.populated(top / "leaf")
+        assert not cgroups.populated(empty)
+        assert cgroups.pids(top) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+        for group in (deep, deep.parent, empty, top):
+            group.rmdir()
+    assert not cgroups.populated(top) and cgroups.pids(top) == []  # gone
+
 def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
     """A job user's fiberd: the v1 hierarchies are root's, so no v1 group can be made."""
     root = fake_root(tmp_path, "memory")

@@ -158,7 +158,7 @@ async def test_slot_groups_go_once_their_leaves_are_gone(cgroup_root: Path) -> N
     assert len(groups) == 3 and all(g.parent == grant.fibers for g in groups)
     for leaf in leaves:
         assert leaf is not None
-        pool.give_back(leaf, None, keep=False, limit=1)
+        pool.give_back(leaf, None, None, keep=False, limit=1)
     await pool.settle()
     # Every leaf is gone, and every group but the one new leaves still go in.
     assert [p.name for p in cgroup_dirs(grant.fibers)] == [max(groups).name]
