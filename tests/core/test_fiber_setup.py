@@ -172,3 +172,18 @@ def test_an_exec_order_that_cannot_be_set_up_is_an_error_record_not_a_crash(orde
     assert os.waitstatus_to_exitcode(status) == EXIT_SETUP
     (record,) = records
     assert record["ok"] is False and record["error"]["message"]
+
+
+def test_a_written_record_ends_the_channel_at_once_though_the_fiber_holds_it_open():
+    """fiberd takes the record as whole at end of file: the write ends the writing side,
+    so that comes with the record, not when the fiber's process has finished exiting."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        record = "x" * (ResultChannel.CHUNK + 10)  # two datagrams
+        ResultChannel(theirs).write(record)
+        ours.settimeout(5)
+        got = [ours.recv(65536), ours.recv(65536)]
+        assert b"".join(got).decode() == record
+        assert ours.recv(65536) == b""  # end of file, with ``theirs`` still open
+        with pytest.raises(BrokenPipeError):
+            ResultChannel(theirs).write("a second record")
