@@ -191,12 +191,14 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
     """The ``cgroup.procs`` text of ``cgroup`` and of each group below it, lazily (a
     group's children are listed only after its own pids were taken: a v1 fiber's end
     asks whether its leaf is empty, and a live process answers at once). Groups that
-    vanish meanwhile are skipped; symlinks are not followed."""
+    vanish meanwhile are skipped; symlinks are not followed (the epilog reads a job's
+    groups as root: cgroupfs holds none, and a name that were one is not opened)."""
     stack = [os.fspath(cgroup)]
     while stack:
         group = stack.pop()
         try:
-            fd = os.open(os.path.join(group, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(os.path.join(group, "cgroup.procs"),
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             continue
         try:

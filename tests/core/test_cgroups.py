@@ -302,6 +302,7 @@ def test_a_v1_tree_is_populated_by_a_process_in_any_group_below() -> None:
             group.rmdir()
     assert not cgroups.populated(top) and cgroups.pids(top) == []  # gone
 
+
 def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
     """A job user's fiberd: the v1 hierarchies are root's, so no v1 group can be made."""
     root = fake_root(tmp_path, "memory")
