@@ -21,7 +21,12 @@ the torn tail (bytes after the last newline) is cut off and an
 followed by a new record. Durability follows ``fsync``: ``always`` (fsync
 each record), ``interval`` (fsync when ``interval`` seconds have passed since
 the last one; a power loss may drop that much, a process crash nothing) or
-``never`` (the kernel decides). Thread-safe.
+``never`` (the kernel decides). Under ``always``, a record that answers nobody's
+decision (an observation such as a fiber's exit) may be written with
+``durable=False``: it is in the file at once, as every record, and made durable
+by the next fsync, that of the next decision or the caller's ``sync()``
+(fiberd's runtime calls it within ``EXIT_SYNC_DELAY``), so a power loss can
+drop only such records of that last moment, never a decision. Thread-safe.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._fd = open_log(self.path)
         self._last_fsync = self._clock.mono()
+        self._unsynced = False
         dropped = self._repair_tail()
         self._seq = self._last_seq()
         if dropped:
@@ -161,6 +167,11 @@ class AuditLog:
     def seq(self) -> int:
         """The sequence number of the last record written (0 for an empty log)."""
         return self._seq
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether records written with ``durable=False`` still wait for their fsync."""
+        return self._unsynced
 
     def set_scope(self, scope: Sequence[ScopeClaim]) -> None:
         """Replace the scope claims stamped on every following record."""
@@ -175,10 +186,14 @@ class AuditLog:
         """
         return self.write_many([(event, fields)])
 
-    def write_many(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> int:
+    def write_many(self, records: Sequence[tuple[str, Mapping[str, Any]]], *,
+                   durable: bool = True) -> int:
         """Append several records (event, fields) as ``write`` does each, in one write and
         one fsync: each whole and on its own line, with consecutive seqs; all or none
-        (AuditWriteFailed, and the seq is not advanced). Returns the last seq."""
+        (AuditWriteFailed, and the seq is not advanced). Returns the last seq.
+
+        ``durable=False`` (observations only, never a decision): under ``always``, the
+        fsync is left to the next durable record or ``sync()``."""
         for _, fields in records:
             clash = RESERVED.intersection(fields)
             if clash:
@@ -194,9 +209,21 @@ class AuditLog:
                 record.update(fields)
                 lines.append(json.dumps(record, default=_jsonable, separators=(",", ":")))
             if lines:
-                self._append(("\n".join(lines) + "\n").encode())
+                self._append(("\n".join(lines) + "\n").encode(), durable)
                 self._seq += len(lines)
             return self._seq
+
+    def sync(self) -> None:
+        """Fsync now if records written with ``durable=False`` wait for it (else nothing).
+
+        Blocks for one fsync; raises OSError when it fails (the records stay in the file,
+        their durability unknown).
+        """
+        with self._lock:
+            if self._unsynced and self._fd >= 0:
+                self._unsynced = False
+                os.fsync(self._fd)
+                self._last_fsync = self._clock.mono()
 
     def close(self) -> None:
         """Flush to disk and close. Further writes raise OSError."""
@@ -208,7 +235,7 @@ class AuditLog:
                 finally:
                     os.close(fd)
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes, durable: bool) -> None:
         """One whole line, or nothing (cut back to the size before) and AuditWriteFailed."""
         if self._fd < 0:
             raise AuditWriteFailed(errno.EBADF, f"audit log {self.path} is closed")
@@ -219,8 +246,11 @@ class AuditLog:
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
             now = self._clock.mono()
             due = self.fsync is FsyncPolicy.INTERVAL and now - self._last_fsync >= self.interval
-            if self.fsync is FsyncPolicy.ALWAYS or due:
+            if self.fsync is FsyncPolicy.ALWAYS and not durable:
+                self._unsynced = True
+            elif self.fsync is FsyncPolicy.ALWAYS or due:
                 os.fsync(self._fd)
+                self._unsynced = False
                 self._last_fsync = now
         except OSError as err:
             cut = ""

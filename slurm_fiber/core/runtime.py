@@ -11,7 +11,9 @@ deadline is re-asked from the book until it is due; removal, expiry, an epoch
 bump and shutdown stop the fibers concerned and return once they are gone.
 
 Guarantees: every decision is written to the audit log before it is
-answered (a decision that cannot be audited raises instead of being
+answered, durable per the log's policy (a fiber's exit, an observation, is
+written before its exit event and, under ``always``, made durable with the
+next decision's record or within ``EXIT_SYNC_DELAY``) (a decision that cannot be audited raises instead of being
 answered; a Clone whose audit record cannot be written kills the fiber it
 forked, before registering it, and answers the retryable miss
 ``audit_failed``); a Clone never waits for the control plane; nothing here raises
@@ -81,6 +83,7 @@ log = logging.getLogger("slurm_fiber.core.runtime")
 
 T = TypeVar("T")
 
+EXIT_SYNC_DELAY = 0.1  # seconds a fiber_exit record may wait for an fsync it shares
 DEFAULT_PRUNE_AFTER = 3600.0  # seconds an expired grant stays listed before it is forgotten
 
 
@@ -195,6 +198,7 @@ class Core:
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
         self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
         self._exits: list[tuple[str, dict[str, object]]] = []  # fiber_exit records to write
+        self._exit_sync: asyncio.Task[None] | None = None  # the fsync they wait for
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -790,7 +794,9 @@ class Core:
     def _fiber_done(self, fiber: Fiber) -> None:
         """A fiber ended: unregister it; its ``fiber_exit`` record is written with the other
         exits of this loop step, in one append (``_write_exits``), before any task woken by
-        the exit runs (they are scheduled after it)."""
+        the exit runs (they are scheduled after it). It is an observation, not a decision:
+        under ``audit_fsync = always`` its fsync is the next decision's (a busy fiberd
+        fsyncs once per task, not twice) or ``_sync_exits``' within ``EXIT_SYNC_DELAY``."""
         self._fibers.pop(fiber.id, None)
         self._released.discard(fiber.id)
         end = fiber.exit
@@ -803,9 +809,22 @@ class Core:
     def _write_exits(self) -> None:
         records, self._exits = self._exits, []
         try:
-            self.audit.write_many(records)
+            self.audit.write_many(records, durable=False)
         except OSError as err:
             log.error("%d fiber exits unaudited: %s", len(records), err)
+        if self.audit.unsynced and self._exit_sync is None:
+            self._exit_sync = self._spawn(self._sync_exits())
+
+    async def _sync_exits(self) -> None:
+        """Make the exit records durable ``EXIT_SYNC_DELAY`` after the first of them,
+        unless a decision's fsync did meanwhile (then this costs nothing)."""
+        try:
+            await self.clock.sleep(EXIT_SYNC_DELAY)
+            self.audit.sync()
+        except OSError as err:
+            log.error("fsync of the audit log's fiber exits failed: %s", err)
+        finally:
+            self._exit_sync = None
 
     def _note_release(self, fiber: Fiber, cause: str, **fields: object) -> None:
         """Audit that fiberd is stopping a running fiber and why (once per fiber), and tell

@@ -129,3 +129,49 @@ def test_a_batch_that_cannot_be_written_leaves_nothing(tmp_path, clock):
     with pytest.raises(OSError):
         log.write_many([(AuditEvent.RELEASE, {"fiber": "f1"})])
     assert log.seq == 1 and len(records(tmp_path / "audit.jsonl")) == 1
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """Every fsync the audit log makes, by descriptor (os.fsync still runs)."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr("slurm_fiber.core.audit.os.fsync", counted)
+    return calls
+
+
+def test_an_observation_shares_the_next_decisions_fsync(tmp_path, clock, fsyncs):
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, "always", clock=clock)
+    log.write(AuditEvent.CLONE, fiber="f1")
+    assert len(fsyncs) == 1 and not log.unsynced
+    log.write_many([(AuditEvent.FIBER_EXIT, {"fiber": "f1"})], durable=False)
+    assert len(fsyncs) == 1 and log.unsynced
+    assert records(path)[-1]["event"] == "fiber_exit"  # in the file at once, whole
+    log.write(AuditEvent.CLONE, fiber="f2")  # one fsync makes both durable
+    assert len(fsyncs) == 2 and not log.unsynced
+    log.sync()  # nothing waits: no fsync
+    assert len(fsyncs) == 2
+
+
+def test_sync_makes_waiting_observations_durable_once(tmp_path, clock, fsyncs):
+    log = AuditLog(tmp_path / "audit.jsonl", "always", clock=clock)
+    log.write_many([(AuditEvent.FIBER_EXIT, {"fiber": "f1"})], durable=False)
+    log.write_many([(AuditEvent.FIBER_EXIT, {"fiber": "f2"})], durable=False)
+    assert fsyncs == [] and log.unsynced
+    log.sync()
+    log.sync()
+    assert len(fsyncs) == 1 and not log.unsynced
+
+
+@pytest.mark.parametrize("policy", ["never", "interval"])
+def test_other_policies_leave_observations_as_any_record(tmp_path, clock, fsyncs, policy):
+    log = AuditLog(tmp_path / "audit.jsonl", policy, interval=0.0, clock=clock)
+    log.write_many([(AuditEvent.FIBER_EXIT, {"fiber": "f1"})], durable=False)
+    assert not log.unsynced
+    assert len(fsyncs) == (1 if policy == "interval" else 0)

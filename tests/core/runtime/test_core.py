@@ -57,6 +57,40 @@ async def test_delivered_grant_is_warm_before_the_first_clone_and_runs_in_it(sit
 
 
 @aio
+async def test_a_fiber_exit_shares_the_next_clones_fsync(site: Site, monkeypatch) -> None:
+    """Under audit_fsync = always, a fiber_exit record (an observation, not a decision) is in
+    the log before its exit is seen, and made durable by the next Clone's fsync: a busy
+    fiberd fsyncs once per task, not twice."""
+    monkeypatch.setattr("slurm_fiber.core.runtime.EXIT_SYNC_DELAY", 3600.0)
+    site.drop()
+    async with running_fiberd(site, audit_fsync="always") as live:
+        await warm(live)
+        first = await live.clone(argv=("true",))
+        assert isinstance(first, FiberView)
+        await first.wait()
+        last = audit_events(site)[-1]
+        assert (last["event"], last["fiber"]) == ("fiber_exit", first.id)
+        assert live.core.audit.unsynced
+        second = await live.clone(argv=("true",))
+        assert isinstance(second, FiberView) and not live.core.audit.unsynced
+        await second.wait()
+
+
+@aio
+async def test_a_fiber_exit_no_decision_follows_is_made_durable_soon(site: Site,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setattr("slurm_fiber.core.runtime.EXIT_SYNC_DELAY", 0.05)
+    site.drop()
+    async with running_fiberd(site, audit_fsync="always") as live:
+        await warm(live)
+        fiber = await live.clone(argv=("true",))
+        assert isinstance(fiber, FiberView)
+        await fiber.wait()
+        await until(lambda: not live.core.audit.unsynced)
+        assert audit_events(site)[-1]["event"] == "fiber_exit"
+
+
+@aio
 async def test_a_grant_never_cloned_holds_its_template_alone(site: Site) -> None:
     """Idle grants do not multiply idle processes: a template forks its spares ahead only
     once its grant has been cloned, and keeps them (two by default) from then on."""
