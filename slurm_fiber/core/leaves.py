@@ -29,6 +29,7 @@ import collections
 import itertools
 import logging
 import os
+import stat
 from pathlib import Path
 
 from slurm_fiber.core import cgroups
@@ -152,12 +153,14 @@ _POOLS = itertools.count()
 
 
 def _bare(leaf: Path) -> bool:
-    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some)."""
+    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some): a
+    cgroupfs directory's link count is 2 plus its sub-directories (kernfs keeps it so), so
+    one lstat answers without listing the leaf's few dozen control files."""
     try:
-        with os.scandir(leaf) as entries:
-            return not any(e.is_dir(follow_symlinks=False) for e in entries)
+        st = os.lstat(leaf)
     except OSError:
         return False
+    return stat.S_ISDIR(st.st_mode) and st.st_nlink == 2
 
 
 def _remove_leaves(leaves: list[Path], groups: set[Path]) -> None:

@@ -167,6 +167,27 @@ async def test_slot_groups_go_once_their_leaves_are_gone(cgroup_root: Path) -> N
 
 
 @aio
+async def test_a_leaf_is_kept_for_the_next_spare_only_while_bare(cgroup_root: Path) -> None:
+    """An ended fiber's leaf goes to the next spare; one the fiber made sub-cgroups in (it
+    may: its leaf is its own) or that is gone is not kept."""
+    mgr = CgroupManager(cgroup_root)
+    grant = mgr.carve_grant("g", Limits())
+    assert grant is not None
+    pool = LeafPool(grant)
+    bare, nested, gone = [await pool.take(str(n)) for n in range(3)]
+    assert bare is not None and nested is not None and gone is not None
+    (nested / "mine").mkdir()
+    gone.rmdir()
+    for leaf in (nested, gone, bare):
+        pool.give_back(leaf, None, None, keep=True, limit=8)
+    assert await pool.take("next") == bare  # the only one kept
+    assert await pool.take("after") not in (nested, gone)
+    await pool.settle()
+    assert not nested.exists()  # removed, sub-cgroup and all
+    await mgr.remove_grant("g")
+
+
+@aio
 async def test_deadlines_fire_in_order_on_one_timer(site: Site) -> None:
     clock = FakeClock()
     mark = site.mark
