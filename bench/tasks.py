@@ -50,8 +50,9 @@ take), sequential p50s in interleaved rounds; and the same N tasks of `true`
 of each in every round (a map split per round would pay fiberctl's start once per
 part); the walls are each round's mean. Beside them, what bounds the map: the same
 map under a second fiberd that leaves its audit records' fsync to the kernel
-(``audit_fsync = never``; the job's own fsyncs each record on its loop, twice per
-task). Its ratios join the targets (``slurm_*``) and the JSON line (``slurm``).
+(``audit_fsync = never``; the job's own fsyncs each clone record on its loop, once
+per task, each fiber's exit record riding on the next). Its ratios join the targets
+(``slurm_*``) and the JSON line (``slurm``).
 
     .venv/bin/python bench/tasks.py [-n 200] [--rounds 4] [-j 2] [--plot tasks.png]
                                     [--slurm [--slurm-n 500]]

@@ -17,7 +17,7 @@ the working directory (environment and flags).
 | state_dir | /var/lib/slurm-fiber | fiberd's state; the default of the paths below |
 | socket | STATE_DIR/fiberd.sock | the local API's Unix socket |
 | audit_path | STATE_DIR/audit.jsonl | the audit log (one JSON line per decision) |
-| audit_fsync | always | always: fsync each record before answering; never: leave it to the kernel |
+| audit_fsync | always | always: fsync each decision's record before answering (a fiber's exit record shares the next fsync, within 0.1 s); never: leave it to the kernel |
 | trust | (none) | issuer → JWKS file; TOML table, env/flag ``iss=path,iss2=path`` |
 | audience | (the home's) | the ``aud`` tokens must contain; unset: the home names it |
 | leeway | 30 | seconds of clock skew allowed on nbf/iat (0..300) |
@@ -369,7 +369,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("socket", _path, "the local API's Unix socket", paths=True),
     Option("audit_path", _path, "the audit log, one JSON line per decision", paths=True),
     Option("audit_fsync", _choice("always", "never"),
-           "always: fsync each audit record before answering; never: leave it to the kernel"),
+           "always: fsync each decision's record before answering (a fiber's exit shares "
+           "the next fsync, within 0.1 s); never: leave it to the kernel"),
     Option("trust", _trust, "issuer=JWKS file pairs (TOML: a table)", paths=True),
     Option("audience", _optional(_text), "the aud tokens must contain (unset: the home names it)"),
     Option("leeway", _seconds(0, 300, zero_ok=True), "seconds of skew allowed on nbf/iat"),

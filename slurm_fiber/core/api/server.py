@@ -264,11 +264,17 @@ class _Connection:
         await _readable(self.loop, self.sock.fileno())
 
     async def _read_frame(self) -> Frame | None:
-        """The next frame, None at end of stream. Raises FramingError."""
+        """The next frame, None at end of stream. Raises FramingError.
+
+        The connection is ``reading`` (the frame deadline) only while part of a frame
+        waits for the rest, not for a frame that came whole: entering that phase wakes
+        the watchdog, which would otherwise happen on every request."""
         while True:
             frame = self.decoder.next_frame()
             if frame is not None:
                 return frame
+            if self.phase is Phase.IDLE and self.decoder.mid_frame:
+                self.set_phase(Phase.READING)
             try:
                 data, anc, flags, _ = self.sock.recvmsg(
                     _RECV_SIZE, _ANC_SIZE, socket.MSG_CMSG_CLOEXEC)
@@ -281,8 +287,6 @@ class _Connection:
             self.decoder.feed(data, fds, truncated=bool(flags & socket.MSG_CTRUNC))
             if not data:
                 return None  # end of stream (a partial frame is dropped)
-            if self.phase is Phase.IDLE and self.decoder.mid_frame:
-                self.set_phase(Phase.READING)
 
     def next_frame(self) -> asyncio.Task[Frame | None]:
         """The task reading the next frame (one at a time, kept across a stream)."""
