@@ -10,16 +10,16 @@ grant cgroup and a warm template; a Clone the book allows forks a fiber whose
 deadline is re-asked from the book until it is due; removal, expiry, an epoch
 bump and shutdown stop the fibers concerned and return once they are gone.
 
-Guarantees: every decision is written to the audit log before it is
-answered, durable per the log's policy (a fiber's exit, an observation, is
+Guarantees: every decision is written to the audit log, durable per the
+log's policy, before it is answered (a fiber's exit, an observation, is
 written before its exit event and, under ``always``, made durable with the
-next decision's record or within ``EXIT_SYNC_DELAY``) (a decision that cannot be audited raises instead of being
-answered; a Clone whose audit record cannot be written kills the fiber it
-forked, before registering it, and answers the retryable miss
-``audit_failed``); a Clone never waits for the control plane; nothing here raises
-into the event loop for a refused input: refusals become misses or
-``AdmitRefused`` with a code and a one-line reason. All methods run on
-fiberd's event loop.
+next decision's record or within ``EXIT_SYNC_DELAY``); a decision that
+cannot be audited raises instead of being answered (a Clone whose audit
+record cannot be written kills the fiber it forked, before registering it,
+and answers the retryable miss ``audit_failed``); a Clone never waits for
+the control plane; nothing here raises into the event loop for a refused
+input: refusals become misses or ``AdmitRefused`` with a code and a
+one-line reason. All methods run on fiberd's event loop.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from slurm_fiber.homes.select import BuiltHome, build_home
 from slurm_fiber.record import replace
 from slurm_fiber.safefs import UnsafePath
 from tests.core.processkit import aio, marked_procs
-from tests.core.runtime.fiberdkit import Site, running_fiberd, until, warm
+from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
 
 
 def audit_events(site: Site) -> list[dict[str, object]]:
@@ -56,6 +56,15 @@ async def test_delivered_grant_is_warm_before_the_first_clone_and_runs_in_it(sit
     assert not marked_procs(site.mark)
 
 
+async def ended_true(live: Live) -> FiberView:
+    """A fiber of `true` run to its end, once g1 is warm."""
+    await warm(live)
+    fiber = await live.clone(argv=("true",))
+    assert isinstance(fiber, FiberView)
+    await fiber.wait()
+    return fiber
+
+
 @aio
 async def test_a_fiber_exit_shares_the_next_clones_fsync(site: Site, monkeypatch) -> None:
     """Under audit_fsync = always, a fiber_exit record (an observation, not a decision) is in
@@ -64,10 +73,7 @@ async def test_a_fiber_exit_shares_the_next_clones_fsync(site: Site, monkeypatch
     monkeypatch.setattr("slurm_fiber.core.runtime.EXIT_SYNC_DELAY", 3600.0)
     site.drop()
     async with running_fiberd(site, audit_fsync="always") as live:
-        await warm(live)
-        first = await live.clone(argv=("true",))
-        assert isinstance(first, FiberView)
-        await first.wait()
+        first = await ended_true(live)
         last = audit_events(site)[-1]
         assert (last["event"], last["fiber"]) == ("fiber_exit", first.id)
         assert live.core.audit.unsynced
@@ -82,10 +88,7 @@ async def test_a_fiber_exit_no_decision_follows_is_made_durable_soon(site: Site,
     monkeypatch.setattr("slurm_fiber.core.runtime.EXIT_SYNC_DELAY", 0.05)
     site.drop()
     async with running_fiberd(site, audit_fsync="always") as live:
-        await warm(live)
-        fiber = await live.clone(argv=("true",))
-        assert isinstance(fiber, FiberView)
-        await fiber.wait()
+        await ended_true(live)
         await until(lambda: not live.core.audit.unsynced)
         assert audit_events(site)[-1]["event"] == "fiber_exit"
 
