@@ -17,7 +17,7 @@ the working directory (environment and flags).
 | state_dir | /var/lib/slurm-fiber | fiberd's state; the default of the paths below |
 | socket | STATE_DIR/fiberd.sock | the local API's Unix socket |
 | audit_path | STATE_DIR/audit.jsonl | the audit log (one JSON line per decision) |
-| audit_fsync | always | always (fsync each decision before answering; exits within 0.1 s) or never |
+| audit_fsync | always | always (fsync decisions before answering, exits within 0.1 s) or never |
 | trust | (none) | issuer → JWKS file; TOML table, env/flag ``iss=path,iss2=path`` |
 | audience | (the home's) | the ``aud`` tokens must contain; unset: the home names it |
 | leeway | 30 | seconds of clock skew allowed on nbf/iat (0..300) |
