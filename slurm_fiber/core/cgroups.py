@@ -192,7 +192,8 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
     group's children are listed only after its own pids were taken: a v1 fiber's end
     asks whether its leaf is empty, and a live process answers at once). Groups that
     vanish meanwhile are skipped; symlinks are not followed (the epilog reads a job's
-    groups as root: cgroupfs holds none, and a name that were one is not opened)."""
+    groups as root: cgroupfs holds none, and a name that were one is not opened). A group
+    whose link count says it has no sub-group is not listed (a fiber's leaf, mostly)."""
     stack = [os.fspath(cgroup)]
     while stack:
         group = stack.pop()
@@ -206,8 +207,11 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
         finally:
             os.close(fd)
         yield procs
-        with contextlib.suppress(FileNotFoundError), os.scandir(group) as entries:
-            stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(group).st_nlink == 2:  # cgroupfs links: 2 + sub-groups; none here
+                continue
+            with os.scandir(group) as entries:
+                stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
 
 
 def kill(cgroup: Path) -> None:
