@@ -532,36 +532,41 @@ def _v2_memory(parent: Path) -> bool:
 RENEW_RESIDUE = 1 << 20  # bytes a v1 leaf may hold charged and still be renewed (see below)
 
 
-def renew_memory(cgroup: Path, kills: int | None) -> bool:
+def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     """Make an ended fiber's empty leaf report memory afresh for the next fiber, where that
     can be done for every reader: with only a v1 memory mirror counting (``memory_peak``,
     ``oom_kills``), no OOM kill counted and at most ``RENEW_RESIDUE`` still charged to it,
     its ``memory.max_usage_in_bytes`` is reset, so the next fiber's peak is its own plus
     that residue. The residue is what v1 leaves behind any process (kernel objects, the
-    per-CPU charge batches of 64 pages: 100-600 KiB were measured after a `true` or a
-    call, never 0), about v1's own accounting granularity; a fiber that left more (files
-    in the page cache) has its leaf removed. Whether the leaf now reports as a new one
-    would; False (leave it to be removed) where v2's ``memory.peak`` counts (a reset holds
-    only for the file descriptor that wrote it), past the residue, or when a file cannot
-    be read or written. True where no memory controller counts at all. ``kills``: its OOM
-    kill count as read at the fiber's end (``oom_kills``; None: unknown, not renewed)."""
+    per-CPU charge batches of 64 pages: 100-700 KiB were measured after a `true`, a call
+    or a 64 MiB Python, never 0, often half of it freed some 50 ms later), about v1's own
+    accounting granularity; a fiber that left more (files in the page cache) has its leaf
+    removed. None once the leaf reports as a new one would (also where no memory
+    controller counts at all); else why not, one line: v2's ``memory.peak`` counts (a
+    reset holds only for the file descriptor that wrote it), past the residue, an OOM kill
+    counted or unknown, or a file that cannot be read or written. ``kills``: its OOM kill
+    count as read at the fiber's end (``oom_kills``; None: unknown, not renewed)."""
     if _v2_memory(cgroup.parent) and (cgroup / "memory.peak").exists():
-        return False
+        return "cgroup v2 memory.peak counts it (a reset holds for one reader only)"
     v1 = _mirror(cgroup, "memory")
     if v1 is None:
-        return True
+        return None
+    if kills != 0:
+        return "its OOM kill count is unknown" if kills is None else f"{kills} OOM kills counted"
     usage = _read_int(v1 / "memory.usage_in_bytes")
-    if usage is None or usage > RENEW_RESIDUE or kills != 0:
-        return False
+    if usage is None:
+        return f"{v1}/memory.usage_in_bytes cannot be read"
+    if usage > RENEW_RESIDUE:
+        return f"{usage} bytes still charged to it (more than {RENEW_RESIDUE})"
     try:
         fd = os.open(v1 / "memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.write(fd, b"0")
         finally:
             os.close(fd)
-    except OSError:
-        return False
-    return True
+    except OSError as e:
+        return f"its memory.max_usage_in_bytes cannot be reset: {e.strerror}"
+    return None
 
 
 def read_small(path: Path) -> str:

@@ -94,11 +94,14 @@ class LeafPool:
         """An ended fiber's leaf, with its memory peak and OOM kill count as read at its
         end: kept for a later spare when ``keep`` (the template still serves), fewer than
         ``limit`` are free, it holds no sub-cgroup and it had no memory peak or its memory
-        figures were renewed (``cgroups.renew_memory``); else removed in the background."""
-        if keep and len(self._free) < limit and _bare(leaf) \
-                and (peak is None or cgroups.renew_memory(leaf, oom_kills)):
+        figures were renewed (``cgroups.renew_memory``); else removed in the background
+        (why, at debug level)."""
+        why = _not_kept(leaf, peak, oom_kills) if keep and len(self._free) < limit else (
+            f"{limit} free already" if keep else "its template no longer serves")
+        if why is None:
             self._free.append(leaf)
         else:
+            log.debug("leaf %s removed: %s", leaf, why)
             self._remove([leaf])
 
     def discard(self, leaf: Path) -> None:
@@ -150,6 +153,13 @@ class LeafPool:
 
 
 _POOLS = itertools.count()
+
+
+def _not_kept(leaf: Path, peak: int | None, oom_kills: int | None) -> str | None:
+    """Why an ended fiber's leaf cannot serve the next one (None: it can)."""
+    if not _bare(leaf):
+        return "it holds sub-cgroups or is gone"
+    return None if peak is None else cgroups.renew_memory(leaf, oom_kills)
 
 
 def _bare(leaf: Path) -> bool:

@@ -50,11 +50,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def serving(site: Site, backend: str, **options: str) -> Iterator[Path]:
-    """A ready fiberd on ``backend`` (carving a delegated root) for ``site``'s grants."""
+def serving(site: Site, backend: str, log: Path | None = None,
+            **options: str) -> Iterator[Path]:
+    """A ready fiberd on ``backend`` (carving a delegated root) for ``site``'s grants; its
+    log (stderr) goes to ``log`` when given."""
     flags: dict[str, str | None] = {"cgroup-root": "delegate", "cgroup-backend": backend,
                                     **options}
-    with fiberd(site, flags, stderr=subprocess.DEVNULL) as proc:
+    with contextlib.ExitStack() as stack:
+        stderr = stack.enter_context(log.open("w")) if log else subprocess.DEVNULL
+        proc = stack.enter_context(fiberd(site, flags, stderr=stderr))
         path = wait_socket(site, proc)
         wait_ready(path)
         end = time.monotonic() + 30
@@ -107,7 +111,9 @@ def test_an_ended_fibers_leaf_serves_again_with_its_memory_peak_renewed(
     # Clone makes and removes no cgroup, and a fiber after a big one reports its own peak.
     # (No spares: each exec fiber is spawned into the leaf the one before it left free.)
     site.drop(memory=512 << 20)
-    with serving(site, backend, spares="0") as sock, FiberdClient(sock) as client:
+    log = site.root / "fiberd.log"
+    with serving(site, backend, log, spares="0", **{"log-level": "debug"}) as sock, \
+            FiberdClient(sock) as client:
         def clone(code: str) -> tuple[str, dict[str, object]]:
             fiber = client.clone(grant="g1", wait=True, exec={"argv": [PYTHON, "-c", code]})
             return str(fiber["cgroup"]), client.wait_exit(within=60)
@@ -115,7 +121,8 @@ def test_an_ended_fibers_leaf_serves_again_with_its_memory_peak_renewed(
         big_leaf, big = clone("b = b'x' * (64 << 20)")
         after = [clone("pass") for _ in range(4)]
     assert big["rusage"]["memory_peak"] >= 64 << 20, big  # type: ignore[index]
-    assert big_leaf in [leaf for leaf, _ in after], (big_leaf, after)
+    removed = [line for line in log.read_text().splitlines() if "removed:" in line]
+    assert big_leaf in [leaf for leaf, _ in after], (big_leaf, removed)
     for _, end in after:
         assert end["exit_code"] == 0 and end["rusage"]["memory_peak"] < 32 << 20, end  # type: ignore[index]
 
