@@ -193,7 +193,7 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
     asks whether its leaf is empty, and a live process answers at once). Groups that
     vanish meanwhile are skipped; symlinks are not followed (the epilog reads a job's
     groups as root: cgroupfs holds none, and a name that were one is not opened). A group
-    whose link count says it has no sub-group is not listed (a fiber's leaf, mostly)."""
+    that is ``childless`` is not listed (a fiber's leaf, mostly)."""
     stack = [os.fspath(cgroup)]
     while stack:
         group = stack.pop()
@@ -207,11 +207,21 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
         finally:
             os.close(fd)
         yield procs
-        with contextlib.suppress(FileNotFoundError):
-            if os.lstat(group).st_nlink == 2:  # cgroupfs links: 2 + sub-groups; none here
-                continue
-            with os.scandir(group) as entries:
-                stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        if childless(group):
+            continue
+        with contextlib.suppress(FileNotFoundError), os.scandir(group) as entries:
+            stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+def childless(group: str | Path) -> bool:
+    """Whether the cgroup ``group`` exists and holds no sub-group, from one ``lstat``:
+    cgroupfs (kernfs) keeps a directory's link count at 2 plus its sub-directories (a
+    filesystem that does not count them says 1: not childless). Never raises."""
+    try:
+        st = os.lstat(group)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_nlink == 2
 
 
 def kill(cgroup: Path) -> None:

@@ -28,8 +28,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import os
-import stat
 from pathlib import Path
 
 from slurm_fiber.core import cgroups
@@ -96,8 +94,12 @@ class LeafPool:
         ``limit`` are free, it holds no sub-cgroup and it had no memory peak or its memory
         figures were renewed (``cgroups.renew_memory``); else removed in the background
         (why, at debug level)."""
-        why = _not_kept(leaf, peak, oom_kills) if keep and len(self._free) < limit else (
-            f"{limit} free already" if keep else "its template no longer serves")
+        if not keep:
+            why: str | None = "its template no longer serves"
+        elif len(self._free) >= limit:
+            why = f"{limit} free already"
+        else:
+            why = _not_kept(leaf, peak, oom_kills)
         if why is None:
             self._free.append(leaf)
         else:
@@ -157,20 +159,9 @@ _POOLS = itertools.count()
 
 def _not_kept(leaf: Path, peak: int | None, oom_kills: int | None) -> str | None:
     """Why an ended fiber's leaf cannot serve the next one (None: it can)."""
-    if not _bare(leaf):
+    if not cgroups.childless(leaf):  # a fiber may make sub-groups in its own leaf
         return "it holds sub-cgroups or is gone"
     return None if peak is None else cgroups.renew_memory(leaf, oom_kills)
-
-
-def _bare(leaf: Path) -> bool:
-    """Whether ``leaf`` exists and holds no sub-cgroup (a fiber may have made some): a
-    cgroupfs directory's link count is 2 plus its sub-directories (kernfs keeps it so), so
-    one lstat answers without listing the leaf's few dozen control files."""
-    try:
-        st = os.lstat(leaf)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_nlink == 2
 
 
 def _remove_leaves(leaves: list[Path], groups: set[Path]) -> None:
