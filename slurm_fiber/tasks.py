@@ -18,6 +18,13 @@ backoff. Against a fiberd that speaks no batch (v2: ``unsupported_version``)
 it falls back to ``run`` per task, once and for all. These are the only
 places where a task becomes a Clone.
 
+With ``window`` W, ``run_many`` keeps at most W of its tasks running: each
+batch of up to MAX_BATCH is sent with a window (protocol v5) and fiberd
+starts the next task as one ends, with no round trip in between (a fiberd
+older than v5 gets batches of W, each waited for whole). ``cancel_pending``
+(any thread) has every windowed batch start nothing more: the tasks not
+started end as ``cancelled``; ``stop_all`` also stops the running ones.
+
 Both take a ``result`` callback: given it, a call task's result (or
 error) is passed to it as soon as the fiber has written it, before the
 fiber's exit is in (the clone's ``early`` events, protocol v4; an older
@@ -47,6 +54,9 @@ PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declar
 MAX_BATCH = 64  # items in one clone_batch (protocol.MAX_BATCH; not imported: cheap)
 NO_BATCH = frozenset({"unsupported_version", "unknown_op"})  # a fiberd older than v3
 EARLY_SINCE = 4  # the protocol version of a clone's "early" (protocol.EARLY_SINCE)
+CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window has tasks
+# not started (the thread that reads the stream sends the cancel on it)
+CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
 Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl map's start)
 if TYPE_CHECKING:
@@ -71,7 +81,8 @@ class Task:
 class Outcome:
     """How one task ended. Exactly one of: ``exit`` (the exit event: status, exit_code,
     signal, result or error), ``miss`` (the last miss, retries spent or final),
-    ``failure`` (fiberd refused, ``refused`` true, or could not be reached: one line).
+    ``failure`` (fiberd refused, ``refused`` true, or could not be reached: one line),
+    or ``cancelled`` (a windowed batch's task that never started: ``cancel_pending``).
     ``timed_out``: the
     runner stopped the fiber at the task's timeout (``exit`` then tells how it died).
     ``started`` is the wall time of the first try, ``runtime`` the seconds to the end."""
@@ -80,6 +91,7 @@ class Outcome:
     miss: Missed | None = None
     failure: str | None = None
     refused: bool = False
+    cancelled: bool = False
     timed_out: bool = False
     fiber_id: str | None = None
     attempts: int = 0
@@ -124,8 +136,12 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self._clients: list[FiberdClient] = []
+        self._windows: set[_Batch] = set()  # windowed batches with tasks not started
         self.batches = True  # False once fiberd said it speaks no clone_batch
         self.early = True  # False once fiberd said it speaks no early results (v4)
+        self.windows = True  # False once fiberd said it speaks no batch window (v5)
+        self.cancelling = False  # cancel_pending: windowed batches start nothing more
+        self.stopping = False  # stop_all: fibers that start from now on are stopped too
 
     # ------------------------------------------------------------ public
 
@@ -165,22 +181,27 @@ class TaskRunner:
 
     def run_many(self, tasks: Sequence[Task],
                  done: Callable[[int, Outcome], None] | None = None,
-                 result: Early | None = None) -> list[Outcome]:
-        """Run ``tasks`` at once, started by batch clones of at most MAX_BATCH on this
-        thread's connection, and wait for every end (blocks; never raises for what a task
-        or fiberd does). ``done(i, outcome)`` is called as task i ends (on this thread);
+                 result: Early | None = None, window: int | None = None) -> list[Outcome]:
+        """Run ``tasks``, started by batch clones of at most MAX_BATCH on this thread's
+        connection, and wait for every end (blocks; never raises for what a task or fiberd
+        does). ``done(i, outcome)`` is called as task i ends (on this thread);
         ``result(i, event)`` as a call task's result comes, before (module doc).
-        Retryable misses are retried together, as ``run`` retries one."""
+        With ``window``, at most that many run at once (module doc). Retryable misses are
+        retried together, as ``run`` retries one."""
+        if window is not None and window < len(tasks) and not self.windows:
+            return self._in_slices(tasks, window, done, result, None)
         if len(tasks) > MAX_BATCH:
-            out: list[Outcome] = []
-            for at in range(0, len(tasks), MAX_BATCH):
-                out += self.run_many(tasks[at:at + MAX_BATCH], _shifted(done, at),
-                                     _shifted(result, at))
-            return out
+            return self._in_slices(tasks, MAX_BATCH, done, result, window)
+        window = window if window is not None and window < len(tasks) else None
         outcomes = [Outcome(started=time.time()) for _ in tasks]
         begun = time.monotonic()
         pending, delay = list(range(len(tasks))), self.backoff
-        while pending and self.batches and len(tasks) > 1:
+        while pending and self.batches and (len(tasks) > 1 or window is not None):
+            if self.cancelling:
+                for i in pending:
+                    outcomes[i].cancelled = True
+                    self._end(i, outcomes[i], begun, done)
+                return outcomes
             for i in pending:
                 outcomes[i].attempts += 1
                 outcomes[i].miss = None
@@ -188,11 +209,15 @@ class TaskRunner:
                 tasks[i].call is not None for i in pending)
             try:
                 retry = self._batch_once(tasks, pending, outcomes, begun, done,
-                                         result if asked else None)
+                                         result if asked else None, window)
             except Refused as err:
-                if asked and self._refused_early(err):
+                if err.code == "unsupported_version" and (window is not None or asked):
                     for i in pending:
                         outcomes[i].attempts -= 1
+                    if window is not None:  # an older fiberd: v5 first, then v4
+                        self.windows = False
+                        return self.run_many(tasks, done, result, window)
+                    self.early = False
                     continue
                 if err.code in NO_BATCH:
                     self.batches = False
@@ -205,6 +230,7 @@ class TaskRunner:
             pending = [i for i in retry if outcomes[i].attempts <= self.retries]
             for i in set(retry) - set(pending):
                 self._end(i, outcomes[i], begun, done)
+            window = window if window is not None and window < len(pending) else None
             if pending:
                 wanted = max(_retry_after(outcomes[i].miss) for i in pending)
                 self.sleep(min(self.backoff_cap, max(delay, wanted)))
@@ -215,6 +241,23 @@ class TaskRunner:
                 done(i, outcomes[i])
         return outcomes
 
+    def cancel_pending(self) -> None:
+        """Have every windowed batch of this runner start nothing more, from any thread
+        (each is cancelled by the thread reading it within CANCEL_POLL): the tasks it had
+        not started end ``cancelled``; those running go on. Later ``run_many`` calls start
+        nothing either."""
+        self.cancelling = True
+
+    def _in_slices(self, tasks: Sequence[Task], size: int,
+                   done: Callable[[int, Outcome], None] | None, result: Early | None,
+                   window: int | None) -> list[Outcome]:
+        """``run_many`` over consecutive slices of ``size`` tasks, one after another."""
+        out: list[Outcome] = []
+        for at in range(0, len(tasks), size):
+            out += self.run_many(tasks[at:at + size], _shifted(done, at),
+                                 _shifted(result, at), window)
+        return out
+
     def stop(self, fiber_id: str) -> None:
         """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
         blocks until it is gone. A fiber already gone is not an error."""
@@ -223,7 +266,14 @@ class TaskRunner:
             client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
-        """Stop every fiber this runner is waiting for now; how many were asked to stop."""
+        """Stop every fiber this runner is waiting for now, and any a windowed batch starts
+        before its cancel (``cancel_pending``) arrives; how many were asked to stop."""
+        self.stopping = True
+        self.cancel_pending()
+        with self._lock:
+            windows = [b for b in self._windows if b.reader is not threading.current_thread()]
+        for batch in windows:  # a fiber that ends now must not make room for another
+            batch.settled.wait(CANCEL_SETTLE)  # (this thread's cancels at its next event)
         with self._lock:
             running = list(self._running)
         for fiber_id in running:
@@ -265,69 +315,101 @@ class TaskRunner:
 
     def _batch_once(self, tasks: Sequence[Task], pending: list[int], outcomes: list[Outcome],
                     begun: float, done: Callable[[int, Outcome], None] | None,
-                    result: Early | None) -> list[int]:
+                    result: Early | None, window: int | None = None) -> list[int]:
         """One batch clone of ``pending`` (asking for early results when ``result`` is
-        given) and the wait for its fibers; the tasks that missed retryably (their
-        ``miss`` set, not ended). Raises Refused, Unreachable for the request as a whole."""
+        given; with ``window``, a windowed one) and the wait for its fibers; the tasks that
+        missed retryably (their ``miss`` set, not ended). Raises Refused, Unreachable for
+        the request as a whole."""
         client = self._client()
+        fields = self.base if result is None else self._early(self.base)
         started = client.clone_batch(
             [{"key": str(i), **_what(tasks[i])} for i in pending],
-            stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True,
-            **(self.base if result is None else self._early(self.base)))
-        retry: list[int] = []
-        running: dict[str, int] = {}
-        for entry in started.items:
-            i = int(str(entry.get("key")))
-            fiber, miss, error = entry.get("fiber"), entry.get("miss"), entry.get("error")
-            if isinstance(fiber, dict):
-                running[str(fiber.get("id"))] = i
-                outcomes[i].fiber_id = str(fiber.get("id"))
-                continue
-            if isinstance(miss, dict):
-                outcomes[i].miss = Missed(miss)
-                if outcomes[i].miss.retryable:  # type: ignore[union-attr]
-                    retry.append(i)
-                    continue
-            elif isinstance(error, dict):
-                outcomes[i].failure, outcomes[i].refused = str(Refused(error)), True
-            self._end(i, outcomes[i], begun, done)
-        self._wait_all(client, tasks, running, outcomes, begun, done, result)
-        return retry
-
-    def _wait_all(self, client: FiberdClient, tasks: Sequence[Task], running: dict[str, int],
-                  outcomes: list[Outcome], begun: float,
-                  done: Callable[[int, Outcome], None] | None,
-                  result: Early | None = None) -> None:
-        """Take each running fiber's exit event as it comes; stop those past their task's
-        timeout (they then end as timed out). Raises Unreachable."""
-        now = time.monotonic()
-        due = {fid: now + t for fid, i in running.items()
-               if (t := tasks[i].timeout) is not None}
+            stdio=[tasks[i].stdio for i in pending], wait=True, hangup=True, window=window,
+            **fields)
+        batch = _Batch(tasks, outcomes, begun, done, result,
+                       set(pending) if window is not None else set())
         with self._lock:
-            self._running.update(running)
+            self._windows.add(batch)
         try:
-            while running:
-                within = None if not due else max(0.001, min(due.values()) - time.monotonic())
-                try:
-                    event, end = client.wait_event(within=within)
-                except TimeoutError:
-                    for fid in [f for f, at in due.items() if at <= time.monotonic()]:
-                        del due[fid]
-                        outcomes[running[fid]].timed_out = True
-                        self.stop(fid)
-                    continue
-                if event == "result":
-                    if result is not None and str(end.get("fiber_id")) in running:
-                        result(running[str(end.get("fiber_id"))], end)
-                    continue
-                i = running.pop(str(end.get("fiber_id")))
-                due.pop(str(end.get("fiber_id")), None)
-                outcomes[i].exit = end
-                self._end(i, outcomes[i], begun, done)
+            self._answered(batch, started.items)
+            self._wait_all(client, batch)
         finally:
             with self._lock:
-                self._running.difference_update(running)
-                self._running.difference_update(due)
+                self._windows.discard(batch)
+            batch.settled.set()
+        return batch.retry
+
+    def _answered(self, batch: _Batch, entries: list[dict[str, object]]) -> None:
+        """Take a ``started`` event's entries: a fiber is waited for (and stopped at once
+        after ``stop_all``), a retryable miss goes to ``batch.retry``, anything else ends
+        its task."""
+        for entry in entries:
+            i = int(str(entry.get("key")))
+            batch.unanswered.discard(i)
+            if not batch.unanswered:
+                batch.settled.set()
+            outcome = batch.outcomes[i]
+            fiber, miss, error = entry.get("fiber"), entry.get("miss"), entry.get("error")
+            if isinstance(fiber, dict):
+                batch.watch(str(fiber.get("id")), i)
+                with self._lock:
+                    self._running.add(str(fiber.get("id")))
+                if self.stopping:
+                    self.stop(str(fiber.get("id")))
+                continue
+            if isinstance(miss, dict):
+                outcome.miss = Missed(miss)
+                if outcome.miss.retryable:
+                    batch.retry.append(i)
+                    continue
+            elif isinstance(error, dict):
+                outcome.failure, outcome.refused = str(Refused(error)), True
+            self._end(i, outcome, batch.begun, batch.done)
+
+    def _wait_all(self, client: FiberdClient, batch: _Batch) -> None:
+        """Take each running fiber's exit event as it comes (and, of a windowed batch, the
+        ``started`` events of its later tasks); stop those past their task's timeout (they
+        then end as timed out); cancel a windowed batch's tasks not started once
+        ``cancel_pending`` is called. Raises Unreachable (Refused: a cancel refused)."""
+        try:
+            while batch.running or batch.unanswered:
+                poll = CANCEL_POLL if batch.unanswered and not batch.cancelled else None
+                try:
+                    if batch.unanswered and self.cancelling and not batch.cancelled:
+                        batch.cancelled = True
+                        self._cancelled(batch, client.cancel(within=30).keys)
+                        batch.settled.set()
+                        continue
+                    event, end = client.wait_event(within=batch.within(poll))
+                except TimeoutError:
+                    for fid in batch.overdue():
+                        batch.outcomes[batch.running[fid]].timed_out = True
+                        self.stop(fid)
+                    continue
+                if event == "started":
+                    self._answered(batch, _entries(end))
+                    continue
+                fid = str(end.get("fiber_id"))
+                if event == "result":
+                    if batch.result is not None and fid in batch.running:
+                        batch.result(batch.running[fid], end)
+                    continue
+                i = batch.ended(fid)
+                with self._lock:
+                    self._running.discard(fid)
+                batch.outcomes[i].exit = end
+                self._end(i, batch.outcomes[i], batch.begun, batch.done)
+        finally:
+            with self._lock:
+                self._running.difference_update(batch.running)
+
+    def _cancelled(self, batch: _Batch, keys: list[str]) -> None:
+        """The tasks fiberd will not start (a ``cancelled`` event's keys) end so."""
+        for key in keys:
+            i = int(key)
+            batch.unanswered.discard(i)
+            batch.outcomes[i].cancelled = True
+            self._end(i, batch.outcomes[i], batch.begun, batch.done)
 
     @staticmethod
     def _end(i: int, outcome: Outcome, begun: float,
@@ -353,8 +435,11 @@ class TaskRunner:
         """One Clone and its wait. Raises Missed, Refused, Unreachable."""
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
-        outcome.fiber_id = fiber.id
-        self._wait_all(client, [task], {fiber.id: 0}, [outcome], time.monotonic(), None, result)
+        batch = _Batch([task], [outcome], time.monotonic(), None, result, set())
+        batch.watch(fiber.id, 0)
+        with self._lock:
+            self._running.add(fiber.id)
+        self._wait_all(client, batch)
 
     @staticmethod
     def _early(fields: dict[str, object]) -> dict[str, object]:
@@ -368,6 +453,59 @@ class TaskRunner:
             self.early = False
             return True
         return False
+
+
+class _Batch:
+    """One batch's wait (or one Clone's): the tasks and their outcomes, the fibers running
+    (id → task index) with their deadlines, the tasks fiberd has not answered yet (a
+    windowed batch's not started) and the retryable misses to try again."""
+
+    def __init__(self, tasks: Sequence[Task], outcomes: list[Outcome], begun: float,
+                 done: Callable[[int, Outcome], None] | None, result: Early | None,
+                 unanswered: set[int]) -> None:
+        self.tasks, self.outcomes, self.begun = tasks, outcomes, begun
+        self.done, self.result = done, result
+        self.unanswered = unanswered
+        self.running: dict[str, int] = {}
+        self.due: dict[str, float] = {}
+        self.retry: list[int] = []
+        self.cancelled = False  # a cancel was sent
+        self.reader = threading.current_thread()  # the thread that reads its events
+        self.settled = threading.Event()  # nothing more will start: cancelled, all answered
+        if not unanswered:
+            self.settled.set()
+
+    def watch(self, fiber_id: str, i: int) -> None:
+        """Task i runs as ``fiber_id``: wait for it, until its timeout."""
+        self.running[fiber_id] = i
+        self.outcomes[i].fiber_id = fiber_id
+        if (timeout := self.tasks[i].timeout) is not None:
+            self.due[fiber_id] = time.monotonic() + timeout
+
+    def ended(self, fiber_id: str) -> int:
+        """The fiber's task, no longer waited for."""
+        self.due.pop(fiber_id, None)
+        return self.running.pop(fiber_id)
+
+    def within(self, poll: float | None) -> float | None:
+        """How long the next wait may last: to the first deadline, at most ``poll``."""
+        if not self.due:
+            return poll
+        left = max(0.001, min(self.due.values()) - time.monotonic())
+        return left if poll is None else min(left, poll)
+
+    def overdue(self) -> list[str]:
+        """The fibers past their deadline, each given once."""
+        now = time.monotonic()
+        late = [fid for fid, at in self.due.items() if at <= now]
+        for fid in late:
+            del self.due[fid]
+        return late
+
+
+def _entries(started: dict[str, object]) -> list[dict[str, object]]:
+    items = started.get("items")
+    return [e for e in items if isinstance(e, dict)] if isinstance(items, list) else []
 
 
 def _what(task: Task) -> dict[str, object]:

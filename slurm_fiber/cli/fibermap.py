@@ -38,11 +38,18 @@ unknown_grant, a refusal, fiberd unreachable) stops the map with fiberctl's
 exit codes (77, 1, 69; a refusal was 65 before issue 15), as no task could
 run; the ``fiberctl map:`` line on stderr tells a refusal from one failed task.
 
-The ``-j`` slots are shared out to one worker thread per CPU; each worker
-starts its share of tasks with one batch clone (``TaskRunner.run_many``;
-each task still its own fiber, record and exit) and takes the next batch
-once all of them have ended, so a slow task holds its worker's other slots
-until it ends. A fiberd older than protocol v3 gets one clone per task.
+Tasks go to fiberd in windowed batch clones (``TaskRunner.run_many`` with a
+window, protocol v5): one worker thread (one per WINDOW_SLOTS slots) sends up
+to 64 tasks in one request and fiberd keeps ``-j`` of them running, starting
+the next as one ends, with no round trip between them (each task still its
+own fiber, record and exit; Ctrl-C, or fiberd refusing the work, cancels the
+tasks not started). Three cases keep the older way, where the ``-j`` slots
+are shared out to one worker thread per CPU, each starting its share as one
+batch and the next once all of them have ended (a slow task holds its
+worker's other slots): ``--halt`` (no task may start before the map has seen
+how the one before ended), a command with ``{%}`` (only the client can
+number a slot) and a fiberd older than v5. A fiberd older than protocol v3
+gets one clone per task.
 
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
@@ -94,7 +101,7 @@ from slurm_fiber.cli.fiberctl import (
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.record import record
-from slurm_fiber.tasks import Outcome, Task, TaskRunner
+from slurm_fiber.tasks import MAX_BATCH, Outcome, Task, TaskRunner
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -105,6 +112,7 @@ PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
 HALT = re.compile(r"(now|soon),(fail|success|done)=(\d+)(%?)")
 JOBLOG_HEADER = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand\n"
 MAX_FAILED_STATUS = 101
+WINDOW_SLOTS = 32  # -j slots one windowed worker keeps (its batches hold up to MAX_BATCH)
 
 
 @record(frozen=True)
@@ -247,8 +255,11 @@ class Map:
             if self.share is None:
                 self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
-        workers = [threading.Thread(target=self.worker, args=share, daemon=True)
-                   for share in worker_slots(self.opts.jobs, len(os.sched_getaffinity(0)))]
+        windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd)
+        shares = (window_slots(self.opts.jobs) if windowed
+                  else worker_slots(self.opts.jobs, len(os.sched_getaffinity(0))))
+        workers = [threading.Thread(target=self.worker, args=(*share, windowed), daemon=True)
+                   for share in shares]
         if self.share is not None:  # ends once ``ended`` is set
             threading.Thread(target=self.watch_halt, daemon=True).start()
         try:
@@ -299,30 +310,35 @@ class Map:
             except StopIteration:
                 return None
 
-    def worker(self, first_slot: int, slots: int) -> None:
-        """Keep ``slots`` job slots (numbered from ``first_slot``): take that many
-        arguments (and the tries still owed), start them as one batch, finish each as its
-        fiber ends; the next batch once all have ended."""
+    def worker(self, first_slot: int, slots: int, windowed: bool) -> None:
+        """Keep ``slots`` job slots (numbered from ``first_slot``): take the arguments
+        (and the tries still owed) of one batch, finish each task as its fiber ends; the
+        next batch once all have ended. ``windowed``: batches of MAX_BATCH, ``slots`` of
+        them running at once (fiberd starts the next as one ends); else of ``slots``."""
         owed: list[tuple[int, str, list[str], int]] = []  # seq, arg, words, try number
+        size = MAX_BATCH if windowed else slots
         while True:
             batch, owed = owed, []
-            while len(batch) < slots and (item := self.next_arg()) is not None:
+            while len(batch) < size and (item := self.next_arg()) is not None:
                 seq, arg = item
                 slot = first_slot + len(batch)
                 batch.append((seq, arg, command_words(self.opts.cmd, arg, seq, slot,
                                                       self.opts.call is not None), 1))
             if not batch:
                 return
-            self.run_batch(batch, owed)
+            self.run_batch(batch, owed, slots if windowed else None)
 
     def run_batch(self, batch: list[tuple[int, str, list[str], int]],
-                  owed: list[tuple[int, str, list[str], int]]) -> None:
-        """Run ``batch`` (seq, arg, words, try number) and finish each task as it ends; a
-        failed one with tries left goes to ``owed``."""
+                  owed: list[tuple[int, str, list[str], int]], window: int | None) -> None:
+        """Run ``batch`` (seq, arg, words, try number), at most ``window`` at once (None:
+        all), and finish each task as it ends; a failed one with tries left goes to
+        ``owed``; one cancelled before it started (a halt) is dropped."""
         pipes = [(os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr"))
                  for _ in batch]
 
         def done(i: int, outcome: Outcome) -> None:
+            if outcome.cancelled:
+                return
             seq, arg, words, attempt = batch[i]
             stdout, stderr = self.output(outcome, *pipes[i])
             if not (outcome.ok or self.abort_for(outcome) or attempt >= self.opts.retries):
@@ -334,7 +350,7 @@ class Map:
 
         try:
             self.runner.run_many([self.task(words, *pipe) for (_, _, words, _), pipe
-                                  in zip(batch, pipes, strict=True)], done)
+                                  in zip(batch, pipes, strict=True)], done, window=window)
         finally:
             for out, err in pipes:
                 os.close(out)
@@ -380,6 +396,7 @@ class Map:
             if self.abort is None:
                 self.abort = (code, line)
             self.stopping = True
+        self.runner.cancel_pending()
         return True
 
     # ------------------------------------------------------------ reporting
@@ -629,6 +646,13 @@ def worker_slots(jobs: int, cpus: int) -> list[tuple[int, int]]:
     workers = max(1, min(jobs, cpus))
     shares = [jobs // workers + (1 if w < jobs % workers else 0) for w in range(workers)]
     return [(1 + sum(shares[:w]), n) for w, n in enumerate(shares)]
+
+
+def window_slots(jobs: int) -> list[tuple[int, int]]:
+    """The ``jobs`` slots shared out to windowed workers of at most WINDOW_SLOTS each:
+    each worker's first slot number and how many it keeps."""
+    return [(first, min(WINDOW_SLOTS, jobs - first + 1))
+            for first in range(1, jobs + 1, WINDOW_SLOTS)]
 
 
 def _read_all(fd: int) -> bytes:

@@ -358,18 +358,19 @@ class Core:
             return self._miss(None, resolved, caller)
         return await self._clone_for(resolved, request, stdio, caller)
 
-    async def clone_batch(self, requests: Sequence[CloneRequest],
-                          stdios: Sequence[Stdio]) -> list[FiberView | Miss | Exception]:
+    async def clone_batch(self, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
+                          batch: int | None = None) -> list[FiberView | Miss | Exception]:
         """Clone once per request (all of one peer, grant and token): the grant resolved and
         a carried token verified and admitted once; a miss of that step is audited once
-        (``batch``: how many it answers) and answers every item. Then each item is decided,
-        forked and audited (``clone``, with ``batch``) on its own: an item's miss, failed
-        fork (its CloneFailed, returned) or unwritable audit record leaves the rest going."""
+        (``batch``: the client request's item count, default how many it answers) and
+        answers every item. Then each item is decided, forked and audited (``clone``, with
+        ``batch``) on its own: an item's miss, failed fork (its CloneFailed, returned) or
+        unwritable audit record leaves the rest going."""
         if not requests:
             return []
         first = requests[0]
         caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
-                  "batch": len(requests)}
+                  "batch": len(requests) if batch is None else batch}
         try:
             resolved = closed_miss() if self.closing else await self._resolve(first)
             if isinstance(resolved, Miss):

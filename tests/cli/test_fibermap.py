@@ -212,6 +212,7 @@ def test_ctrl_c_stops_the_running_fibers_and_exits_130(site: Site) -> None:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdin is not None
+    before = len(site.audit_path.read_text().splitlines())
     proc.stdin.write("30\n31\n32\n")
     proc.stdin.close()
 
@@ -227,10 +228,31 @@ def test_ctrl_c_stops_the_running_fibers_and_exits_130(site: Site) -> None:
     err = proc.stderr.read()  # type: ignore[union-attr]
     assert "interrupted; running fibers were stopped" in err
     assert running() == []  # stopped before fiberctl exited, not left to fiberd's hang-up
+    records = [json.loads(line) for line in site.audit_path.read_text().splitlines()[before:]]
+    assert len([r for r in records if r["event"] == "clone"]) == 2  # the third never started
+
+
+def test_a_map_keeps_j_tasks_running_through_windowed_batches(site: Site,
+                                                              tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    before = len(site.audit_path.read_text().splitlines())
+    out = fmap(site, "-j3", "--range", "1-100", "--", "sh", "-c",
+               f'echo "+{{}}" >> {marks}; sleep 0.0{{}}; echo "-{{}}" >> {marks}')
+    assert out.returncode == 0, out.stderr
+    running = most = 0
+    for mark in marks.read_text().split():
+        running += 1 if mark.startswith("+") else -1
+        most = max(most, running)
+    assert most == 3 and len(marks.read_text().split()) == 200
+    records = [json.loads(line) for line in site.audit_path.read_text().splitlines()[before:]]
+    batches = [r["batch"] for r in records if r["event"] == "clone"]
+    assert sorted(set(batches)) == [36, 64]  # one worker: 64 tasks a request, then the rest
 
 
 def test_slots_beyond_the_cpus_start_as_batch_clones_each_audited(site: Site,
                                                                   tmp_path: Path) -> None:
+    """With ``{%}`` (a slot only the client can number), each worker's share of the slots
+    starts as one batch."""
     log = tmp_path / "joblog"
     before = len(site.audit_path.read_text().splitlines())
     out = fmap(site, "-j6", "--range", "1-12", "--joblog", str(log), "--retries", "2", "--",
@@ -253,11 +275,13 @@ def test_slots_beyond_the_cpus_start_as_batch_clones_each_audited(site: Site,
 
 
 def test_worker_slots_share_the_jobs_out() -> None:
-    from slurm_fiber.cli.fibermap import worker_slots
+    from slurm_fiber.cli.fibermap import window_slots, worker_slots
 
     assert worker_slots(2, 2) == [(1, 1), (2, 1)]
     assert worker_slots(5, 2) == [(1, 3), (4, 2)]
     assert worker_slots(1, 8) == [(1, 1)]
+    assert window_slots(2) == [(1, 2)]
+    assert window_slots(70) == [(1, 32), (33, 32), (65, 6)]
 
 
 def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,

@@ -22,6 +22,7 @@ import time
 from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
 from slurm_fiber.core.api.replies import (
     BatchStarted,
+    Cancelled,
     Delivered,
     Document,
     Fiber,
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
 MAX_REPLY = 16 << 20
-BATCH_SINCE = 3  # protocol.BATCH_SINCE and PAGED_SINCE (not imported: the protocol module
-PAGED_SINCE = 3  # costs a per-task client too much to import)
+BATCH_SINCE = 3  # protocol.BATCH_SINCE, PAGED_SINCE and WINDOW_SINCE (not imported: the
+PAGED_SINCE = 3  # protocol module costs a per-task client too much to import)
+WINDOW_SINCE = 5
 PAGE_SIZE = 1000  # fiber records per list_fibers page (protocol.MAX_PAGE at most)
 
 
@@ -73,6 +75,7 @@ class FiberdClient:
         self.timeout = timeout
         self._decoder = FrameDecoder(MAX_REPLY)
         self._next_id = 0
+        self._held: list[dict[str, object]] = []  # stream events read ahead by ``cancel``
         # The C socket type: socket.py (with selectors and enum) would be about a third of
         # the imports of a fiberctl run or call, which a job may start per task.
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -110,6 +113,8 @@ class FiberdClient:
         """The next reply frame as sent (no error raising). Raises Unreachable; with
         ``within`` (seconds), TimeoutError when no whole frame came in that time (the
         connection stays usable: a later call picks up where this one stopped)."""
+        if self._held:
+            return self._held.pop(0)
         self.sock.settimeout(within if within is not None
                              else None if wait_forever else self.timeout)
         try:
@@ -181,13 +186,16 @@ class FiberdClient:
 
     def clone_batch(self, items: Sequence[Mapping[str, object]], *,
                     stdio: Sequence[Mapping[str, int]] = (), wait: bool = False,
-                    **fields: object) -> BatchStarted:
+                    window: int | None = None, **fields: object) -> BatchStarted:
         """Start one fiber per item (protocol v3) in one request: each item is
         ``{"key": str, "exec"|"call": ..., "env"?: ...}``, ``stdio[i]`` the descriptors of
         item i (as in ``clone``); ``fields`` hold for every item (``grant``/``token``,
         ``env``, ``hangup``). The reply names each item's fiber, miss or error. With
-        ``wait``, follow with one ``wait_exit`` per started fiber. Raises Refused (a v2
-        fiberd: ``unsupported_version``), Unreachable."""
+        ``wait``, follow with one ``wait_exit`` per started fiber. With ``window`` (v5,
+        needs ``wait``), at most that many run at once and the reply names the first
+        ones; ``wait_event`` then also gives ``("started", {"items": [...]})`` for the
+        items started later. Raises Refused (a v2 fiberd: ``unsupported_version``; a v4
+        one for a window), Unreachable."""
         sent: list[dict[str, object]] = []
         fds: list[int] = []
         for n, item in enumerate(items):
@@ -197,8 +205,35 @@ class FiberdClient:
             fds.extend(given[name] for name in names)
         message: dict[str, object] = {"op": "clone_batch", "v": BATCH_SINCE, "wait": wait,
                                       **fields, "items": sent}
+        if window is not None:
+            message.update(window=window, v=max(WINDOW_SINCE, int(str(message["v"]))))
         result = self.exchange(message, fds)["result"]
         return BatchStarted.from_json(result if isinstance(result, dict) else {})
+
+    def cancel(self, within: float | None = None) -> Cancelled:
+        """During a windowed batch's stream (protocol v5): start none of its items not
+        started yet; the keys of those, from its ``cancelled`` event. Its fibers running go
+        on: their events, and any read here before that one, come to ``wait_event`` as
+        usual. A stream that ended before fiberd took the cancel answers nothing: the keys
+        are then none. ``within`` as for ``wait_event``. Raises Refused (a fiberd older
+        than v5), Unreachable."""
+        self._next_id += 1
+        asked = self._next_id
+        self.send({"op": "cancel", "v": WINDOW_SINCE, "id": asked})
+        held: list[dict[str, object]] = []
+        try:
+            while True:
+                message = self.receive(wait_forever=True, within=within)
+                if message.get("event") == "cancelled":
+                    return Cancelled.from_json(_result(message))
+                if message.get("id") == asked and not message.get("ok"):
+                    error = message.get("error")  # an older fiberd (busy, unknown_op)
+                    raise Refused(error if isinstance(error, dict) else {"code": "?"})
+                held.append(message)
+                if message.get("final"):
+                    return Cancelled([])  # the stream had ended; the cancel goes unanswered
+        finally:
+            self._held[:0] = held
 
     def inspect_fiber(self, fiber: str) -> Fiber:
         """One fiber's record. Refused ``not_found`` when fiberd does not know it."""
@@ -279,10 +314,15 @@ class FiberdClient:
     def wait_event(self, within: float | None = None) -> tuple[str, dict[str, object]]:
         """After a clone or batch with ``wait``: the next event, ``("exit", exit)`` or,
         with ``early`` (protocol v4), ``("result", {fiber_id, result or error})``, which
-        comes before that fiber's exit event. ``within`` as for ``wait_exit``."""
+        comes before that fiber's exit event, or, with a batch's ``window`` (v5),
+        ``("started", {"items": [...]})``. ``within`` as for ``wait_exit``."""
         reply = self.reply(wait_forever=True, within=within)
-        result = reply.get("result")
-        return str(reply.get("event")), result if isinstance(result, dict) else {}
+        return str(reply.get("event")), _result(reply)
+
+
+def _result(message: Mapping[str, object]) -> dict[str, object]:
+    result = message.get("result")
+    return result if isinstance(result, dict) else {}
 
 
 def _connect_failure(path: str | os.PathLike[str], err: OSError) -> str:

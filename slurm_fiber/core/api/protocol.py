@@ -1,10 +1,11 @@
 """The fiberd socket protocol: request shapes, their validation, error codes, replies.
 
 A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
-``v`` (optional: 1 to 4; versions are additive, so every v1 request means
-the same under v4; a v2 feature, such as a pickled call, needs ``"v": 2``,
+``v`` (optional: 1 to 5; versions are additive, so every v1 request means
+the same under v5; a v2 feature, such as a pickled call, needs ``"v": 2``,
 a v3 one (``clone_batch``) ``"v": 3``, a v4 one (``early`` results)
-``"v": 4``, which an older fiberd refuses as ``unsupported_version``) and the
+``"v": 4``, a v5 one (a batch's ``window``, ``cancel``) ``"v": 5``, which an
+older fiberd refuses as ``unsupported_version``) and the
 op's own fields. Unknown fields are refused, so a typo never silently changes
 what a request means. Every refusal is an ``ApiError`` with a code from
 ``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function of
@@ -24,6 +25,7 @@ from typing import Any
 from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
 from slurm_fiber.core.api.replies import (
     BatchStarted,
+    Cancelled,
     Delivered,
     Document,
     Fiber,
@@ -39,12 +41,13 @@ from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.misses import Miss
 from slurm_fiber.record import record, replace
 
-VERSION = 4  # the newest this fiberd speaks
-VERSIONS = (1, 2, 3, 4)  # every one it accepts (docs/socket-protocol.md, "Versions")
+VERSION = 5  # the newest this fiberd speaks
+VERSIONS = (1, 2, 3, 4, 5)  # every one it accepts (docs/socket-protocol.md, "Versions")
 PICKLED_SINCE = 2  # call.pickled needs "v" >= this
 BATCH_SINCE = 3  # clone_batch needs "v" >= this
 PAGED_SINCE = 3  # list_fibers' "after" and "limit" need "v" >= this
 EARLY_SINCE = 4  # clone's and clone_batch's "early" needs "v" >= this
+WINDOW_SINCE = 5  # clone_batch's "window" and the "cancel" op need "v" >= this
 MAX_PAGE = 5000  # fiber records in one list_fibers page
 CURSOR_PATTERN = re.compile(r"\d{1,20}")
 MAX_BATCH = 64  # items in one clone_batch
@@ -192,6 +195,7 @@ class BatchOp:
     wait: bool
     hangup: bool
     early: bool = False
+    window: int | None = None  # at most this many of its fibers at once (v5)
 
 
 Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
@@ -382,7 +386,8 @@ def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
 
 
 _ITEM_FIELDS = frozenset({"key", "call", "exec", "env", "stdio"})
-_BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup", "early"})
+_BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup", "early",
+                           "window"})
 
 
 def _batch(f: _Fields, nfds: int) -> BatchOp:
@@ -419,9 +424,27 @@ def _batch(f: _Fields, nfds: int) -> BatchOp:
             items.append(BatchItem(key, replace(clone, stdio=stdio), stdio))
         except ApiError as err:
             items.append(BatchItem(key, None, stdio, err))
-    return BatchOp(tuple(items), wait=bool(f.get("wait", bool, "true or false")),
+    wait = bool(f.get("wait", bool, "true or false"))
+    return BatchOp(tuple(items), wait=wait,
                    hangup=f.get("hangup", bool, "true or false") is not False,
-                   early=_early(f))
+                   early=_early(f), window=_window(f, wait))
+
+
+def _window(f: _Fields, wait: bool) -> int | None:
+    """A batch's ``window`` (v5): how many of its fibers may run at once; the rest start
+    in order as earlier ones end, so it streams, and needs ``wait``."""
+    window: int | None = f.get("window", int, f"1..{MAX_BATCH}")
+    if window is None:
+        return None
+    if f.body.get("v", 1) < WINDOW_SINCE:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"'window' needs \"v\": {WINDOW_SINCE} in the request", "v")
+    if not 1 <= window <= MAX_BATCH:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"'window' must be 1..{MAX_BATCH}", "window")
+    if not wait:
+        raise ApiError(ErrorCode.BAD_REQUEST, "'window' needs \"wait\": true (later items "
+                       "start as earlier fibers end, on this connection)", "window")
+    return window
 
 
 def _item_stdio(item: object) -> tuple[str, ...]:
@@ -491,6 +514,8 @@ TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
            descriptors=True, streams=True),
     OpSpec("clone_batch", BatchOp, BatchStarted, "clone_batch", _BATCH_FIELDS, _batch,
            since=BATCH_SINCE, descriptors=True, streams=True),
+    OpSpec("cancel", PlainOp, Cancelled, "cancel", frozenset(),
+           lambda _f, _n: PlainOp("cancel"), since=WINDOW_SINCE, streams=True),
     OpSpec("inspect_fiber", FiberOp, Fiber, "inspect_fiber", frozenset({"fiber"}),
            lambda f, _n: FiberOp(_fiber_id(f))),
     OpSpec("stop_fiber", StopOp, Fiber, "stop_fiber", frozenset({"fiber", "grace"}),

@@ -233,4 +233,27 @@ class BatchStarted(_Reply):
                 if i.get("ok") and isinstance(i.get("fiber"), dict)}
 
 
-Reply = Fiber | BatchStarted | FiberList | Delivered | GrantList | Ready | Document | Metrics
+class Cancelled(_Reply):
+    """``cancel``'s answer, the ``cancelled`` event of the windowed batch streaming on the
+    connection: the keys of its items that will not start (in the request's order)."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    @classmethod
+    def of(cls, keys: Iterable[str]) -> Cancelled:
+        return cls(list(keys))
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, object]) -> Cancelled:
+        keys = result.get("keys")
+        return cls([str(k) for k in keys] if isinstance(keys, list) else [])
+
+    def to_json(self) -> Json:
+        return {"keys": self.keys}
+
+
+Reply = (Fiber | BatchStarted | Cancelled | FiberList | Delivered | GrantList | Ready | Document
+         | Metrics)

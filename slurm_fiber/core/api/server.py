@@ -4,8 +4,11 @@
 connection is checked with SO_PEERCRED before anything is read (allowed:
 the daemon's own uid and root unless configured; ``allowed_gids`` admit a
 primary or, by SO_PEERGROUPS, a supplementary group), then carries one request
-at a time: a request gets exactly one reply, except a ``clone`` with
-``wait`` which gets a ``started`` event and, later, an ``exit`` event. Every
+at a time: a request gets exactly one reply, except a ``clone`` or
+``clone_batch`` with ``wait``, which gets ``started`` events and, later, an
+``exit`` event per fiber (a windowed batch starts the rest of its items as its
+fibers end, ``window.BatchWindow``), and a ``cancel`` of such a batch, answered
+in its stream (outside one, with nothing to cancel, it gets no reply). Every
 malformed or refused request gets an error reply with a code and a one-line
 reason, is counted in the metrics and reported to the ``audit`` callback;
 nothing a client sends can stop the server or reach another connection.
@@ -43,20 +46,24 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from slurm_fiber.core.api.framing import (
     DEFAULT_MAX_FRAME,
     Frame,
     FrameDecoder,
     FramingError,
+    close_all,
     encode_frame,
 )
 from slurm_fiber.core.api.protocol import (
     MAX_BATCH_FDS,
     ApiError,
+    BatchItem,
     BatchOp,
     CloneOp,
     ErrorCode,
+    PlainOp,
     Request,
     error_reply,
     max_fds,
@@ -66,7 +73,7 @@ from slurm_fiber.core.api.protocol import (
     peer_allowed,
     request_id,
 )
-from slurm_fiber.core.api.replies import BatchStarted
+from slurm_fiber.core.api.replies import BatchStarted, Cancelled
 from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberHandle,
@@ -76,6 +83,7 @@ from slurm_fiber.core.api.service import (
     Stdio,
 )
 from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
+from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.misses import Miss
@@ -445,9 +453,11 @@ class _Connection:
             await self.stream_exits(rid, [outcome], op.hangup, op.early)
 
     async def clone_batch(self, rid: int | str | None, op: BatchOp, frame: Frame) -> None:
-        """Start the batch's valid items through the Service in one call; answer one
-        ``started`` event with every item's outcome (fiber, miss or error) in order, then,
-        with ``wait``, each started fiber's ``exit`` event (the last one final)."""
+        """Start the batch's valid items through the Service; answer one ``started`` event
+        with every item's outcome (fiber, miss or error) in order, then, with ``wait``, each
+        started fiber's ``exit`` event (the last one final). With a ``window`` (v5), only
+        that many start at first; the rest start as those end (``BatchWindow``), each
+        answered in a later ``started`` event."""
         server = self.server
         assert self.peer is not None
         started_at = server.clock.mono()
@@ -462,6 +472,9 @@ class _Connection:
             requests.append(CloneRequest(peer=self.peer, call=clone.call, exec=clone.exec,
                                          grant=clone.grant, token=clone.token, env=clone.env))
             stdios.append(Stdio(**passed))
+        if op.window is not None:
+            await self.windowed_batch(rid, op, frame, valid, requests, stdios)
+            return
         try:
             outcomes = list(await server.service.clone_batch(requests, stdios)) if valid else []
         finally:
@@ -473,43 +486,109 @@ class _Connection:
         entries: list[dict[str, object]] = []
         fibers: list[FiberHandle] = []
         for item in op.items:
-            entry: dict[str, object] = {"key": item.key}
             outcome = by_item.get(id(item))
             if item.error is not None:
-                server.refusal(Refusal(item.error.code.value, item.error.reason, self.peer,
-                                       "clone_batch", rid))
-                entry.update(ok=False, error=item.error.to_json())
-            elif isinstance(outcome, Miss):
-                server.metrics.clone_missed(outcome.code, elapsed)
-                entry.update(ok=False, miss=outcome.to_json())
-            elif isinstance(outcome, Exception):
-                error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
-                                 f"{type(outcome).__name__}: {outcome}")
-                server.refusal(Refusal(error.code.value, error.reason, self.peer,
-                                       "clone_batch", rid))
-                entry.update(ok=False, error=error.to_json())
-            elif outcome is not None:
-                server.metrics.clone_started(elapsed)
+                entries.append(self.refused_item(rid, item.key, item.error))
+                continue
+            assert outcome is not None
+            entries.append(self.item_entry(rid, item.key, outcome, elapsed))
+            if not isinstance(outcome, Miss | Exception):
                 fibers.append(outcome)
-                entry.update(ok=True, fiber=outcome.to_json())
-            entries.append(entry)
         streams = op.wait and bool(fibers)
         await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
                                  final=not streams))
         if streams:
             await self.stream_exits(rid, fibers, op.hangup, op.early)
 
+    async def windowed_batch(self, rid: int | str | None, op: BatchOp, frame: Frame,
+                             valid: list[BatchItem], requests: list[CloneRequest],
+                             stdios: list[Stdio]) -> None:
+        """``clone_batch`` with a ``window``: the refused items and the first ``window``
+        starts answered in the first ``started`` event, later starts in later ones, as
+        ``stream_exits`` refills the window."""
+        server, count = self.server, len(op.items)
+        entries = [self.refused_item(rid, item.key, item.error)
+                   for item in op.items if item.error is not None]
+        owned: dict[int, tuple[int, ...]] = {}
+        fds = iter(list(frame.fds))
+        frame.fds.clear()  # each item's are the window's now, closed once it is answered
+        for item in op.items:
+            owned[id(item)] = tuple(next(fds) for _ in item.stdio)
+        close_all(fd for item in op.items if item.clone is None for fd in owned[id(item)])
+
+        elapsed = 0.0  # the last start's, for its entry
+
+        async def start(item: Pending) -> Outcome:
+            nonlocal elapsed
+            begun = server.clock.mono()
+            outcome = (await server.service.clone_batch([item.request], [item.stdio],
+                                                        batch=count))[0]
+            elapsed = server.clock.mono() - begun
+            return outcome
+
+        window = BatchWindow(
+            [Pending(str(item.key), request, stdio, owned[id(item)])
+             for item, request, stdio in zip(valid, requests, stdios, strict=True)],
+            op.window or 1, start,
+            lambda key, outcome: self.item_entry(rid, key, outcome, elapsed))
+        try:
+            fibers, started = await window.refill(0)
+            await self.send(ok_reply(rid, BatchStarted(entries + started).to_json(), "started",
+                                     final=not fibers))
+            if fibers:
+                await self.stream_exits(rid, fibers, op.hangup, op.early, window)
+        finally:
+            window.close()
+
+    def refused_item(self, rid: int | str | None, key: str | None,
+                     error: ApiError) -> dict[str, object]:
+        """The ``started`` entry of an item refused alone (counted and audited)."""
+        self.server.refusal(Refusal(error.code.value, error.reason, self.peer,
+                                    "clone_batch", rid))
+        return {"key": key, "ok": False, "error": error.to_json()}
+
+    def item_entry(self, rid: int | str | None, key: str | None, outcome: Outcome,
+                   elapsed: float) -> dict[str, object]:
+        """The ``started`` entry of an item the Service answered (counted; an item the
+        runtime failed on is answered ``internal``, audited as a refusal)."""
+        metrics = self.server.metrics
+        if isinstance(outcome, Miss):
+            metrics.clone_missed(outcome.code, elapsed)
+            return {"key": key, "ok": False, "miss": outcome.to_json()}
+        if isinstance(outcome, Exception):
+            error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
+                             f"{type(outcome).__name__}: {outcome}")
+            return self.refused_item(rid, key, error)
+        metrics.clone_started(elapsed)
+        return {"key": key, "ok": True, "fiber": outcome.to_json()}
+
+    async def cancel(self, rid: int | str | None, _op: PlainOp, _frame: Frame) -> None:
+        """``cancel`` outside a windowed batch's stream: nothing is left to cancel (the
+        batch it was meant for has ended), so it is taken without a reply (module doc)."""
+        log.debug("cancel %r from %s with no windowed batch streaming", rid, self.peer)
+
     async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
-                           hangup: bool, early: bool = False) -> None:
+                           hangup: bool, early: bool = False,
+                           window: BatchWindow | None = None) -> None:
         """Send each fiber's exit event as it ends (the last one final); with ``early``,
         before it, a call fiber's ``result`` event as soon as it has written its result;
-        meanwhile answer stray frames with busy.
+        with a ``window``, after the exits, the ``started`` event of the items that
+        started in their place, and a ``cancel`` frame answered with the ``cancelled``
+        event; meanwhile answer other frames with busy.
 
         A client that disconnects first gets each fiber still running a SIGHUP
-        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned.
+        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned
+        (a window's items not started never start).
         """
-        waiting = {asyncio.ensure_future(f.wait()): f for f in fibers}
-        results = {f.id: asyncio.ensure_future(f.call_result()) for f in fibers} if early else {}
+        waiting: dict[asyncio.Future[Any], FiberHandle] = {}  # their exits
+        results: dict[str, asyncio.Future[Any]] = {}  # early results, by fiber id
+
+        def watch(started: list[FiberHandle]) -> None:
+            waiting.update({asyncio.ensure_future(f.wait()): f for f in started})
+            if early:
+                results.update({f.id: asyncio.ensure_future(f.call_result()) for f in started})
+
+        watch(fibers)
         try:
             while waiting:
                 reading = self.next_frame()
@@ -519,11 +598,18 @@ class _Connection:
                     del results[fiber_id]  # sent before its exit event, which ends it
                     if (event := written.result()) is not None:
                         await self.send(ok_reply(rid, event, "result", final=False))
-                for exited in [t for t in waiting if t in done]:
+                exits = [t for t in waiting if t in done]
+                for exited in exits:
                     fiber = waiting.pop(exited)
                     if fiber.id in results:  # its exit event carries the result: no later one
                         results.pop(fiber.id).cancel()
+                    last = not waiting and not (window is not None and window.pending)
                     await self.send(ok_reply(rid, exited.result().to_json(), "exit",
+                                             final=last))
+                if exits and window is not None and window.pending:
+                    started, entries = await window.refill(len(waiting))
+                    watch(started)
+                    await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
                                              final=not waiting))
                 if reading not in done:
                     continue
@@ -537,12 +623,24 @@ class _Connection:
                         for fiber in waiting.values():
                             self.hang_up(fiber)
                     raise PeerGone("client left while its fibers ran")
-                stray.close_fds()
-                await self.refuse(request_id(stray.body), None, ApiError(
-                    ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
+                await self.stream_control(rid, stray, window)
         finally:
             for task in [*waiting, *results.values()]:
                 task.cancel()
+
+    async def stream_control(self, rid: int | str | None, frame: Frame,
+                             window: BatchWindow | None) -> None:
+        """A frame that came while a stream runs: a ``cancel`` of the streaming windowed
+        batch is answered with its ``cancelled`` event; anything else with busy."""
+        frame.close_fds()
+        with contextlib.suppress(ApiError):
+            if window is not None and parse_request(frame.body, 0).spec.name == "cancel":
+                keys = window.cancel()
+                await self.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled",
+                                         final=False))
+                return
+        await self.refuse(request_id(frame.body), None, ApiError(
+            ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
 
     def hang_up(self, fiber: FiberHandle) -> None:
         assert self.peer is not None

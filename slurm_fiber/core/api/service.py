@@ -204,13 +204,15 @@ class Service(Protocol):
         """Start a fiber or say why not. Returns once the fiber is running (or missed)."""
         ...
 
-    async def clone_batch(self, requests: Sequence[CloneRequest],
-                          stdio: Sequence[Stdio]) -> Sequence[FiberHandle | Miss | Exception]:
+    async def clone_batch(self, requests: Sequence[CloneRequest], stdio: Sequence[Stdio],
+                          batch: int | None = None) -> Sequence[FiberHandle | Miss | Exception]:
         """Start one fiber per request (same peer, grant and token in each), in order: the
         grant resolved (a token verified and admitted) once; each fiber decided, started
         and audited on its own, so one miss does not stop the others. One outcome per
         request, in order: a fiber, a miss, or the exception that failed that item alone
-        (answered ``internal`` for it). Descriptors as in ``clone``."""
+        (answered ``internal`` for it). ``batch``: the client's request's item count, for
+        the audit records (None: ``len(requests)``; a windowed batch starts its items a
+        few at a time). Descriptors as in ``clone``."""
         ...
 
     def list_fibers(self, after: str | None = None,

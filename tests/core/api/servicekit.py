@@ -125,8 +125,8 @@ class ProcService:
         loop.add_reader(pidfd, self._reap, fiber, pidfd)
         return fiber
 
-    async def clone_batch(self, requests: list[CloneRequest],
-                          stdios: list[Stdio]) -> list[ProcFiber | Miss | Exception]:
+    async def clone_batch(self, requests: list[CloneRequest], stdios: list[Stdio],
+                          batch: int | None = None) -> list[ProcFiber | Miss | Exception]:
         """Each item as ``clone``; an item that raises fails alone."""
         out: list[ProcFiber | Miss | Exception] = []
         for request, stdio in zip(requests, stdios, strict=True):

@@ -97,7 +97,7 @@ def test_valid_requests_parse() -> None:
     ({"op": "inspect_fiber", "fiber": "../x"}, 0, "bad_request", "fiber"),
     ({"op": "status", "id": [1]}, 0, "bad_request", "id"),
     ({"op": "status", "v": True}, 0, "unsupported_version", None),
-    ({"op": "status", "v": 5}, 0, "unsupported_version", None),
+    ({"op": "status", "v": 6}, 0, "unsupported_version", None),
     # a pickled call is a v2 feature, checked only for shape (fiberd never unpickles)
     ({"op": "clone", "call": {"pickled": "gAR9lC4="}}, 0, "bad_request", "call"),
     ({"op": "clone", "v": 2, "call": {"pickled": "not base64!"}}, 0, "bad_request", "call"),

@@ -4,20 +4,37 @@ client, and an op the table does not hold is refused with its code."""
 from __future__ import annotations
 
 import inspect
+import os
+import signal
 from collections.abc import Callable
 
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.core.api.protocol import TABLE
-from slurm_fiber.core.api.replies import Fiber
+from slurm_fiber.core.api.replies import Cancelled, Fiber
 from tests.core.runtime.fiberdkit import ThreadFiberd
+
+
+def cancel_in_a_window(client: FiberdClient) -> Cancelled:
+    """``cancel`` is answered in the windowed batch it cancels: one running (ended here by
+    a signal), two not started."""
+    items = [{"key": "s", "exec": {"argv": ["sleep", "30"]}},
+             {"key": "a", "exec": {"argv": ["true"]}}, {"key": "b", "exec": {"argv": ["true"]}}]
+    sleeper = client.clone_batch(items, wait=True, window=1).fibers()["s"]
+    cancelled = client.cancel(within=30)
+    assert cancelled.keys == ["a", "b"]
+    os.kill(sleeper.pid or 0, signal.SIGTERM)
+    assert client.wait_exit(within=30)["fiber_id"] == sleeper.id
+    return cancelled
+
 
 # How each op is called through the typed client, given a running fiber's id. A new op in the
 # table without a line here fails test_every_op_has_a_typed_method_and_a_round_trip.
 CALLS: dict[str, Callable[[FiberdClient, str], object]] = {
     "clone": lambda c, _f: c.clone(exec={"argv": ["true"]}),
     "clone_batch": lambda c, _f: c.clone_batch([{"key": "a", "exec": {"argv": ["true"]}}]),
+    "cancel": lambda c, _f: cancel_in_a_window(c),
     "inspect_fiber": lambda c, f: c.inspect_fiber(f),
     "signal_fiber": lambda c, f: c.signal_fiber(f, "CONT"),
     "list_fibers": lambda c, _f: c.list_fibers(),

@@ -128,7 +128,7 @@ def test_a_request_failing_for_want_of_descriptors_is_busy_not_internal(served) 
     ({"op": "status", "extra": 1}, "bad_request"),
     ({"op": "clone", "exec": {"argv": "ls"}}, "bad_request"),
     ({"op": "clone", "exec": {"argv": ["ls"]}, "call": {"target": "a:b"}}, "bad_request"),
-    ({"op": "status", "v": 5}, "unsupported_version"),
+    ({"op": "status", "v": 6}, "unsupported_version"),
     ([1, 2, 3], "bad_request"),
 ])
 def test_bad_requests_get_error_replies_on_a_live_connection(served, message, code) -> None:
