@@ -176,7 +176,7 @@ def join(cgroup: Path, pid: int = 0) -> None:
 def populated(cgroup: Path) -> bool:
     """Whether any process lives in the subtree (False once the cgroup is gone)."""
     try:
-        text = read_small(cgroup / "cgroup.events")
+        text = read_small(f"{cgroup}/cgroup.events")  # (a str join: at every fiber's end)
     except FileNotFoundError:  # gone, or a v1 group (no events file): look at its pids
         return any(procs.split() for procs in _procs_by_group(cgroup))
     return "\npopulated 1\n" in "\n" + text
@@ -373,9 +373,10 @@ def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
 def memory_peak(cgroup: Path) -> int | None:
     """``memory.peak`` in bytes where the v2 memory controller provides it, else the v1
     mirror's ``memory.max_usage_in_bytes``, else None."""
-    peak = _read_int(cgroup / "memory.peak") if _v2_memory(cgroup.parent) else None
-    if peak is None and (v1 := _mirror(cgroup, "memory")) is not None:
-        peak = _read_int(v1 / "memory.max_usage_in_bytes")
+    v2, v1 = _memory_of(cgroup)
+    peak = _read_int(f"{v2}/memory.peak") if v2 is not None else None
+    if peak is None and v1 is not None:
+        peak = _read_int(f"{v1}/memory.max_usage_in_bytes")
     return peak
 
 
@@ -463,10 +464,13 @@ class DeviceRule:
 _MIRRORS: dict[Path, tuple[Path, ...]] = {}
 
 
-def mirrors(cgroup: Path) -> list[Path]:
-    """The v1 groups ``cgroup`` is mirrored in (a process joins them all); [] for none."""
+@functools.lru_cache(maxsize=4096)
+def mirrors(cgroup: Path) -> tuple[Path, ...]:
+    """The v1 groups ``cgroup`` is mirrored in (a process joins them all); () for none.
+    Cached (cleared as mirrors are registered or dropped): a leaf the pool hands out again
+    is asked at each spawn and each end."""
     found = _mirrored(cgroup)
-    return [m / found[1] for m in found[0]] if found else []
+    return tuple(m / found[1] for m in found[0]) if found else ()
 
 
 def _mirror(cgroup: Path, controller: str) -> Path | None:
@@ -475,6 +479,22 @@ def _mirror(cgroup: Path, controller: str) -> Path | None:
     if found is None:
         return None
     return next((m / found[1] for m in found[0] if _carries(m, controller)), None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _memory_of(cgroup: Path) -> tuple[str | None, str | None]:
+    """Where ``cgroup``'s memory is counted, as path texts: the group itself when its parent
+    enables v2 memory (else None), and its v1 memory mirror (else None). Cached as
+    ``mirrors`` is: a fiber's end reads its peak, OOM count and usage through them."""
+    v1 = _mirror(cgroup, "memory")
+    return (str(cgroup) if _v2_memory(cgroup.parent) else None,
+            str(v1) if v1 is not None else None)
+
+
+def _mirrors_changed() -> None:
+    """Forget what was derived from the mirrors (after ``_MIRRORS`` changed)."""
+    mirrors.cache_clear()
+    _memory_of.cache_clear()
 
 
 def _mirrored(cgroup: Path) -> tuple[tuple[Path, ...], str] | None:
@@ -556,20 +576,20 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     reset holds only for the file descriptor that wrote it), past the residue, an OOM kill
     counted or unknown, or a file that cannot be read or written. ``kills``: its OOM kill
     count as read at the fiber's end (``oom_kills``; None: unknown, not renewed)."""
-    if _v2_memory(cgroup.parent) and (cgroup / "memory.peak").exists():
+    v2, v1 = _memory_of(cgroup)
+    if v2 is not None and os.path.exists(f"{v2}/memory.peak"):
         return "cgroup v2 memory.peak counts it (a reset holds for one reader only)"
-    v1 = _mirror(cgroup, "memory")
     if v1 is None:
         return None
     if kills != 0:
         return "its OOM kill count is unknown" if kills is None else f"{kills} OOM kills counted"
-    usage = _read_int(v1 / "memory.usage_in_bytes")
+    usage = _read_int(f"{v1}/memory.usage_in_bytes")
     if usage is None:
         return f"{v1}/memory.usage_in_bytes cannot be read"
     if usage > RENEW_RESIDUE:
         return f"{usage} bytes still charged to it (more than {RENEW_RESIDUE})"
     try:
-        fd = os.open(v1 / "memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(f"{v1}/memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.write(fd, b"0")
         finally:
@@ -579,7 +599,7 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     return None
 
 
-def read_small(path: Path) -> str:
+def read_small(path: str | Path) -> str:
     """The text of a small control file (at most 64 KiB: events, counters, a peak) in one
     open, read and close; ``read_text`` adds an fstat, an ioctl and two seeks to those,
     and a fiber's end reads several (its leaf's events, peak, OOM count, usage). Raises
@@ -591,7 +611,7 @@ def read_small(path: Path) -> str:
         os.close(fd)
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: str | Path) -> int | None:
     try:
         return int(read_small(path).split()[0])
     except (OSError, ValueError, IndexError):
@@ -602,17 +622,18 @@ def oom_kills(cgroup: Path) -> int | None:
     """Processes the kernel OOM-killed in this group: ``memory.events`` ``oom_kill`` (v2),
     else the v1 mirror's ``memory.oom_control`` ``oom_kill`` (polled, read at a fiber's
     end; the v1 count is the victim's own group's). None where neither exists."""
-    for path, file in ((cgroup if _v2_memory(cgroup.parent) else None, "memory.events"),
-                       (_mirror(cgroup, "memory"), "memory.oom_control")):
+    v2, v1 = _memory_of(cgroup)
+    for path in (v2 and f"{v2}/memory.events", v1 and f"{v1}/memory.oom_control"):
         if path is None:
             continue
         try:
-            text = read_small(path / file)
+            text = read_small(path)
         except OSError:
             continue
-        found = re.search(r"^oom_kill (\d+)$", text, re.M)
-        if found:
-            return int(found.group(1))
+        for line in text.splitlines():
+            name, _, count = line.partition(" ")
+            if name == "oom_kill" and count.isdigit():
+                return int(count)
     return None
 
 
@@ -838,6 +859,7 @@ class CgroupManager:
         self.mode = backend
         if self.root is not None:
             _MIRRORS[self.root] = tuple(made.values())
+            _mirrors_changed()
         where = ", ".join(f"{c} {p}" for c, p in made.items()) or "none"
         self.status = CgroupStatus(True, f"{self.status.reason}; {backend}: v1 groups in "
                                          f"{where}", self.root)
@@ -992,6 +1014,7 @@ class CgroupManager:
         failures = []
         if self.root is not None:
             _MIRRORS.pop(self.root, None)
+            _mirrors_changed()
         roots = [*self.v1_roots.values(), *([self.root] if self.mode == "v1" and self.root
                                             else [])]
         for path in roots:

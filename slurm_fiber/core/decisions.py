@@ -75,12 +75,14 @@ class TemplateView:
 
     @classmethod
     def warm(cls) -> TemplateView:
-        return cls(Warmth.WARM)
+        return _WARM  # one frozen record for every Clone's view of a warm template
 
     @classmethod
     def failed(cls, error: str) -> TemplateView:
         return cls(Warmth.FAILED, error=error)
 
+
+_WARM = TemplateView(Warmth.WARM)
 
 class DeadlineCause(enum.StrEnum):
     """Which term of min(lease, fence, seconds) sets a deadline, or why it is due now."""

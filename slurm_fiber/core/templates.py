@@ -232,6 +232,8 @@ class Template:
         self.env = dict(env)
         self.cgroup = cgroup
         self.state_dir = state_dir
+        self._out_dir = state_dir / "fibers"  # fibers' output files, when not passed
+        self._out_text = str(self._out_dir)
         self.clock = clock
         self.python = python
         self.spares = spares
@@ -596,13 +598,12 @@ class Template:
     def _become(self, pool: SparePool, spare: Spare, request: FiberRequest) -> Fiber:
         """Make ``spare``, handed ``request`` and its pid known, the running fiber it is
         now (in ``fibers``; its exit report reaches it by spare id)."""
-        out = self._out_path(request)
         fiber = Fiber(
             id=request.id, pid=spare.pid, uid=self.uid, jti=request.jti,
             epoch=request.epoch, deadline=request.deadline, started=self.clock.mono(),
             mode=request.mode, cgroup=spare.cgroup, clock=self.clock,
-            stdout_path=out.with_suffix(".out") if request.stdio[1] is None else None,
-            stderr_path=out.with_suffix(".err") if request.stdio[2] is None else None,
+            stdout_path=self._out_file(request, ".out") if request.stdio[1] is None else None,
+            stderr_path=self._out_file(request, ".err") if request.stdio[2] is None else None,
             report_timeout=self.timeout, parent=self.pid, late=self._late)
         fiber.attach(spare.orders, spare.pidfd)
         self.fibers[request.id] = fiber
@@ -870,8 +871,9 @@ class Template:
         self._moved_at = self.clock.mono()  # it joins its leaf now
         spare.spared.set_result(pid)
 
-    def _out_path(self, request: FiberRequest) -> Path:
-        return self.state_dir / "fibers" / f"fiber-{request.id}"
+    def _out_file(self, request: FiberRequest, suffix: str) -> Path:
+        """Where the fiber's stdout (``.out``) or stderr (``.err``) goes when not passed."""
+        return self._out_dir / f"fiber-{request.id}{suffix}"
 
     def _order(self, request: FiberRequest) -> dict[str, object]:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}
@@ -880,7 +882,7 @@ class Template:
                 "pickled": request.pickled,
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
-                "out_dir": str(self.state_dir / "fibers")}
+                "out_dir": self._out_text}
 
 
 async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[int],
