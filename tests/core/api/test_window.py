@@ -127,9 +127,9 @@ def test_a_client_leaving_a_window_starts_none_of_the_rest(served: Served) -> No
     fiber = started.fibers()["s"]
     client.close()
     end = served.call(served.service.fibers[fiber.id].wait)
-    assert end.signal == signal.SIGHUP
-    time.sleep(0.2)  # what the server would do next, it has done by now
-    assert list(served.service.fibers) == [fiber.id]
+    assert end.signal == signal.SIGHUP  # hung up as the server saw the client leave,
+    assert served.on_loop(lambda: served.server.connections) == 0  # which ended its stream
+    assert list(served.service.fibers) == [fiber.id]  # with no other item started
 
 
 def test_an_items_descriptors_close_once_it_started(served: Served) -> None:
