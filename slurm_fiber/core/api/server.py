@@ -318,10 +318,9 @@ class _Connection:
             err = ApiError(ErrorCode.INTERNAL, f"the reply could not be encoded: {e}")
             return encode_frame(error_reply(message.get("id"), err))  # type: ignore[arg-type]
 
-    async def send(self, *messages: dict[str, object]) -> None:
-        """Send replies, in order, with one write (the client wakes once); raises PeerGone
-        when the client is gone."""
-        data = b"".join(self._encode(m) for m in messages)
+    async def send(self, message: dict[str, object]) -> None:
+        """Send one reply; raises PeerGone when the client is gone."""
+        data = self._encode(message)
         try:
             try:
                 sent = self.sock.send(data)
@@ -599,22 +598,19 @@ class _Connection:
                     del results[fiber_id]  # sent before its exit event, which ends it
                     if (event := written.result()) is not None:
                         await self.send(ok_reply(rid, event, "result", final=False))
-                events = []
-                for exited in [t for t in waiting if t in done]:
+                exits = [t for t in waiting if t in done]
+                for exited in exits:
                     fiber = waiting.pop(exited)
                     if fiber.id in results:  # its exit event carries the result: no later one
                         results.pop(fiber.id).cancel()
-                    events.append(ok_reply(rid, exited.result().to_json(), "exit", final=False))
-                if events and window is not None and window.pending:
-                    # The next items start first: their exits' events go with their started
-                    # event, in one write, so the client is not woken in between.
+                    last = not waiting and not (window is not None and window.pending)
+                    await self.send(ok_reply(rid, exited.result().to_json(), "exit",
+                                             final=last))
+                if exits and window is not None and window.pending:
                     started, entries = await window.refill(len(waiting))
                     watch(started)
-                    events.append(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                           final=False))
-                if events:
-                    events[-1]["final"] = not waiting
-                    await self.send(*events)
+                    await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                             final=not waiting))
                 if reading not in done:
                     continue
                 self.pending_read = None
