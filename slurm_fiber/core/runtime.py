@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -195,6 +196,7 @@ class Core:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retiring: set[asyncio.Future[None]] = set()  # grants being stopped
         self._unenforceable: dict[str, Miss] = {}  # strict limits: UIDs refused, not admitted
+        self._starting: Counter[str] = Counter()  # Clones deciding past, not yet started, by UID
         self._epoch_reason = ""  # why the epoch was last bumped (a revoked fiber's reason)
         self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
         self._exits: list[tuple[str, dict[str, object]]] = []  # fiber_exit records to write
@@ -403,12 +405,20 @@ class Core:
                                             f"yet: {err}", retry_after=RETRY_HINT,
                                             detail="state_unsaved"), caller)
             grant = self._grants.get(uid)
-        running = len(grant.template.fibers) if grant is not None else 0
+        # Counted with its fibers: the Clones of this grant still starting (another
+        # connection's, or a windowed batch's), or a burst could pass ``fibers``.
+        running = len(grant.template.fibers) + self._starting[uid] if grant is not None else 0
         decision = self.book.decide_clone(uid, _template_view(grant), running)
         if isinstance(decision, Miss):
             return self._miss(uid, decision, caller)
         assert grant is not None
-        return await self._start(grant, decision, request, stdio, caller)
+        self._starting[uid] += 1
+        try:
+            return await self._start(grant, decision, request, stdio, caller)
+        finally:
+            self._starting[uid] -= 1
+            if not self._starting[uid]:
+                del self._starting[uid]
 
     def list_fibers(self, after: str | None = None,
                     limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:

@@ -516,26 +516,34 @@ class _Connection:
             owned[id(item)] = tuple(next(fds) for _ in item.stdio)
         close_all(fd for item in op.items if item.clone is None for fd in owned[id(item)])
 
-        elapsed = 0.0  # the last start's, for its entry
+        took: dict[str, float] = {}  # each start's seconds, by key, for its entry
 
         async def start(item: Pending) -> Outcome:
-            nonlocal elapsed
             begun = server.clock.mono()
             outcome = (await server.service.clone_batch([item.request], [item.stdio],
                                                         batch=count))[0]
-            elapsed = server.clock.mono() - begun
+            took[item.key] = server.clock.mono() - begun
             return outcome
 
         window = BatchWindow(
-            [Pending(str(item.key), request, stdio, owned[id(item)])
-             for item, request, stdio in zip(valid, requests, stdios, strict=True)],
+            [Pending(n, str(item.key), request, stdio, owned[id(item)])
+             for n, (item, request, stdio) in enumerate(zip(valid, requests, stdios,
+                                                            strict=True))],
             op.window or 1, start,
-            lambda key, outcome: self.item_entry(rid, key, outcome, elapsed))
+            lambda key, outcome: self.item_entry(rid, key, outcome, took.pop(key, 0.0)))
         try:
-            fibers, started = await window.refill(0)
-            await self.send(ok_reply(rid, BatchStarted(entries + started).to_json(), "started",
-                                     final=not fibers))
-            if fibers:
+            window.launch(0)
+            if window.starting:
+                await asyncio.wait(set(window.starting))
+            fibers: list[FiberHandle] = []
+            for task in list(window.starting):
+                fiber, entry = window.landed(task, len(fibers))
+                fibers += [fiber] if fiber is not None else []
+                entries += [entry] if entry is not None else []
+            more = bool(fibers) or window.pending
+            await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                     final=not more))
+            if more:
                 await self.stream_exits(rid, fibers, op.hangup, op.early, window)
         finally:
             window.close()
@@ -570,11 +578,11 @@ class _Connection:
     async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
                            hangup: bool, early: bool = False,
                            window: BatchWindow | None = None) -> None:
-        """Send each fiber's exit event as it ends (the last one final); with ``early``,
+        """Send each fiber's exit event as it ends (the last event final); with ``early``,
         before it, a call fiber's ``result`` event as soon as it has written its result;
-        with a ``window``, after the exits, the ``started`` event of the items that
-        started in their place, and a ``cancel`` frame answered with the ``cancelled``
-        event; meanwhile answer other frames with busy.
+        with a ``window``, start its next items as fibers end (``BatchWindow``), each
+        answered in a ``started`` event as it lands, and answer a ``cancel`` frame with
+        the ``cancelled`` event; meanwhile answer other frames with busy.
 
         A client that disconnects first gets each fiber still running a SIGHUP
         when ``hangup`` (as a terminal hang-up would), and the wait is abandoned
@@ -582,35 +590,50 @@ class _Connection:
         """
         waiting: dict[asyncio.Future[Any], FiberHandle] = {}  # their exits
         results: dict[str, asyncio.Future[Any]] = {}  # early results, by fiber id
+        starting: dict[asyncio.Future[Any], Any] = window.starting if window else {}
 
-        def watch(started: list[FiberHandle]) -> None:
-            waiting.update({asyncio.ensure_future(f.wait()): f for f in started})
+        def watch(fiber: FiberHandle) -> None:
+            waiting[asyncio.ensure_future(fiber.wait())] = fiber
             if early:
-                results.update({f.id: asyncio.ensure_future(f.call_result()) for f in started})
+                results[fiber.id] = asyncio.ensure_future(fiber.call_result())
 
-        watch(fibers)
+        for fiber in fibers:
+            watch(fiber)
         try:
-            while waiting:
+            while waiting or (window is not None and window.pending):
+                if window is not None:
+                    window.launch(len(waiting))
                 reading = self.next_frame()
-                done, _ = await asyncio.wait({*waiting, *results.values(), reading},
+                done, _ = await asyncio.wait({*waiting, *results.values(), *starting, reading},
                                              return_when=asyncio.FIRST_COMPLETED)
                 for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
                     del results[fiber_id]  # sent before its exit event, which ends it
                     if (event := written.result()) is not None:
                         await self.send(ok_reply(rid, event, "result", final=False))
-                exits = [t for t in waiting if t in done]
-                for exited in exits:
+                events = []
+                for exited in [t for t in waiting if t in done]:
                     fiber = waiting.pop(exited)
                     if fiber.id in results:  # its exit event carries the result: no later one
                         results.pop(fiber.id).cancel()
-                    last = not waiting and not (window is not None and window.pending)
-                    await self.send(ok_reply(rid, exited.result().to_json(), "exit",
-                                             final=last))
-                if exits and window is not None and window.pending:
-                    started, entries = await window.refill(len(waiting))
-                    watch(started)
-                    await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                             final=not waiting))
+                    events.append(ok_reply(rid, exited.result().to_json(), "exit", final=False))
+                if window is not None:
+                    if events:
+                        window.ended()
+                    entries = []
+                    for task in [t for t in starting if t in done]:
+                        started, entry = window.landed(task, len(waiting))
+                        if started is not None:
+                            watch(started)
+                        if entry is not None:
+                            entries.append(entry)
+                    window.launch(len(waiting))  # the next starts go out before the events
+                    if entries:
+                        events.append(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                               final=False))
+                if events:
+                    events[-1]["final"] = not (waiting or (window is not None and window.pending))
+                for event in events:
+                    await self.send(event)
                 if reading not in done:
                     continue
                 self.pending_read = None

@@ -1,10 +1,12 @@
 """A windowed batch's queue: which of its items start next, and when (protocol v5).
 
-A ``clone_batch`` with ``window`` N keeps at most N of its fibers running:
-the server starts the first items at once and, each time one of the batch's
-fibers ends, the next ones (``refill``), in the request's order. So a client
-sends 64 tasks in one request and fiberd keeps N of them running with no
-round trip between one task's end and the next one's start.
+A ``clone_batch`` with ``window`` N keeps at most N of its fibers running or
+starting: the server launches the first items at once and, each time one of
+the batch's fibers ends, the next ones, in the request's order, each start
+its own task (so fiberd can order the next spawn while the template is still
+busy with the one before, and the exits of the other fibers are sent as they
+come). So a client sends 64 tasks in one request and fiberd keeps N of them
+running with no round trip between one task's end and the next one's start.
 
 Guarantees: every item is answered exactly once (an entry of a ``started``
 event: its fiber, miss or error) unless the batch is cancelled first, in
@@ -12,16 +14,19 @@ which case ``cancel`` names the items that will never start; an item's
 descriptors are closed as soon as it is answered or cancelled (a pipe passed
 for a later item never keeps an earlier one's reader waiting), and ``close``
 closes what is left. A retryable miss (``capacity``, say) of an item while
-other fibers of the batch run is not answered: the item waits at the head of
-the queue and is tried again when one of them ends (the miss is audited each
-time, as any); with none running, the miss is its answer. Not thread-safe:
-used by one connection on the server's loop.
+other fibers of the batch run or start is not answered: the item goes back
+to the head of the queue and is tried again once one of them has ended (the
+miss is audited each time, as any); with none running or starting, the miss
+is its answer. Not thread-safe: used by one connection on the server's loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
+from typing import Any
 
 from slurm_fiber.core.api.framing import close_all
 from slurm_fiber.core.api.service import CloneRequest, FiberHandle, Stdio
@@ -34,9 +39,10 @@ Json = dict[str, object]
 
 @record(frozen=True)
 class Pending:
-    """One valid item not started yet: its key, its clone and the descriptors it carries
+    """One valid item not answered yet: its key, its clone and the descriptors it carries
     (owned by the window until the item is answered or cancelled)."""
 
+    index: int  # its place in the request
     key: str
     request: CloneRequest
     stdio: Stdio
@@ -44,51 +50,82 @@ class Pending:
 
 
 class BatchWindow:
-    """The items of one windowed batch not started yet. ``start`` starts one item's fiber
+    """The items of one windowed batch not answered yet. ``start`` starts one item's fiber
     (the Service's clone for a batch of one, with the request's item count for its audit
     record); ``entry`` turns an outcome into the item's entry of a ``started`` event (and
-    counts it)."""
+    counts it). ``starting`` holds the starts in flight (tasks, to wait on)."""
 
     def __init__(self, items: Sequence[Pending], size: int,
-                 start: Callable[[Pending], Awaitable[Outcome]],
+                 start: Callable[[Pending], Coroutine[Any, Any, Outcome]],
                  entry: Callable[[str, Outcome], Json]) -> None:
         self.queue = deque(items)
         self.size = size
+        self.starting: dict[asyncio.Future[Outcome], Pending] = {}
+        self.held = False  # the queue's head missed retryably: it waits for a fiber's end
         self._start = start
         self._entry = entry
 
     @property
     def pending(self) -> bool:
-        """Whether items wait to start (they will, as running fibers end)."""
-        return bool(self.queue)
+        """Whether items wait to start or are starting."""
+        return bool(self.queue or self.starting)
 
-    async def refill(self, running: int) -> tuple[list[FiberHandle], list[Json]]:
-        """Start items until ``size`` of the batch's fibers run (``running`` do now) or the
-        queue is empty; the fibers started and every item's entry answered now. Blocks on
-        the Service's clone of each."""
-        started: list[FiberHandle] = []
-        entries: list[Json] = []
-        while self.queue and running + len(started) < self.size:
-            item = self.queue[0]
-            outcome = await self._start(item)
-            busy = running + len(started) > 0
-            if isinstance(outcome, Miss) and outcome.retryable and busy:
-                break  # tried again when one of the running fibers ends
-            self.queue.popleft()
+    def launch(self, running: int) -> None:
+        """Start queued items, each as its own task, until ``size`` of the batch's fibers
+        run (``running`` do now) or start; none while the head is held and others run or
+        start. Does not block."""
+        busy = running + len(self.starting)
+        if self.held and busy:
+            return
+        self.held = False
+        while self.queue and busy < self.size:
+            item = self.queue.popleft()
+            self.starting[asyncio.ensure_future(self._start(item))] = item
+            busy += 1
+
+    def ended(self) -> None:
+        """One of the batch's fibers has ended: a held item may be tried again."""
+        self.held = False
+
+    def landed(self, task: asyncio.Future[Outcome],
+               running: int) -> tuple[FiberHandle | None, Json | None]:
+        """A finished start (``task``, one of ``starting``): its fiber to wait for, if one
+        started, and its item's entry; (None, None) for a retryable miss while others of
+        the batch run (``running``) or start: the item is held at the head of the queue.
+        Raises what the start raised (not a Miss or a failed fork: those are outcomes)."""
+        item = self.starting.pop(task)
+        try:
+            outcome = task.result()
+        except BaseException:
             close_all(item.fds)
-            if not isinstance(outcome, Miss | Exception):
-                started.append(outcome)
-            entries.append(self._entry(item.key, outcome))
-        return started, entries
+            raise
+        if isinstance(outcome, Miss) and outcome.retryable and running + len(self.starting):
+            at = next((n for n, q in enumerate(self.queue) if q.index > item.index),
+                      len(self.queue))
+            self.queue.insert(at, item)  # in the request's order, before those not tried
+            self.held = True
+            return None, None
+        close_all(item.fds)
+        fiber = None if isinstance(outcome, Miss | Exception) else outcome
+        return fiber, self._entry(item.key, outcome)
 
     def cancel(self) -> list[str]:
-        """Start none of the items left; their keys, in order. Their descriptors are closed."""
+        """Start none of the queued items; their keys, in order (their descriptors are
+        closed). Starts in flight still land and are answered."""
         keys = [item.key for item in self.queue]
-        self.close()
+        while self.queue:
+            close_all(self.queue.popleft().fds)
         return keys
 
     def close(self) -> None:
-        """Drop what is left unstarted, closing its descriptors (idempotent)."""
-        while self.queue:
-            close_all(self.queue.popleft().fds)
+        """Drop what is left (idempotent): queued items' descriptors are closed, starts in
+        flight are cancelled and theirs closed once they have stopped."""
+        self.cancel()
+        for task, item in self.starting.items():
+            task.cancel()
+            task.add_done_callback(partial(_close_when_done, item.fds))
+        self.starting.clear()
 
+
+def _close_when_done(fds: tuple[int, ...], _task: asyncio.Future[Outcome]) -> None:
+    close_all(fds)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api import protocol
-from slurm_fiber.core.api.client import FiberdClient, Refused
+from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
 from slurm_fiber.core.api.protocol import ApiError, parse_request
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
@@ -107,13 +107,15 @@ def test_a_retryable_miss_waits_for_a_running_fiber_to_end(
     items = [marking(log, f"k{i}", 0.3) for i in range(4)]
     with FiberdClient(fiberd_served.path) as client:
         deadline = time.monotonic() + 30
-        while True:  # the token is admitted inline by the first batch; its template warms
-            started = client.clone_batch(items, wait=True, window=3, token=token)
-            if started.items[0]["ok"] or time.monotonic() > deadline:
+        while True:  # the token is admitted inline by the first clone; its template warms
+            try:
+                client.clone(exec={"argv": ["true"]}, token=token, wait=True)
+                client.wait_exit(within=30)
                 break
-            assert started.items[0]["miss"]["code"] == "cold"
-            assert all(not i["ok"] for i in started.items)
-            time.sleep(0.1)
+            except Missed as miss:
+                assert miss.code == "cold" and time.monotonic() < deadline
+                time.sleep(0.1)
+        started = client.clone_batch(items, wait=True, window=3, token=token)
         assert [i["key"] for i in started.items] == ["k0", "k1"]  # k2 waits: capacity 2
         order, exits = stream(client, started.items)
     assert order == ["k0", "k1", "k2", "k3"] and exits == 4
