@@ -91,8 +91,7 @@ class AuditUnsafe(OSError):
 
 
 class AuditWriteFailed(OSError):
-    """A record could not be written (nothing of it is left in the file), or written but
-    not made durable (its fsync failed); retry later."""
+    """A record could not be written (nothing of it is left in the file); retry later."""
 
     def __str__(self) -> str:
         return self.strerror or str(self.args[0])
@@ -160,7 +159,6 @@ class AuditLog:
         self._unsynced = False
         dropped = self._repair_tail()
         self._seq = self._last_seq()
-        self._synced_seq = self._seq  # the last record known durable (an fsync returned)
         if dropped:
             self.write(AuditEvent.AUDIT_REPAIRED, bytes_dropped=dropped,
                        reason="torn last line from a crash was cut off")
@@ -174,12 +172,6 @@ class AuditLog:
     def unsynced(self) -> bool:
         """Whether records written with ``durable=False`` still wait for their fsync."""
         return self._unsynced
-
-    @property
-    def synced_seq(self) -> int:
-        """The seq of the last record an fsync has made durable (under ``always``; the
-        other policies leave it behind)."""
-        return self._synced_seq
 
     def set_scope(self, scope: Sequence[ScopeClaim]) -> None:
         """Replace the scope claims stamped on every following record."""
@@ -217,36 +209,21 @@ class AuditLog:
                 record.update(fields)
                 lines.append(json.dumps(record, default=_jsonable, separators=(",", ":")))
             if lines:
-                if self._append(("\n".join(lines) + "\n").encode(), durable):
-                    self._synced_seq = self._seq + len(lines)
+                self._append(("\n".join(lines) + "\n").encode(), durable)
                 self._seq += len(lines)
             return self._seq
 
     def sync(self) -> None:
         """Fsync now if records written with ``durable=False`` wait for it (else nothing).
 
-        Blocks for one fsync, which does not hold the lock (records written meanwhile, from
-        another thread, wait for a later one): so the event loop may call it in a worker
-        thread (``GroupSync``). Raises OSError when it fails (the records stay in the
-        file, their durability unknown, and still wait).
+        Blocks for one fsync; raises OSError when it fails (the records stay in the file,
+        their durability unknown).
         """
         with self._lock:
-            waiting = self.fsync is FsyncPolicy.ALWAYS and self._synced_seq < self._seq
-            if not waiting or self._fd < 0:
-                return
-            self._unsynced = False
-            upto, fd = self._seq, os.dup(self._fd)
-        try:
-            os.fsync(fd)
-        except OSError:
-            with self._lock:
-                self._unsynced = True
-            raise
-        finally:
-            os.close(fd)
-        with self._lock:
-            self._synced_seq = max(self._synced_seq, upto)
-            self._last_fsync = self._clock.mono()
+            if self._unsynced and self._fd >= 0:
+                self._unsynced = False
+                os.fsync(self._fd)
+                self._last_fsync = self._clock.mono()
 
     def close(self) -> None:
         """Flush to disk and close. Further writes raise OSError."""
@@ -258,9 +235,8 @@ class AuditLog:
                 finally:
                     os.close(fd)
 
-    def _append(self, data: bytes, durable: bool) -> bool:
-        """One whole line, or nothing (cut back to the size before) and AuditWriteFailed;
-        whether it fsynced (everything written so far is durable)."""
+    def _append(self, data: bytes, durable: bool) -> None:
+        """One whole line, or nothing (cut back to the size before) and AuditWriteFailed."""
         if self._fd < 0:
             raise AuditWriteFailed(errno.EBADF, f"audit log {self.path} is closed")
         before = os.fstat(self._fd).st_size
@@ -276,8 +252,6 @@ class AuditLog:
                 os.fsync(self._fd)
                 self._unsynced = False
                 self._last_fsync = now
-                return True
-            return False
         except OSError as err:
             cut = ""
             try:

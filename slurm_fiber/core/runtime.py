@@ -13,12 +13,10 @@ bump and shutdown stop the fibers concerned and return once they are gone.
 Guarantees: every decision is written to the audit log, durable per the
 log's policy, before it is answered (a fiber's exit, an observation, is
 written before its exit event and, under ``always``, made durable with the
-next decision's record or within ``EXIT_SYNC_DELAY``; a Clone's record is
-fsynced off the event loop, one fsync shared by the Clones decided meanwhile,
-``GroupSync``); a decision that cannot be audited raises instead of being
-answered (a Clone whose audit record cannot be written, or fsynced, kills the
-fiber it forked, before listing it, and answers the retryable miss
-``audit_failed``); a Clone never waits for
+next decision's record or within ``EXIT_SYNC_DELAY``); a decision that
+cannot be audited raises instead of being answered (a Clone whose audit
+record cannot be written kills the fiber it forked, before registering it,
+and answers the retryable miss ``audit_failed``); a Clone never waits for
 the control plane; nothing here raises into the event loop for a refused
 input: refusals become misses or ``AdmitRefused`` with a code and a
 one-line reason. All methods run on fiberd's event loop.
@@ -67,7 +65,6 @@ from slurm_fiber.core.enforcement import (
 )
 from slurm_fiber.core.fibers import DeadlineTimer, Fiber
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
-from slurm_fiber.core.group_sync import GroupSync
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.seam import Home, ReleaseDevices
@@ -176,7 +173,6 @@ class Core:
         self.book = book
         self.verifier = verifier
         self.audit = audit
-        self._synced = GroupSync(audit)  # Clone records made durable, fsyncs shared
         self.cgroups = cgroups
         self.clock = clock
         self.state_dir = state_dir
@@ -766,35 +762,24 @@ class Core:
             raise CloneFailed(str(err)) from None
         deadline_wall = self._wall(decision.deadline.at)
         view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
-        try:  # in the file now; durable before the answer (below)
-            self.audit.write_many([(AuditEvent.CLONE, _present(
-                uid=grant.uid, jti=decision.jti, fiber=fiber_id, pid=fiber.pid,
-                epoch=decision.epoch, deadline=deadline_wall,
-                deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
-                health_age=self.home.health().read().age, **caller))], durable=False)
+        try:
+            self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
+                        pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
+                        deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
+                        health_age=self.home.health().read().age, **caller)
         except AuditWriteFailed:
             await self._unstart(fiber)
             raise
-        fiber.on_done(self._fiber_done)  # its exit is recorded as it ends, answered or not
-        try:  # an fsync shared with the Clones decided meanwhile, off the event loop
-            await self._synced.durable()
-        except OSError as err:  # written, not made durable: refused all the same
-            log.error("clone of fiber %s refused: its record's fsync failed: %s", fiber_id, err)
-            fiber.kill()
-            await fiber.stop(0)
-            raise AuditWriteFailed(err.errno, f"audit log {self.audit.path}: record not "
-                                   f"made durable ({err.strerror or err})") from None
         self._fibers[fiber_id] = view
         self._listed[fiber_id] = next(self._registered)
-        fiber.on_done(self._unlist)  # (at once if it ended while its record was synced)
+        fiber.on_done(self._unlist)
         self._bound(fiber, decision)
+        fiber.on_done(self._fiber_done)
         return view
 
     def _unlist(self, fiber: Fiber) -> None:
-        """A fiber gone leaves the listing and its order (``_fiber_done`` has recorded its
-        exit; a fiber that ended before its Clone was answered is listed only till now)."""
+        """A fiber gone leaves the listing order (just before ``_fiber_done`` runs)."""
         self._listed.pop(fiber.id, None)
-        self._fibers.pop(fiber.id, None)
 
     async def _unstart(self, fiber: Fiber) -> None:
         """Kill a fiber whose Clone could not be audited and wait until it is gone (it was
@@ -846,7 +831,7 @@ class Core:
         unless a decision's fsync did meanwhile (then this costs nothing)."""
         try:
             await self.clock.sleep(EXIT_SYNC_DELAY)
-            await self._synced.durable()
+            self.audit.sync()
         except OSError as err:
             log.error("fsync of the audit log's fiber exits failed: %s", err)
         finally:
