@@ -378,7 +378,6 @@ class TaskRunner:
                     if batch.unanswered and self.cancelling and not batch.cancelled:
                         batch.cancelled = True
                         self._cancelled(batch, client.cancel(within=30).keys)
-                        batch.settled.set()
                         continue
                     event, end = client.wait_event(within=batch.within(poll))
                 except TimeoutError:
@@ -388,6 +387,11 @@ class TaskRunner:
                     continue
                 if event == "started":
                     self._answered(batch, _entries(end))
+                    continue
+                if event == "cancelled":  # came after ``cancel`` stopped waiting for it
+                    keys = end.get("keys")
+                    self._cancelled(batch, [str(k) for k in keys or []]
+                                    if isinstance(keys, list) else [])
                     continue
                 fid = str(end.get("fiber_id"))
                 if event == "result":
@@ -407,9 +411,12 @@ class TaskRunner:
         """The tasks fiberd will not start (a ``cancelled`` event's keys) end so."""
         for key in keys:
             i = int(key)
+            if i not in batch.unanswered:
+                continue
             batch.unanswered.discard(i)
             batch.outcomes[i].cancelled = True
             self._end(i, batch.outcomes[i], batch.begun, batch.done)
+        batch.settled.set()  # nothing more starts
 
     @staticmethod
     def _end(i: int, outcome: Outcome, begun: float,

@@ -643,7 +643,8 @@ class _Connection:
                     stray = None
                 if stray is None:
                     if hangup:
-                        for fiber in waiting.values():
+                        for fiber in [*waiting.values(),
+                                      *(window.started_unanswered() if window else ())]:
                             self.hang_up(fiber)
                     raise PeerGone("client left while its fibers ran")
                 await self.stream_control(rid, stray, window)

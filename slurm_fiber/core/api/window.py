@@ -109,6 +109,14 @@ class BatchWindow:
         fiber = None if isinstance(outcome, Miss | Exception) else outcome
         return fiber, self._entry(item.key, outcome)
 
+    def started_unanswered(self) -> list[FiberHandle]:
+        """The fibers of starts that have finished but not landed yet (a client that
+        leaves now has them hung up with the rest; starts still in flight are cancelled
+        by ``close``, which kills what they started)."""
+        return [outcome for task in self.starting
+                if task.done() and not task.cancelled() and task.exception() is None
+                and not isinstance(outcome := task.result(), Miss | Exception)]
+
     def cancel(self) -> list[str]:
         """Start none of the queued items; their keys, in order (their descriptors are
         closed). Starts in flight still land and are answered."""
