@@ -6,6 +6,8 @@ it opens ``n`` connections to the Unix socket at ``path``, sends nothing,
 prints how many it opened, and holds them all until its stdin closes. It
 reports what each connection received so far when asked (a line on stdin),
 so a test can see which ones fiberd answered ``busy`` and closed.
+``windows(path, n, user)`` likewise holds ``n`` connections, each streaming a
+windowed batch whose items not started carry 189 descriptors.
 """
 
 from __future__ import annotations
@@ -59,6 +61,31 @@ print(s.recv(size, socket.MSG_WAITALL).decode(), flush=True)
 """
 
 
+WINDOWS = r"""
+import array, json, os, socket, struct, sys
+path, n = sys.argv[1], int(sys.argv[2])
+null = os.open("/dev/null", os.O_RDONLY)
+socks, answers = [], []
+for c in range(n):  # a sleeper holds the window; 63 items wait, each with 3 descriptors
+    items = [{"key": "s", "exec": {"argv": ["sleep", "30"]}}] + [
+        {"key": f"k{i}", "exec": {"argv": ["true"]}, "stdio": ["stdin", "stdout", "stderr"]}
+        for i in range(63)]
+    body = json.dumps({"op": "clone_batch", "v": 5, "id": c, "wait": True, "window": 1,
+                       "items": items}).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(20)
+    s.connect(path)
+    s.sendmsg([struct.pack(">I", len(body)) + body],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 189))])
+    (size,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+    reply = json.loads(s.recv(size, socket.MSG_WAITALL))
+    answers.append(reply.get("event") or reply.get("error", {}).get("code"))
+    socks.append(s)
+print(json.dumps({"answers": answers}), flush=True)
+sys.stdin.read()  # hold the batches until stdin closes
+"""
+
+
 class Holder:
     """A running holder process; ``codes()`` asks what each connection has received."""
 
@@ -84,6 +111,24 @@ def hold(path: Path, n: int, user: JobUser) -> Iterator[Holder]:
                             stderr=subprocess.PIPE, **user.spawn_args())
     try:
         yield Holder(proc)
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(30)
+
+
+@contextmanager
+def windows(path: Path, n: int, user: JobUser) -> Iterator[list[str]]:
+    """``n`` connections of ``user``, each sending a windowed batch that holds 189
+    descriptors for items not started, held until the block ends: what each was answered
+    (``started``, or an error code)."""
+    proc = subprocess.Popen([SYSTEM_PYTHON, "-c", WINDOWS, str(path), str(n)], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **user.spawn_args())
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, f"the hostile client failed: {proc.stderr.read() if proc.stderr else ''}"
+        yield list(json.loads(line)["answers"])
     finally:
         if proc.stdin:
             proc.stdin.close()

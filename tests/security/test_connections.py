@@ -38,7 +38,7 @@ from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.api.rawkit import read_replies
 from tests.core.api.servicekit import Served, serve
 from tests.core.runtime.fiberdkit import Site
-from tests.security.hostilekit import ask, hold
+from tests.security.hostilekit import ask, hold, windows
 from tests.security.userkit import JobUser
 
 
@@ -149,3 +149,34 @@ def test_out_of_descriptors_fiberd_sheds_idle_connections_answers_and_recovers(
         proc.wait(30)
     lines = log_path.read_text().splitlines()
     assert len([line for line in lines if "out of file descriptors" in line]) == 1, lines
+
+
+def test_another_users_windowed_batches_hold_a_bounded_number_of_descriptors(
+        served: Served, mallory: JobUser) -> None:
+    """A windowed batch keeps the descriptors of its items not started for as long as it
+    runs: another user's may hold at most ``max_window_fds_per_uid`` at once (its next
+    batch is refused busy); fiberd's own user is not limited; all are given up with the
+    batches."""
+    cap = served.server.config.max_window_fds_per_uid
+    with windows(served.path, 2, mallory) as answers:
+        assert answers == ["started", "busy"]  # 189 held; 378 would pass the cap of 256
+        assert served.on_loop(served.server.window_fds_by_uid) == {mallory.uid: 189} and (
+            189 <= cap < 378)
+        busy = [r for r in served.refusals if r.peer and r.peer.uid == mallory.uid]
+        assert [r.code for r in busy] == ["busy"] and "at most 256 wait" in busy[0].reason
+        with FiberdClient(served.path) as owner:  # root: not limited
+            null = os.open("/dev/null", os.O_RDONLY)
+            try:
+                started = owner.clone_batch(
+                    [{"key": "s", "exec": {"argv": ["sleep", "30"]}}] + [
+                        {"key": f"k{i}", "exec": {"argv": ["true"]}} for i in range(63)],
+                    stdio=[{}] + [{"stdin": null, "stdout": null, "stderr": null}] * 63,
+                    wait=True, window=1)
+            finally:
+                os.close(null)
+            assert started.items[0]["ok"] and started.items[0]["key"] == "s"
+            assert served.on_loop(served.server.window_fds_by_uid)[0] == 189
+    end = time.monotonic() + 30  # mallory's process and root's client are gone: so are theirs
+    while served.on_loop(served.server.window_fds_by_uid):
+        assert time.monotonic() < end, served.on_loop(served.server.window_fds_by_uid)
+        time.sleep(0.05)

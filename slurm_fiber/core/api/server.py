@@ -26,7 +26,10 @@ longest-idle connection of the uid holding the most (another user may shed
 only its own or a heavier uid's) to let the newcomer in, or answers the
 newcomer ``busy``; a spare descriptor is kept for exactly that, so a full fd
 table never leaves a client unanswered and accept never spins. Running out
-of descriptors is logged as one line per minute at most.
+of descriptors is logged as one line per minute at most. Another user's
+windowed batches may hold at most ``max_window_fds_per_uid`` descriptors for
+items not started yet (a window keeps them as long as it runs); a batch past
+that is refused ``busy``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +120,8 @@ class ServerConfig:
     idle_timeout: float = 300.0  # no request started for this long: disconnect
     frame_timeout: float = 10.0  # a started frame not finished within this: disconnect
     write_timeout: float = 10.0  # a reply not taken by the client within this: disconnect
+    max_window_fds_per_uid: int = 256  # descriptors another user's windowed batches may
+    # hold at once for items not started yet (a window holds them for as long as it runs)
 
     def uids(self) -> frozenset[int]:
         if self.allowed_uids is not None:
@@ -506,15 +512,18 @@ class _Connection:
         """``clone_batch`` with a ``window``: the refused items and the first ``window``
         starts answered in the first ``started`` event, later starts in later ones, as
         ``stream_exits`` refills the window."""
-        server, count = self.server, len(op.items)
-        entries = [self.refused_item(rid, item.key, item.error)
-                   for item in op.items if item.error is not None]
+        server, count, peer = self.server, len(op.items), self.peer
+        assert peer is not None
         owned: dict[int, tuple[int, ...]] = {}
-        fds = iter(list(frame.fds))
-        frame.fds.clear()  # each item's are the window's now, closed once it is answered
+        fds = iter(frame.fds)
         for item in op.items:
             owned[id(item)] = tuple(next(fds) for _ in item.stdio)
+        held = sum(len(owned[id(item)]) for item in valid)
+        server.hold_window_fds(peer, held)  # raises ApiError (busy) past the cap
+        frame.fds.clear()  # each item's are the window's now, closed once it is answered
         close_all(fd for item in op.items if item.clone is None for fd in owned[id(item)])
+        entries = [self.refused_item(rid, item.key, item.error)
+                   for item in op.items if item.error is not None]
 
         took: dict[str, float] = {}  # each start's seconds, by key, for its entry
 
@@ -530,7 +539,8 @@ class _Connection:
              for n, (item, request, stdio) in enumerate(zip(valid, requests, stdios,
                                                             strict=True))],
             op.window or 1, start,
-            lambda key, outcome: self.item_entry(rid, key, outcome, took.pop(key, 0.0)))
+            lambda key, outcome: self.item_entry(rid, key, outcome, took.pop(key, 0.0)),
+            partial(server.release_window_fds, peer))
         try:
             window.launch(0)
             if window.starting:
@@ -701,6 +711,7 @@ class ApiServer:
         self._open: dict[asyncio.Task[None], _Connection] = {}
         self._reserve: int | None = None  # a spare descriptor, given up to answer at EMFILE
         self._shedding: set[asyncio.Task[None]] = set()  # connections shed, not yet closed
+        self._window_fds: Counter[int] = Counter()  # by uid: held for windows' unstarted items
         self.fd_log = RateLimitedLog(clock)
 
     @property
@@ -736,6 +747,28 @@ class ApiServer:
         if self._reserve is not None:
             os.close(self._reserve)
             self._reserve = None
+
+    def window_fds_by_uid(self) -> dict[int, int]:
+        """How many descriptors each uid's windowed batches hold for items not started."""
+        return dict(self._window_fds)
+
+    def hold_window_fds(self, peer: Peer, count: int) -> None:
+        """Count ``count`` descriptors a windowed batch of ``peer`` holds for items not
+        started yet. Raises ApiError (busy) when another user's would pass
+        ``max_window_fds_per_uid`` (fiberd's own uid and root are not limited)."""
+        if peer.uid not in self.config.owners():
+            held, cap = self._window_fds[peer.uid], self.config.max_window_fds_per_uid
+            if held + count > cap:
+                raise ApiError(ErrorCode.BUSY, f"uid {peer.uid}'s windowed batches hold {held} "
+                               f"descriptors for items not started; at most {cap} wait at "
+                               "once: pass fewer, or wait for a batch to end")
+        self._window_fds[peer.uid] += count
+
+    def release_window_fds(self, peer: Peer, count: int) -> None:
+        """``count`` of ``peer``'s held descriptors were closed."""
+        self._window_fds[peer.uid] -= count
+        if self._window_fds[peer.uid] <= 0:
+            del self._window_fds[peer.uid]
 
     def refusal(self, refusal: Refusal) -> None:
         """Count and audit one refusal; an audit callback failure is logged, not raised."""

@@ -57,8 +57,10 @@ class BatchWindow:
 
     def __init__(self, items: Sequence[Pending], size: int,
                  start: Callable[[Pending], Coroutine[Any, Any, Outcome]],
-                 entry: Callable[[str, Outcome], Json]) -> None:
+                 entry: Callable[[str, Outcome], Json],
+                 released: Callable[[int], None] = lambda _n: None) -> None:
         self.queue = deque(items)
+        self._released = released  # told how many descriptors each close gave up
         self.size = size
         self.starting: dict[asyncio.Future[Outcome], Pending] = {}
         self.held = False  # the queue's head missed retryably: it waits for a fiber's end
@@ -97,7 +99,7 @@ class BatchWindow:
         try:
             outcome = task.result()
         except BaseException:
-            close_all(item.fds)
+            self._close(item)
             raise
         if isinstance(outcome, Miss) and outcome.retryable and running + len(self.starting):
             at = next((n for n, q in enumerate(self.queue) if q.index > item.index),
@@ -105,7 +107,7 @@ class BatchWindow:
             self.queue.insert(at, item)  # in the request's order, before those not tried
             self.held = True
             return None, None
-        close_all(item.fds)
+        self._close(item)
         fiber = None if isinstance(outcome, Miss | Exception) else outcome
         return fiber, self._entry(item.key, outcome)
 
@@ -122,7 +124,7 @@ class BatchWindow:
         closed). Starts in flight still land and are answered."""
         keys = [item.key for item in self.queue]
         while self.queue:
-            close_all(self.queue.popleft().fds)
+            self._close(self.queue.popleft())
         return keys
 
     def close(self) -> None:
@@ -131,9 +133,12 @@ class BatchWindow:
         self.cancel()
         for task, item in self.starting.items():
             task.cancel()
-            task.add_done_callback(partial(_close_when_done, item.fds))
+            task.add_done_callback(partial(self._close_when_done, item))
         self.starting.clear()
 
+    def _close(self, item: Pending) -> None:
+        close_all(item.fds)
+        self._released(len(item.fds))
 
-def _close_when_done(fds: tuple[int, ...], _task: asyncio.Future[Outcome]) -> None:
-    close_all(fds)
+    def _close_when_done(self, item: Pending, _task: asyncio.Future[Outcome]) -> None:
+        self._close(item)
