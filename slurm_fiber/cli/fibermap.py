@@ -39,7 +39,7 @@ exit codes (77, 1, 69; a refusal was 65 before issue 15), as no task could
 run; the ``fiberctl map:`` line on stderr tells a refusal from one failed task.
 
 Tasks go to fiberd in windowed batch clones (``TaskRunner.run_many`` with a
-window, protocol v5): one worker thread (one per WINDOW_SLOTS slots) sends up
+window, protocol v5): one worker thread (one per 32 slots) sends up
 to 64 tasks in one request and fiberd keeps ``-j`` of them running, starting
 the next as one ends, with no round trip between them (each task still its
 own fiber, record and exit; Ctrl-C, or fiberd refusing the work, cancels the
