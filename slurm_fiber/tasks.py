@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.core.api.replies import BatchStarted, Cancelled
 from slurm_fiber.record import field, record
 
 PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
@@ -386,12 +387,10 @@ class TaskRunner:
                         self.stop(fid)
                     continue
                 if event == "started":
-                    self._answered(batch, _entries(end))
+                    self._answered(batch, BatchStarted.from_json(end).items)
                     continue
                 if event == "cancelled":  # came after ``cancel`` stopped waiting for it
-                    keys = end.get("keys")
-                    self._cancelled(batch, [str(k) for k in keys or []]
-                                    if isinstance(keys, list) else [])
+                    self._cancelled(batch, Cancelled.from_json(end).keys)
                     continue
                 fid = str(end.get("fiber_id"))
                 if event == "result":
@@ -508,11 +507,6 @@ class _Batch:
         for fid in late:
             del self.due[fid]
         return late
-
-
-def _entries(started: dict[str, object]) -> list[dict[str, object]]:
-    items = started.get("items")
-    return [e for e in items if isinstance(e, dict)] if isinstance(items, list) else []
 
 
 def _what(task: Task) -> dict[str, object]:

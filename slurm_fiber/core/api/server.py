@@ -87,7 +87,7 @@ from slurm_fiber.core.api.service import (
     Stdio,
 )
 from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
-from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
+from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.misses import Miss
@@ -514,14 +514,10 @@ class _Connection:
         ``stream_exits`` refills the window."""
         server, count, peer = self.server, len(op.items), self.peer
         assert peer is not None
-        owned: dict[int, tuple[int, ...]] = {}
-        fds = iter(frame.fds)
-        for item in op.items:
-            owned[id(item)] = tuple(next(fds) for _ in item.stdio)
-        held = sum(len(owned[id(item)]) for item in valid)
-        server.hold_window_fds(peer, held)  # raises ApiError (busy) past the cap
-        frame.fds.clear()  # each item's are the window's now, closed once it is answered
-        close_all(fd for item in op.items if item.clone is None for fd in owned[id(item)])
+        kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
+        server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap
+        close_all(fd for fd in frame.fds if fd not in kept)  # the refused items'
+        frame.fds.clear()  # the others' are the window's now, closed once answered
         entries = [self.refused_item(rid, item.key, item.error)
                    for item in op.items if item.error is not None]
 
@@ -535,7 +531,7 @@ class _Connection:
             return outcome
 
         window = BatchWindow(
-            [Pending(n, str(item.key), request, stdio, owned[id(item)])
+            [Pending(n, str(item.key), request, stdio)
              for n, (item, request, stdio) in enumerate(zip(valid, requests, stdios,
                                                             strict=True))],
             op.window or 1, start,
@@ -545,11 +541,8 @@ class _Connection:
             window.launch(0)
             if window.starting:
                 await asyncio.wait(set(window.starting))
-            fibers: list[FiberHandle] = []
-            for task in list(window.starting):
-                fiber, entry = window.landed(task, len(fibers))
-                fibers += [fiber] if fiber is not None else []
-                entries += [entry] if entry is not None else []
+            fibers, started = window.land(set(window.starting), 0)
+            entries += started
             more = bool(fibers) or window.pending
             await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
                                      final=not more))
@@ -609,10 +602,10 @@ class _Connection:
 
         for fiber in fibers:
             watch(fiber)
+        if window is not None:
+            window.launch(len(waiting))
         try:
             while waiting or (window is not None and window.pending):
-                if window is not None:
-                    window.launch(len(waiting))
                 reading = self.next_frame()
                 done, _ = await asyncio.wait({*waiting, *results.values(), *starting, reading},
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -629,13 +622,9 @@ class _Connection:
                 if window is not None:
                     if events:
                         window.ended()
-                    entries = []
-                    for task in [t for t in starting if t in done]:
-                        started, entry = window.landed(task, len(waiting))
-                        if started is not None:
-                            watch(started)
-                        if entry is not None:
-                            entries.append(entry)
+                    landed, entries = window.land(done, len(waiting))
+                    for fiber in landed:
+                        watch(fiber)
                     window.launch(len(waiting))  # the next starts go out before the events
                     if entries:
                         events.append(ok_reply(rid, BatchStarted(entries).to_json(), "started",

@@ -40,13 +40,21 @@ Json = dict[str, object]
 @record(frozen=True)
 class Pending:
     """One valid item not answered yet: its key, its clone and the descriptors it carries
-    (owned by the window until the item is answered or cancelled)."""
+    (``stdio``: owned by the window until the item is answered or cancelled)."""
 
     index: int  # its place in the request
     key: str
     request: CloneRequest
     stdio: Stdio
-    fds: tuple[int, ...]
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return stdio_fds(self.stdio)
+
+
+def stdio_fds(stdio: Stdio) -> tuple[int, ...]:
+    """The descriptors a ``Stdio`` holds."""
+    return tuple(fd for fd in (stdio.stdin, stdio.stdout, stdio.stderr) if fd is not None)
 
 
 class BatchWindow:
@@ -110,6 +118,19 @@ class BatchWindow:
         self._close(item)
         fiber = None if isinstance(outcome, Miss | Exception) else outcome
         return fiber, self._entry(item.key, outcome)
+
+    def land(self, done: set[asyncio.Future[Any]],
+             running: int) -> tuple[list[FiberHandle], list[Json]]:
+        """``landed`` for each start among ``done``, in launch order (``running``: the
+        batch's fibers running before them): the fibers to wait for and the entries to
+        send."""
+        fibers: list[FiberHandle] = []
+        entries: list[Json] = []
+        for task in [t for t in self.starting if t in done]:
+            fiber, entry = self.landed(task, running + len(fibers))
+            fibers += [fiber] if fiber is not None else []
+            entries += [entry] if entry is not None else []
+        return fibers, entries
 
     def started_unanswered(self) -> list[FiberHandle]:
         """The fibers of starts that have finished but not landed yet (a client that
