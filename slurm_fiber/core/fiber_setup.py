@@ -49,15 +49,19 @@ def write_control(cgroup: str, name: str, value: bytes) -> None:
         os.close(fd)
 
 
-def join(msg: wire.Message) -> None:
+def join(msg: wire.Message, enter: Callable[[str], None] | None = None) -> None:
     """Join the message's ``also`` groups (cgroup v1 mirrors: limits, devices), then its
-    ``cgroup``. Raises OSError naming the group that refused."""
+    ``cgroup``, each by ``enter(group)`` (default: a write of ``0`` to its
+    ``cgroup.procs``). Raises OSError naming the group that refused."""
     also = msg.get("also")
     cgroup = msg.get("cgroup")
     for path in [*(also if isinstance(also, list) else []), cgroup]:
         if isinstance(path, str):
             try:
-                write_control(path, "cgroup.procs", b"0")
+                if enter is None:
+                    write_control(path, "cgroup.procs", b"0")
+                else:
+                    enter(path)
             except OSError as e:
                 raise OSError(e.errno, f"{path}: {e.strerror}") from None
 

@@ -177,6 +177,7 @@ class Server:
         self.sock = sock
         self.pid = os.getpid()
         self.home = {"cgroup": home.get("cgroup"), "also": home.get("also")}
+        self.doors = exec_spawn.Doors()  # cgroup.procs descriptors kept for spawns
         self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
         self.sock.set_inheritable(False)  # inherited from fiberd: no child may hold it
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -206,6 +207,7 @@ class Server:
     def close(self) -> None:
         """Drop the template's fds (in a fiber, before user code)."""
         self.sock.close()
+        self.doors.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.exits.close()
@@ -342,7 +344,7 @@ class Server:
         reports it. Raises Stranded (this process cannot go on: it exits)."""
         spare_id = str(msg.get("id"))
         try:
-            pid = exec_spawn.spawn(msg, stdio, self.home, set(_SPARE_UNBLOCKS))
+            pid = exec_spawn.spawn(msg, stdio, self.home, set(_SPARE_UNBLOCKS), self.doors)
         except exec_spawn.Refused as e:
             _send(self.sock, {"t": "spawn_failed", "id": spare_id, "message": str(e)})
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,6 +178,51 @@ async def test_the_template_is_back_in_its_own_groups_after_each_spawn(
         assert Path(f"/proc/{t.pid}/cgroup").read_text() == own
     await t.stop(1.0)
     assert marked_procs(mark) == []
+
+
+# Run in a child of the test (it moves itself): joins through kept descriptors, a group
+# removed and made again by the same name, the bound on what is kept, a refusal, close.
+DOORS = """
+import os, sys
+from slurm_fiber.core.exec_spawn import Doors
+root = sys.argv[1]
+home, a, b = (f"{root}/{n}" for n in ("home", "a", "b"))
+def where():
+    return open("/proc/self/cgroup").read().split("::")[-1].strip()
+def kept():
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own, closed by now
+            pass
+    return sorted(t for t in found if t.endswith("cgroup.procs"))
+doors = Doors(kept=2)
+doors.join({"cgroup": a}); assert where().endswith("/a"), where()
+doors.join({"cgroup": home}); assert where().endswith("/home")
+os.rmdir(a); os.mkdir(a)  # a leaf removed, then made again by the same name
+doors.join({"cgroup": a}); assert where().endswith("/a"), where()
+doors.join({"cgroup": b}); doors.join({"cgroup": home})
+assert kept() == [f"{b}/cgroup.procs", f"{home}/cgroup.procs"], kept()
+try:
+    doors.join({"cgroup": f"{root}/gone"})
+except OSError as e:
+    assert f"{root}/gone" in str(e) and where().endswith("/home"), e
+else:
+    raise AssertionError("joined a group that does not exist")
+doors.close(); assert kept() == []
+print("ok")
+"""
+
+
+def test_a_template_moves_through_kept_descriptors_reopened_when_their_group_is_made_again(
+        cgroup_root: Path) -> None:
+    for name in ("home", "a", "b"):
+        (cgroup_root / name).mkdir()
+    child = subprocess.run(
+        [sys.executable, "-c", f"open('{cgroup_root}/home/cgroup.procs', 'w').write('0')\n"
+         + DOORS, str(cgroup_root)], capture_output=True, text=True, timeout=30)
+    assert child.stdout.strip() == "ok", child.stderr
 
 
 @aio
