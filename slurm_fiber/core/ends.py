@@ -49,8 +49,9 @@ class LateReports:
     """Fibers whose exit their pidfd showed before their template's report came, each
     waiting for that report until a timeout on the clock: one heap, and one task sleeping
     until the earliest timeout while any wait, not a sleep task per fiber (in a mass stop
-    thousands of exits outrun their reports). ``ask(pid)``, when given, is called as a
-    wait starts: it asks the template to reap that fiber now (best effort, never raises;
+    thousands of exits outrun their reports). ``ask(pid)``, when given, is called a loop
+    step after a wait starts, unless the report came meanwhile: it asks the template to
+    reap that fiber now (best effort, never raises;
     its SIGCHLD may have coalesced with another's, core/child_exits.py). Use on one event
     loop; never raises."""
 
@@ -69,7 +70,10 @@ class LateReports:
         if reported.done():
             return True
         if self.ask is not None and pid is not None:
-            self.ask(pid)
+            # Asked a loop step later, and only if the report has not come by then: a
+            # report sent as the exit came is often read in that same step, right after
+            # this wait began (an ask then cost fiberd a send and the template a wake-up).
+            asyncio.get_running_loop().call_soon(self._ask_unless, reported, pid)
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake(_: object) -> None:
@@ -91,6 +95,10 @@ class LateReports:
                 self._heap.clear()
                 self._restart(None)
         return reported.done()
+
+    def _ask_unless(self, reported: asyncio.Future[Any], pid: int) -> None:
+        if not reported.done() and self.ask is not None:
+            self.ask(pid)
 
     def _restart(self, run: Coroutine[Any, Any, None] | None) -> None:
         if self._task is not None:

@@ -96,6 +96,13 @@ async def test_a_wait_whose_report_lags_asks_the_template_for_it_once() -> None:
     lagging.set_result("exit")
     await clock.settle()
     assert waiting.result() is True and asked == [42]
+    # A report read in the loop step the wait began in (it came with the exit) is not
+    # asked for: the ask waits one step.
+    prompt: asyncio.Future[object] = loop.create_future()
+    waiting = asyncio.ensure_future(late.wait(prompt, 10.0, 43))
+    loop.call_soon(prompt.set_result, "exit")  # queued behind the wait's first step
+    await clock.settle()
+    assert waiting.result() is True and asked == [42]
 
 
 def test_survivors_stay_frozen_until_the_last_of_overlapping_mass_stops_ends() -> None:
