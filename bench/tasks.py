@@ -15,7 +15,10 @@ a busy moment of the shared machine falls on every system alike:
   dask           Dask distributed ``LocalCluster(j processes)`` (skipped without the
                  ``bench`` extra)
   fiber          slurm_fiber: W1 an exec Clone of ``true`` through ``TaskRunner`` (the
-                 path ``fiberctl map`` takes), W2 ``slurm_fiber.Executor``
+                 path ``fiberctl map`` takes) given this process's stdout and stderr, as
+                 ``subprocess.run`` gives them to its ``true`` (passed none, fiberd would
+                 make two output files per fiber and remove them empty: 0.12-0.18 ms
+                 more a task measured), W2 ``slurm_fiber.Executor``
   fibermap       ``fiberctl map -j j`` (W2 with ``--call``), throughput only; it includes
                  fiberctl's own start-up, once per map
 
@@ -270,7 +273,8 @@ class Systems:
         self.closers += [runner.close, executor.shutdown]
 
         def w1(_i: int) -> None:
-            outcome = runner.run(Task(exec={"argv": ["true"], "cwd": "/"}))
+            outcome = runner.run(Task(exec={"argv": ["true"], "cwd": "/"},
+                                      stdio={"stdout": 1, "stderr": 2}))
             if not outcome.ok:
                 raise RuntimeError(f"exec Clone failed: {outcome}")
 
