@@ -72,6 +72,8 @@ from typing import TYPE_CHECKING
 from slurm_fiber.core import sha256
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.held_files import forget as forget_held
+from slurm_fiber.core.held_files import read_held
 from slurm_fiber.record import record
 
 if TYPE_CHECKING:
@@ -176,7 +178,7 @@ def join(cgroup: Path, pid: int = 0) -> None:
 def populated(cgroup: Path) -> bool:
     """Whether any process lives in the subtree (False once the cgroup is gone)."""
     try:
-        text = read_small(f"{cgroup}/cgroup.events")  # (a str join: at every fiber's end)
+        text = read_held(str(cgroup), "cgroup.events")  # at every fiber's end: kept open
     except FileNotFoundError:  # gone, or a v1 group (no events file): look at its pids
         return any(procs.split() for procs in _procs_by_group(cgroup))
     return "\npopulated 1\n" in "\n" + text
@@ -287,6 +289,7 @@ def remove_tree(cgroup: Path) -> None:
 
 
 def _rmtree(cgroup: Path) -> None:
+    forget_held(str(cgroup))
     try:
         os.rmdir(cgroup)  # the common case: an empty leaf
         return
@@ -296,6 +299,7 @@ def _rmtree(cgroup: Path) -> None:
         if e.errno != errno.EBUSY:
             raise
     for dirpath, _, _ in sorted(os.walk(cgroup), key=lambda w: -len(w[0])):
+        forget_held(dirpath)
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(dirpath)
 
@@ -374,9 +378,9 @@ def memory_peak(cgroup: Path) -> int | None:
     """``memory.peak`` in bytes where the v2 memory controller provides it, else the v1
     mirror's ``memory.max_usage_in_bytes``, else None."""
     v2, v1 = _memory_of(cgroup)
-    peak = _read_int(f"{v2}/memory.peak") if v2 is not None else None
+    peak = _read_int(v2, "memory.peak") if v2 is not None else None
     if peak is None and v1 is not None:
-        peak = _read_int(f"{v1}/memory.max_usage_in_bytes")
+        peak = _read_int(v1, "memory.max_usage_in_bytes")
     return peak
 
 
@@ -583,7 +587,7 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
         return None
     if kills != 0:
         return "its OOM kill count is unknown" if kills is None else f"{kills} OOM kills counted"
-    usage = _read_int(f"{v1}/memory.usage_in_bytes")
+    usage = _read_int(v1, "memory.usage_in_bytes")
     if usage is None:
         return f"{v1}/memory.usage_in_bytes cannot be read"
     if usage > RENEW_RESIDUE:
@@ -599,21 +603,11 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     return None
 
 
-def read_small(path: str | Path) -> str:
-    """The text of a small control file (at most 64 KiB: events, counters, a peak) in one
-    open, read and close; ``read_text`` adds an fstat, an ioctl and two seeks to those,
-    and a fiber's end reads several (its leaf's events, peak, OOM count, usage). Raises
-    OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _read_int(group: str, name: str) -> int | None:
+    """The first number in ``group``'s control file ``name`` (kept open: core/
+    held_files.py; a fiber's end reads several of its leaf's), None when unreadable."""
     try:
-        return os.read(fd, 65536).decode()
-    finally:
-        os.close(fd)
-
-
-def _read_int(path: str | Path) -> int | None:
-    try:
-        return int(read_small(path).split()[0])
+        return int(read_held(group, name).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -623,11 +617,11 @@ def oom_kills(cgroup: Path) -> int | None:
     else the v1 mirror's ``memory.oom_control`` ``oom_kill`` (polled, read at a fiber's
     end; the v1 count is the victim's own group's). None where neither exists."""
     v2, v1 = _memory_of(cgroup)
-    for path in (v2 and f"{v2}/memory.events", v1 and f"{v1}/memory.oom_control"):
-        if path is None:
+    for group, name in ((v2, "memory.events"), (v1, "memory.oom_control")):
+        if group is None:
             continue
         try:
-            text = read_small(path)
+            text = read_held(group, name)
         except OSError:
             continue
         for line in text.splitlines():
