@@ -8,6 +8,8 @@ else: waiting and records are the Fiber's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from slurm_fiber.core.api.service import FiberExit
 from slurm_fiber.core.fibers import Fiber, FiberEnd, FiberState
 
@@ -94,3 +96,13 @@ class FiberView:
         """Wait until the fiber and its cgroup are gone; never raises."""
         core = await self.fiber.wait()
         return api_exit(self.fiber.id, self.fiber.mode, core)
+
+    def on_exit(self, callback: Callable[[FiberExit], None]) -> None:
+        """Call ``callback(exit)`` once the fiber and its cgroup are gone (``Fiber.on_done``:
+        after the callbacks registered before it, e.g. its audit record's); never when its
+        end was cancelled (fiberd is shutting down)."""
+        def ended(fiber: Fiber) -> None:
+            if fiber.exit is not None:
+                callback(api_exit(fiber.id, fiber.mode, fiber.exit))
+
+        self.fiber.on_done(ended)

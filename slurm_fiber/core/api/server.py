@@ -80,6 +80,7 @@ from slurm_fiber.core.api.protocol import (
 from slurm_fiber.core.api.replies import BatchStarted, Cancelled
 from slurm_fiber.core.api.service import (
     CloneRequest,
+    FiberExit,
     FiberHandle,
     FiberNotFound,
     Peer,
@@ -91,6 +92,7 @@ from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
 
 log = logging.getLogger(__name__)
@@ -591,12 +593,22 @@ class _Connection:
         when ``hangup`` (as a terminal hang-up would), and the wait is abandoned
         (a window's items not started never start).
         """
-        waiting: dict[asyncio.Future[Any], FiberHandle] = {}  # their exits
+        waiting: dict[str, FiberHandle] = {}  # running, by id
+        # Exits come by callback (``on_exit``), each in the loop step its end completes,
+        # and wake this stream through one future: no task per fiber between its end and
+        # its event (a task, a shield and the wait's own step cost two loop steps more).
+        ended: list[tuple[FiberHandle, FiberExit]] = []
+        woken: list[asyncio.Future[None]] = [asyncio.get_running_loop().create_future()]
         results: dict[str, asyncio.Future[Any]] = {}  # early results, by fiber id
         starting: dict[asyncio.Future[Any], Any] = window.starting if window else {}
 
+        def exited(fiber: FiberHandle, end: FiberExit) -> None:
+            ended.append((fiber, end))
+            set_done(woken[0])
+
         def watch(fiber: FiberHandle) -> None:
-            waiting[asyncio.ensure_future(fiber.wait())] = fiber
+            waiting[fiber.id] = fiber
+            fiber.on_exit(partial(exited, fiber))
             if early:
                 results[fiber.id] = asyncio.ensure_future(fiber.call_result())
 
@@ -607,18 +619,21 @@ class _Connection:
         try:
             while waiting or (window is not None and window.pending):
                 reading = self.next_frame()
-                done, _ = await asyncio.wait({*waiting, *results.values(), *starting, reading},
+                done, _ = await asyncio.wait({woken[0], *results.values(), *starting, reading},
                                              return_when=asyncio.FIRST_COMPLETED)
+                if woken[0].done():
+                    woken[0] = asyncio.get_running_loop().create_future()
                 for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
                     del results[fiber_id]  # sent before its exit event, which ends it
                     if (event := written.result()) is not None:
                         await self.send(ok_reply(rid, event, "result", final=False))
                 events = []
-                for exited in [t for t in waiting if t in done]:
-                    fiber = waiting.pop(exited)
+                news, ended[:] = list(ended), []
+                for fiber, end in news:
+                    del waiting[fiber.id]
                     if fiber.id in results:  # its exit event carries the result: no later one
                         results.pop(fiber.id).cancel()
-                    events.append(ok_reply(rid, exited.result().to_json(), "exit", final=False))
+                    events.append(ok_reply(rid, end.to_json(), "exit", final=False))
                 if window is not None:
                     if events:
                         window.ended()
@@ -648,7 +663,7 @@ class _Connection:
                     raise PeerGone("client left while its fibers ran")
                 await self.stream_control(rid, stray, window)
         finally:
-            for task in [*waiting, *results.values()]:
+            for task in results.values():
                 task.cancel()
 
     async def stream_control(self, rid: int | str | None, frame: Frame,

@@ -10,7 +10,7 @@ the only way a clone that starts nothing answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from slurm_fiber.core.misses import Miss
@@ -157,6 +157,11 @@ class FiberHandle(Protocol):
 
     async def wait(self) -> FiberExit:
         """Wait until the fiber has exited and been reaped; may be awaited by many callers."""
+        ...
+
+    def on_exit(self, callback: Callable[[FiberExit], None]) -> None:
+        """Have ``callback(exit)`` called on the loop once the fiber has exited and been
+        reaped, in the loop step its ``wait()`` could first return (no task between)."""
         ...
 
 

@@ -79,6 +79,9 @@ class ProcFiber:
     async def wait(self) -> FiberExit:
         return await asyncio.shield(self.exited)
 
+    def on_exit(self, callback: Callable[[FiberExit], None]) -> None:
+        self.exited.add_done_callback(lambda done: callback(done.result()))
+
 
 class ProcService:
     """The test runtime. Lives on the server's loop."""
