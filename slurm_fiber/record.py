@@ -56,26 +56,34 @@ def field(*, default_factory: Callable[[], T]) -> T:
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    # Built per call by hand (no compiled __init__): fiberd makes some thirty records per
+    # Clone, so the common cases loop over nothing but the defaults left to fill.
     cls = type(self)
     names: tuple[str, ...] = cls.__record_fields__
-    if len(args) > len(names):
-        raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments "
-                        f"but {len(args)} were given")
-    values = dict(zip(names, args, strict=False))
-    for name, value in kwargs.items():
-        if name not in names:
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}")
-        if name in values:
-            raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
-        values[name] = value
-    defaults: dict[str, Any] = cls.__record_defaults__
-    for name in names:
-        if name not in values:
-            default = defaults.get(name, _MISSING)
-            if default is _MISSING:
-                raise TypeError(f"{cls.__name__}() missing required argument: {name!r}")
-            values[name] = default.factory() if isinstance(default, _Factory) else default
-    self.__dict__.update(values)
+    if kwargs and not kwargs.keys() <= cls.__record_names__:
+        unknown = next(name for name in kwargs if name not in cls.__record_names__)
+        raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}")
+    if args:
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments "
+                            f"but {len(args)} were given")
+        if not kwargs and len(args) == len(names):
+            self.__dict__.update(zip(names, args, strict=True))
+            return
+        if kwargs:
+            twice = next((name for name in names[:len(args)] if name in kwargs), None)
+            if twice is not None:
+                raise TypeError(f"{cls.__name__}() got multiple values for argument "
+                                f"{twice!r}")
+        kwargs.update(zip(names, args, strict=False))
+    if len(kwargs) < len(names):
+        for name, default in cls.__record_defaults__.items():
+            if name not in kwargs:
+                kwargs[name] = default.factory() if isinstance(default, _Factory) else default
+        if len(kwargs) < len(names):
+            missing = next(name for name in names if name not in kwargs)
+            raise TypeError(f"{cls.__name__}() missing required argument: {missing!r}")
+    self.__dict__.update(kwargs)
 
 
 def _values(self: Any) -> tuple[Any, ...]:
@@ -138,7 +146,8 @@ def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
                 raise TypeError(f"{cls.__name__}: field {name!r} without a default follows "
                                 "one with a default")
         members: dict[str, object] = {
-            "__record_fields__": names, "__record_defaults__": defaults,
+            "__record_fields__": names, "__record_names__": frozenset(names),
+            "__record_defaults__": defaults,
             "__match_args__": names, "__init__": _init, "__eq__": _eq, "__repr__": _repr,
             "__hash__": _hash if frozen else None}
         if frozen:
