@@ -60,6 +60,18 @@ def test_a_batch_of_n_starts_n_fibers_each_audited(fiberd_served: ThreadFiberd) 
     assert {f.id for f in fibers.values()} <= exited
 
 
+def test_each_exit_event_comes_after_its_audit_record(fiberd_served: ThreadFiberd) -> None:
+    # The design's order (docs/design.md, Audit): a fiber's exit record is in the file
+    # before its exit event goes out, whichever way the stream learns of the exit.
+    with FiberdClient(fiberd_served.path) as client:
+        items = [{"key": f"k{i}", "exec": {"argv": ["true"]}} for i in range(6)]
+        client.clone_batch(items, wait=True, window=2)
+        for _ in items:
+            end = client.wait_exit(within=30)
+            exited = {r["fiber"] for r in audit_records(fiberd_served, "fiber_exit")}
+            assert end["fiber_id"] in exited
+
+
 def test_one_bad_item_is_refused_alone(fiberd_served: ThreadFiberd) -> None:
     items = [
         {"key": "good-1", "exec": {"argv": ["true"]}},
