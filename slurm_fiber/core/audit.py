@@ -157,6 +157,7 @@ class AuditLog:
         self._fd = open_log(self.path)
         self._last_fsync = self._clock.mono()
         self._unsynced = False
+        self._appended = 0  # appends made: an fsync begun after the n-th covers it
         dropped = self._repair_tail()
         self._seq = self._last_seq()
         if dropped:
@@ -172,6 +173,23 @@ class AuditLog:
     def unsynced(self) -> bool:
         """Whether records written with ``durable=False`` still wait for their fsync."""
         return self._unsynced
+
+    @property
+    def appended(self) -> int:
+        """How many appends were made (each ``write_many`` that wrote is one)."""
+        return self._appended
+
+    def fileno(self) -> int:
+        """The log's descriptor, for an fsync made elsewhere (core/audit_syncer.py)."""
+        return self._fd
+
+    def synced_through(self, appended: int) -> None:
+        """An fsync made elsewhere, begun after the ``appended``-th append, has ended: the
+        records ``durable=False`` left waiting are durable unless more were appended."""
+        with self._lock:
+            if self._appended == appended:
+                self._unsynced = False
+                self._last_fsync = self._clock.mono()
 
     def set_scope(self, scope: Sequence[ScopeClaim]) -> None:
         """Replace the scope claims stamped on every following record."""
@@ -244,6 +262,7 @@ class AuditLog:
             written = os.write(self._fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            self._appended += 1
             now = self._clock.mono()
             due = self.fsync is FsyncPolicy.INTERVAL and now - self._last_fsync >= self.interval
             if self.fsync is FsyncPolicy.ALWAYS and not durable:

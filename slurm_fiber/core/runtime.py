@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -43,7 +44,8 @@ from slurm_fiber.core.api.service import (
     Stdio,
     page,
 )
-from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
+from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed, FsyncPolicy
+from slurm_fiber.core.audit_syncer import AuditSyncer
 from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.decisions import (
@@ -201,6 +203,7 @@ class Core:
         self._saving: asyncio.Task[None] | None = None  # writing deferred admissions
         self._exits: list[tuple[str, dict[str, object]]] = []  # fiber_exit records to write
         self._exit_sync: asyncio.Task[None] | None = None  # the fsync they wait for
+        self._syncer: AuditSyncer | None = None  # fsyncs Clone records off the loop
 
     # ------------------------------------------------------------ Admitter (drive)
 
@@ -336,6 +339,8 @@ class Core:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._syncer is not None:
+            self._syncer.close()
 
     # ------------------------------------------------------------ Service (socket API)
 
@@ -412,13 +417,7 @@ class Core:
         if isinstance(decision, Miss):
             return self._miss(uid, decision, caller)
         assert grant is not None
-        self._starting[uid] += 1
-        try:
-            return await self._start(grant, decision, request, stdio, caller)
-        finally:
-            self._starting[uid] -= 1
-            if not self._starting[uid]:
-                del self._starting[uid]
+        return await self._start(grant, decision, request, stdio, caller)
 
     def list_fibers(self, after: str | None = None,
                     limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
@@ -752,6 +751,9 @@ class Core:
             stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,
             epoch=decision.epoch, deadline=decision.deadline.at)
         template = grant.template
+        # Counted with the grant's fibers while it starts (another connection's Clone, or a
+        # windowed batch's, is decided meanwhile); once forked, it is one of them.
+        self._starting[grant.uid] += 1
         try:
             fiber = await template.fork(fiber_request)
         except TemplateNotReady as err:
@@ -760,16 +762,27 @@ class Core:
             self._write(AuditEvent.CLONE_FAILED, uid=grant.uid, fiber=fiber_id, reason=str(err),
                         **caller)
             raise CloneFailed(str(err)) from None
+        finally:
+            self._starting[grant.uid] -= 1
+            if not self._starting[grant.uid]:
+                del self._starting[grant.uid]
         deadline_wall = self._wall(decision.deadline.at)
         view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
         try:
-            self._write(AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
-                        pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
-                        deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
-                        health_age=self.home.health().read().age, **caller)
+            await self._write_durably(
+                AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
+                pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
+                deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
+                health_age=self.home.health().read().age, **caller)
         except AuditWriteFailed:
             await self._unstart(fiber)
             raise
+        if fiber.exit is not None:
+            # It ended while its record was made durable: its exit record now, so that, as
+            # for a fiber that ends later, the record is in the log before its end is seen.
+            self._fiber_done(fiber)
+            self._write_exits()
+            return view
         self._fibers[fiber_id] = view
         self._listed[fiber_id] = next(self._registered)
         fiber.on_done(self._unlist)
@@ -909,6 +922,27 @@ class Core:
 
     def _write(self, event: AuditEvent, **fields: object) -> None:
         self.audit.write(event, **_present(**fields))
+
+    async def _write_durably(self, event: AuditEvent, **fields: object) -> None:
+        """Write a decision's record and return once it is durable, as ``_write`` does, but
+        under ``audit_fsync = always`` with the fsync made by the helper process
+        (core/audit_syncer.py, started on first use) while the loop goes on. Raises
+        AuditWriteFailed (a record whose fsync failed stays in the file, its durability
+        unknown)."""
+        if self.audit.fsync is not FsyncPolicy.ALWAYS:
+            self._write(event, **fields)
+            return
+        if self._syncer is None:
+            self._syncer = AuditSyncer(self.audit.fileno(), self.python)
+        self.audit.write_many([(event, _present(**fields))], durable=False)
+        appended = self.audit.appended
+        try:
+            await self._syncer.synced()
+        except OSError as err:
+            raise AuditWriteFailed(err.errno or errno.EIO, f"audit log {self.audit.path}: "
+                                   f"record written, not made durable "
+                                   f"({err.strerror or err})") from None
+        self.audit.synced_through(appended)
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(coro)
