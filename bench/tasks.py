@@ -305,9 +305,9 @@ def slurm_in_job(n: int, seq_n: int, jobs: int, rounds: int) -> dict[str, object
     """Inside the bench's own job: its fiberd started and ready, then (see the module doc)
     the sequential samples and the map against srun steps; fiberd stopped at the end.
     Then what bounds the map: one more map of N under a fiberd that leaves its audit
-    records' fsync to the kernel (``audit_fsync = never``; the job's fiberd fsyncs each
-    clone record on its loop). Raises slurm.BenchFailed with one line when a step or a map
-    fails."""
+    records' fsync to the kernel (``audit_fsync = never``; the job's fiberd has each clone
+    record fsynced before answering, by its helper process, core/audit_syncer.py). Raises
+    slurm.BenchFailed with one line when a step or a map fails."""
     ways = {"fiberctl_run": [FIBERCTL, "run", "--", "true"], "srun_step": SRUN_TRUE,
             "python_floor": [sys.executable, "-I", "-S", "-c", "pass"]}
     samples: dict[str, list[float]] = {way: [] for way in ways}
