@@ -19,13 +19,14 @@ no descriptor outlives its group for long.
 
 One table per process, behind a lock: the event loop reads through it and
 worker threads remove groups (``cgroups.remove_tree`` runs off the loop).
-Reads of cgroup control files do not block on I/O.
+Reads of cgroup control files do not block on I/O. (The lock is ``_thread``'s: the
+epilog imports this module through cgroups, and ``threading`` would add to its start.)
 """
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 from collections import OrderedDict
 
 HELD_GROUPS = 64  # groups whose read descriptors are kept (a few files each)
@@ -38,7 +39,7 @@ class HeldFiles:
     def __init__(self, groups: int = HELD_GROUPS) -> None:
         self.groups = groups
         self._fds: OrderedDict[str, dict[str, int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()  # threading's, without importing threading
 
     def read(self, group: str, name: str) -> str:
         """The text of ``group/name`` (a directory path and a file name). Raises OSError
