@@ -32,6 +32,10 @@ could not be reached. Fibers in flight: up to ``max_workers`` (default:
 this machine's usable CPUs); worker threads: as many at most, started on
 demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
+What a call prints goes to its fiber's output files under fiberd's state dir
+(``fibers/fiber-<id>.out`` and ``.err``, docs/socket-protocol.md; an empty one is
+removed where fiberd carves cgroups), not to this process's stdout as a
+ProcessPoolExecutor worker's prints would: return what the caller needs.
 A running call cannot be cancelled (as in concurrent.futures); if the calling
 process dies, its connections close and fiberd sends each fiber it was
 waiting for SIGHUP (the clone's ``hangup``).
