@@ -212,13 +212,12 @@ class TaskRunner:
                 retry = self._batch_once(tasks, pending, outcomes, begun, done,
                                          result if asked else None, window)
             except Refused as err:
-                if err.code == "unsupported_version" and (window is not None or asked):
+                if window is not None and err.code == "unsupported_version":
+                    self.windows = False  # an older fiberd, nothing started: v5 first, then v4
+                    return self.run_many(tasks, done, result, window)
+                if asked and self._refused_early(err):
                     for i in pending:
                         outcomes[i].attempts -= 1
-                    if window is not None:  # an older fiberd: v5 first, then v4
-                        self.windows = False
-                        return self.run_many(tasks, done, result, window)
-                    self.early = False
                     continue
                 if err.code in NO_BATCH:
                     self.batches = False

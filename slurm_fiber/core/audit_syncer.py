@@ -19,13 +19,15 @@ is not replaced: from then on ``synced()`` fsyncs on the loop, as fiberd did
 before (said once in the log). The helper ends when fiberd closes it, or dies:
 its request pipe then reads end of file.
 
-Used from one event loop; ``close()`` blocks at most ``CLOSE_WITHIN`` seconds.
+Used from one event loop; a caller waits at most ``FSYNC_WITHIN`` seconds for its
+fsync, and ``close()`` blocks at most ``CLOSE_WITHIN`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import subprocess
@@ -33,6 +35,7 @@ import subprocess
 log = logging.getLogger(__name__)
 
 CLOSE_WITHIN = 2.0  # seconds ``close`` waits for the helper to exit before killing it
+FSYNC_WITHIN = 30.0  # seconds a caller waits for its fsync (a stalled disk or helper)
 _PROGRAM = """\
 import os, sys
 fd = int(sys.argv[1])
@@ -54,7 +57,7 @@ class AuditSyncer:
         spawn. A helper that cannot start leaves fsyncs on the loop (logged)."""
         self.fd = fd
         self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: asyncio.AbstractEventLoop | None = None  # the loop reading answers
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop reading its answers
         self._under_way: asyncio.Future[None] | None = None  # the fsync asked for
         self._next: asyncio.Future[None] | None = None  # the one after, for later callers
         try:
@@ -64,41 +67,45 @@ class AuditSyncer:
         except OSError as err:
             log.warning("audit fsyncs stay on the event loop: no helper (%s)", err)
 
-    async def synced(self) -> None:
+    async def synced(self, within: float = FSYNC_WITHIN) -> None:
         """Return once every record written before this call is durable. Raises OSError
-        when the fsync fails."""
+        when the fsync fails, or (ETIMEDOUT) has not ended ``within`` seconds (it stays
+        under way; later callers wait for the one after it)."""
         if self._proc is None:
             os.fsync(self.fd)
             return
         loop = asyncio.get_running_loop()
-        if self._reader is None:
+        if self._loop is None:
             assert self._proc.stdout is not None
             os.set_blocking(self._proc.stdout.fileno(), False)
             loop.add_reader(self._proc.stdout.fileno(), self._answered)
-            self._reader = loop
+            self._loop = loop
         if self._under_way is None:
-            self._under_way = self._ask(loop.create_future())
-            waiting = self._under_way
+            self._under_way = waiting = loop.create_future()
+            self._ask()
         else:  # that fsync may have begun before this caller's record: wait for the next
             if self._next is None:
                 self._next = loop.create_future()
             waiting = self._next
-        await asyncio.shield(waiting)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiting), within)
+        except TimeoutError:
+            raise OSError(errno.ETIMEDOUT, f"the audit fsync did not end within "
+                          f"{within:g} s") from None
 
     def close(self) -> None:
         """Stop the helper (blocks at most ``CLOSE_WITHIN`` s); later ``synced()`` calls
         fsync on the loop. Callers still waiting get OSError (EPIPE)."""
-        self._give_up(OSError(32, "the audit fsync helper was closed"))
+        self._give_up(OSError(errno.EPIPE, "the audit fsync helper was closed"))
 
-    def _ask(self, asked: asyncio.Future[None]) -> asyncio.Future[None]:
-        """Ask the helper for an fsync that ``asked`` will say the end of; ``asked``."""
+    def _ask(self) -> None:
+        """Ask the helper for the fsync ``_under_way`` waits for (a helper that is gone
+        leaves it to an fsync made here)."""
         assert self._proc is not None and self._proc.stdin is not None
         try:
             os.write(self._proc.stdin.fileno(), b"s")
-        except OSError as err:  # the helper is gone: fsync here
+        except OSError as err:
             self._give_up(None, f"the helper is gone ({err})")
-            _settle(asked, self.fd)
-        return asked
 
     def _answered(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -123,7 +130,7 @@ class AuditSyncer:
                     done.set_result(None)
             if self._next is not None:
                 self._under_way, self._next = self._next, None
-                self._ask(self._under_way)
+                self._ask()
 
     def _give_up(self, error: OSError | None, why: str = "") -> None:
         """Stop using the helper: its waiting callers get ``error``, or (None) an fsync
@@ -133,8 +140,8 @@ class AuditSyncer:
             return
         if why:
             log.warning("audit fsyncs are back on the event loop: the helper failed: %s", why)
-        if self._reader is not None and proc.stdout is not None:
-            self._reader.remove_reader(proc.stdout.fileno())
+        if self._loop is not None and proc.stdout is not None:
+            self._loop.remove_reader(proc.stdout.fileno())
         for waiting in (self._under_way, self._next):
             if waiting is not None and not waiting.done():
                 if error is None:
@@ -154,9 +161,7 @@ class AuditSyncer:
 
 
 def _settle(waiting: asyncio.Future[None], fd: int) -> None:
-    """Resolve ``waiting`` (unless done) with an fsync of ``fd`` made here, or its OSError."""
-    if waiting.done():
-        return
+    """Resolve ``waiting`` with an fsync of ``fd`` made here, or its OSError."""
     try:
         os.fsync(fd)
     except OSError as err:

@@ -625,8 +625,8 @@ def oom_kills(cgroup: Path) -> int | None:
         except OSError:
             continue
         for line in text.splitlines():
-            name, _, count = line.partition(" ")
-            if name == "oom_kill" and count.isdigit():
+            key, _, count = line.partition(" ")
+            if key == "oom_kill" and count.isdigit():
                 return int(count)
     return None
 

@@ -84,6 +84,7 @@ class TemplateView:
 
 _WARM = TemplateView(Warmth.WARM)
 
+
 class DeadlineCause(enum.StrEnum):
     """Which term of min(lease, fence, seconds) sets a deadline, or why it is due now."""
 

@@ -7,7 +7,7 @@ as a spare joins), starts the program with ``subprocess.Popen``, which
 ``vfork``s and execs (the child shares the template's memory until its exec,
 so the start costs the same however big the template is), and moves the
 template back to its own groups, all before it answers (each move a write to a
-``cgroup.procs`` descriptor it keeps open: ``Doors``). The program is born
+``cgroup.procs`` descriptor it keeps open: core/held_files.py). The program is born
 in its leaf and is the template's child: reaped and reported as a spare is.
 
 It gets what an exec fiber forked from a spare gets (core/fiber_setup.py,
@@ -41,13 +41,13 @@ from __future__ import annotations
 import _signal
 import os
 import subprocess
-from collections import OrderedDict
 
 from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.fiber_setup import exec_argv, exec_env, join, stdio_fds
+from slurm_fiber.core.held_files import HeldFiles
 
-DOORS_KEPT = 32  # open cgroup.procs descriptors a template keeps (its own groups and the
-# leaves it spawned into last: five per leaf on a hybrid host)
+DOORS_KEPT = 32  # groups whose cgroup.procs a template keeps open (its own and those of
+# the leaves it spawned into last: five per leaf on a hybrid host)
 
 
 class Refused(Exception):
@@ -58,59 +58,20 @@ class Stranded(Exception):
     """The template could not move back to its own cgroups (one line)."""
 
 
-class Doors:
-    """The template's open ``cgroup.procs`` descriptors, by group, kept between spawns: a
-    spawn moves the template into a leaf's groups and back home, ten moves on a hybrid
-    host, and a move through a kept descriptor is one write, not an open, write and close
-    (5 against 15 µs measured). At most ``kept`` stay open, the least recently used
-    closed first. A kept descriptor of a group since removed (leaves are reused, and
-    may be made again by the same name) fails its write: it is opened afresh, once.
-    Closed in a forked child before user code (``close``); a spawned program inherits
-    none (``close_fds``). Single-threaded, as the template is."""
-
-    def __init__(self, kept: int = DOORS_KEPT) -> None:
-        self.kept = kept
-        self._fds: OrderedDict[str, int] = OrderedDict()
-
-    def join(self, msg: wire.Message) -> None:
-        """Move this process into the message's groups, as ``fiber_setup.join`` does.
-        Raises OSError naming the group."""
-        join(msg, self._enter)
-
-    def _enter(self, group: str) -> None:
-        fd = self._fds.pop(group, None)
-        if fd is not None:
-            try:
-                os.write(fd, b"0")
-            except OSError:
-                os.close(fd)  # its group is gone (perhaps made again): open it afresh
-            else:
-                self._fds[group] = fd
-                return
-        fd = os.open(f"{group}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"0")
-        except OSError:
-            os.close(fd)
-            raise
-        self._fds[group] = fd
-        while len(self._fds) > self.kept:
-            os.close(self._fds.popitem(last=False)[1])
-
-    def close(self) -> None:
-        """Close every kept descriptor."""
-        while self._fds:
-            os.close(self._fds.popitem()[1])
+def move(doors: HeldFiles, msg: wire.Message) -> None:
+    """Move this process into the message's groups, as ``fiber_setup.join`` does, each
+    move a write through ``doors``' kept descriptors. Raises OSError naming the group."""
+    join(msg, lambda group: doors.write(group, "cgroup.procs", b"0"))
 
 
 def spawn(msg: wire.Message, passed: list[int], home: wire.Message,
-          unblocked: set[int], doors: Doors) -> int:
+          unblocked: set[int], doors: HeldFiles) -> int:
     """Start the ``spawn`` message ``msg``'s exec ``order`` in its ``cgroup`` (and ``also``
     mirrors), with the passed stdio fds ``passed`` (not closed here); the program's pid,
     a child of this process, not yet reaped. ``home``: this process's own groups, in the
     same form (``cgroup``, ``also``; no ``cgroup``: uncarved, no move). The signals
     ``unblocked`` are unblocked in the program (and in this process while it starts);
-    ``doors`` moves this process. Blocking, for the template's single-threaded loop.
+    ``doors`` (``HeldFiles``) moves this process. Blocking, for the template's single-threaded loop.
     Raises Refused or Stranded."""
     order = msg.get("order")
     if not isinstance(order, dict) or order.get("mode") != "exec":
@@ -132,14 +93,14 @@ def spawn(msg: wire.Message, passed: list[int], home: wire.Message,
 
 def _start_in(msg: wire.Message, home: wire.Message, argv: list[bytes],
               env: dict[bytes, bytes], stdio: list[int], cwd: object,
-              unblocked: set[int], doors: Doors) -> int:
+              unblocked: set[int], doors: HeldFiles) -> int:
     """Join ``msg``'s groups, start the program, go back ``home``. Raises Refused, Stranded."""
     carved = isinstance(msg.get("cgroup"), str)
     if carved and not isinstance(home.get("cgroup"), str):
         raise Refused("the template has no cgroup of its own to come back to")
     try:
         if carved:
-            doors.join(msg)
+            move(doors, msg)
         blocked = unblocked & _signal.pthread_sigmask(_signal.SIG_BLOCK, [])
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, blocked)
         try:
@@ -161,11 +122,11 @@ def _start_in(msg: wire.Message, home: wire.Message, argv: list[bytes],
     return child.pid
 
 
-def _go_home(home: wire.Message, doors: Doors) -> None:
+def _go_home(home: wire.Message, doors: HeldFiles) -> None:
     """Move back to this process's own groups. Raises Stranded."""
     if not isinstance(home.get("cgroup"), str):
         return
     try:
-        doors.join(home)
+        move(doors, home)
     except OSError as e:
         raise Stranded(f"cannot move back to its own cgroup: {wire.one_line(e)}") from None

@@ -1,4 +1,4 @@
-"""Cgroup control files held open to be read again, one ``pread`` each time.
+"""Cgroup control files held open to be used again: one ``pread`` or ``write`` each time.
 
 A fiber's end reads several control files of its leaf (``cgroup.events``,
 the memory peak, the OOM count, the memory still charged), and a leaf is
@@ -6,21 +6,28 @@ handed out to fiber after fiber (core/leaves.py). Opening and closing each
 file every time was the largest share of fiberd's own work in a sequential
 exec benchmark (``read_small``, a twelfth of its loop, profiled); a kept
 descriptor read at offset 0 gives the file's current text, as a fresh open
-does (cgroupfs files are generated on each read from the start).
+does (cgroupfs files are generated on each read from the start). A template
+spawning an exec fiber moves itself into the fiber's groups and back, ten
+``cgroup.procs`` writes on a hybrid host (core/exec_spawn.py): through kept
+descriptors each is one write, not an open, write and close (5 against 15 µs).
 
-``read_held(group, name)`` reads ``group/name`` through a kept descriptor.
-At most ``HELD_GROUPS`` groups keep theirs, the least recently read closed
-first. A group that was removed fails its read with ENODEV (so does one made
-again by the same name, through the old descriptor): the file is then opened
-afresh, once, and an error of that open (a group that is gone:
-FileNotFoundError) is raised as a plain open's would be. ``forget(group)``
-closes a group's descriptors as it is removed (``cgroups.remove_tree``), so
-no descriptor outlives its group for long.
+``HeldFiles.read(group, name)`` and ``write(group, name, data)`` use
+``group/name`` through a descriptor kept for that use. At most ``groups``
+groups keep theirs, the least recently used closed first. A group that was
+removed fails the read or write with ENODEV (so does one made again by the
+same name, through the old descriptor): the file is then opened afresh and
+used once more, and an error of that (a group that is gone:
+FileNotFoundError; a move the kernel refuses) is raised as a plain open's or
+write's would be. ``forget(group)`` closes a group's descriptors as it is
+removed, so no descriptor outlives its group for long.
 
-One table per process, behind a lock: the event loop reads through it and
-worker threads remove groups (``cgroups.remove_tree`` runs off the loop).
-Reads of cgroup control files do not block on I/O. (The lock is ``_thread``'s: the
-epilog imports this module through cgroups, and ``threading`` would add to its start.)
+fiberd's table is this module's (``read_held``, ``forget``), behind a lock:
+the event loop reads through it and worker threads remove groups
+(``cgroups.remove_tree`` runs off the loop, and forgets what it removes). A
+template keeps a table of its own for its moves, and a process forked from it
+closes that before user code. Cgroup control files do not block on I/O. (The
+lock is ``_thread``'s: the epilog imports this module through cgroups, and
+``threading`` would add to its start.)
 """
 
 from __future__ import annotations
@@ -29,46 +36,35 @@ import _thread
 import os
 from collections import OrderedDict
 
-HELD_GROUPS = 64  # groups whose read descriptors are kept (a few files each)
+TYPE_CHECKING = False  # typing is not imported at run time (the template imports this)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
+HELD_GROUPS = 64  # groups whose descriptors are kept (a few files each)
 _CHUNK = 65536  # control files read whole: events, counters, a peak
 
 
 class HeldFiles:
-    """The table behind ``read_held`` and ``forget`` (see the module doc)."""
+    """A table of kept control-file descriptors (see the module doc)."""
 
     def __init__(self, groups: int = HELD_GROUPS) -> None:
         self.groups = groups
-        self._fds: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._fds: OrderedDict[str, dict[tuple[str, int], int]] = OrderedDict()
         self._lock = _thread.allocate_lock()  # threading's, without importing threading
 
     def read(self, group: str, name: str) -> str:
         """The text of ``group/name`` (a directory path and a file name). Raises OSError
         as opening and reading it would."""
-        with self._lock:
-            files = self._fds.get(group)
-            if files is None:
-                files = self._fds[group] = {}
-                while len(self._fds) > self.groups:
-                    _close_all(self._fds.popitem(last=False)[1])
-            else:
-                self._fds.move_to_end(group)
-            fd = files.pop(name, None)
-            if fd is not None:
-                try:
-                    text = os.pread(fd, _CHUNK, 0)
-                except OSError:
-                    os.close(fd)  # its group is gone (perhaps made again): open it afresh
-                else:
-                    files[name] = fd
-                    return text.decode()
-            fd = os.open(f"{group}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                text = os.pread(fd, _CHUNK, 0)
-            except OSError:
-                os.close(fd)
-                raise
-            files[name] = fd
-            return text.decode()
+        return self._use(group, name, os.O_RDONLY,
+                         lambda fd: os.pread(fd, _CHUNK, 0)).decode()
+
+    def write(self, group: str, name: str, data: bytes) -> None:
+        """Write ``data`` to ``group/name`` (``cgroup.procs`` ``0``: move this process
+        there). Raises OSError as opening and writing it would."""
+        self._use(group, name, os.O_WRONLY, lambda fd: os.write(fd, data))
 
     def forget(self, group: str) -> None:
         """Close ``group``'s kept descriptors (it is being removed)."""
@@ -83,8 +79,38 @@ class HeldFiles:
             while self._fds:
                 _close_all(self._fds.popitem()[1])
 
+    def _use(self, group: str, name: str, flags: int, use: Callable[[int], T]) -> T:
+        """``use(fd)`` on the descriptor kept for ``group/name`` opened with ``flags``;
+        a kept one that fails is closed, and the file opened afresh and used once more."""
+        key = (name, flags)
+        with self._lock:
+            files = self._fds.get(group)
+            if files is None:
+                files = self._fds[group] = {}
+                while len(self._fds) > self.groups:
+                    _close_all(self._fds.popitem(last=False)[1])
+            else:
+                self._fds.move_to_end(group)
+            fd = files.pop(key, None)
+            if fd is not None:
+                try:
+                    done = use(fd)
+                except OSError:
+                    os.close(fd)  # its group is gone (perhaps made again): open it afresh
+                else:
+                    files[key] = fd
+                    return done
+            fd = os.open(f"{group}/{name}", flags | os.O_CLOEXEC)
+            try:
+                done = use(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            files[key] = fd
+            return done
 
-def _close_all(files: dict[str, int]) -> None:
+
+def _close_all(files: dict[tuple[str, int], int]) -> None:
     for fd in files.values():
         os.close(fd)
 
@@ -93,10 +119,10 @@ _HELD = HeldFiles()
 
 
 def read_held(group: str, name: str) -> str:
-    """``HeldFiles.read`` on this process's table. Raises OSError."""
+    """``HeldFiles.read`` on fiberd's table. Raises OSError."""
     return _HELD.read(group, name)
 
 
 def forget(group: str) -> None:
-    """``HeldFiles.forget`` on this process's table."""
+    """``HeldFiles.forget`` on fiberd's table."""
     _HELD.forget(group)

@@ -104,6 +104,7 @@ from slurm_fiber.core.fiber_setup import (
     try_join,
     write_control,
 )
+from slurm_fiber.core.held_files import HeldFiles
 from slurm_fiber.core.prctl import die_with_parent
 from slurm_fiber.safefs import UnsafePath, open_dir
 
@@ -177,7 +178,7 @@ class Server:
         self.sock = sock
         self.pid = os.getpid()
         self.home = {"cgroup": home.get("cgroup"), "also": home.get("also")}
-        self.doors = exec_spawn.Doors()  # cgroup.procs descriptors kept for spawns
+        self.doors = HeldFiles(exec_spawn.DOORS_KEPT)  # cgroup.procs kept for spawns
         self.children: dict[int, tuple[str, str | None]] = {}  # pid -> (spare id, cgroup)
         self.sock.set_inheritable(False)  # inherited from fiberd: no child may hold it
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

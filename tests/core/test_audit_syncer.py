@@ -6,11 +6,14 @@ fiberd."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +27,9 @@ def asks_counted(syncer: AuditSyncer) -> list[int]:
     asked = [0]
     ask = syncer._ask
 
-    def counting(waiting: asyncio.Future[None]) -> asyncio.Future[None]:
+    def counting() -> None:
         asked[0] += 1
-        return ask(waiting)
+        ask()
 
     syncer._ask = counting  # type: ignore[method-assign]
     return asked
@@ -63,35 +66,47 @@ async def test_a_failed_fsync_reaches_its_callers(tmp_path: Path) -> None:
         os.close(write)
 
 
-@aio
-async def test_a_dead_helper_leaves_fsyncs_on_the_loop(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def helped(tmp_path: Path) -> AsyncIterator[tuple[AuditSyncer, subprocess.Popen[bytes]]]:
+    """A syncer of a new log whose helper has answered once, and that helper; closed after."""
     fd = os.open(tmp_path / "audit.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     syncer = AuditSyncer(fd, sys.executable)
     try:
         await syncer.synced()
-        proc = syncer._proc
-        assert proc is not None
-        proc.kill()
-        proc.wait()
-        await asyncio.wait_for(syncer.synced(), 10)  # its end is seen; the fsync made here
-        assert syncer._proc is None
-        await syncer.synced()
+        assert syncer._proc is not None
+        yield syncer, syncer._proc
     finally:
         syncer.close()
         os.close(fd)
 
 
 @aio
+async def test_a_dead_helper_leaves_fsyncs_on_the_loop(tmp_path: Path) -> None:
+    async with helped(tmp_path) as (syncer, proc):
+        proc.kill()
+        proc.wait()
+        await asyncio.wait_for(syncer.synced(), 10)  # its end is seen; the fsync made here
+        assert syncer._proc is None
+        await syncer.synced()
+
+
+@aio
 async def test_close_stops_the_helper_and_later_fsyncs_stay_here(tmp_path: Path) -> None:
-    fd = os.open(tmp_path / "audit.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    syncer = AuditSyncer(fd, sys.executable)
-    await syncer.synced()
-    proc = syncer._proc
-    assert proc is not None
-    syncer.close()
-    assert proc.returncode is not None
-    await syncer.synced()
-    os.close(fd)
+    async with helped(tmp_path) as (syncer, proc):
+        syncer.close()
+        assert proc.returncode is not None
+        await syncer.synced()
+
+
+@aio
+async def test_a_caller_waits_for_its_fsync_a_bounded_time(tmp_path: Path) -> None:
+    async with helped(tmp_path) as (syncer, proc):
+        os.kill(proc.pid, signal.SIGSTOP)  # a helper that stops answering (a stalled disk)
+        with pytest.raises(OSError) as stalled:
+            await syncer.synced(within=0.2)
+        assert stalled.value.errno == errno.ETIMEDOUT
+        os.kill(proc.pid, signal.SIGCONT)
+        await asyncio.wait_for(syncer.synced(), 10)  # it answers again
 
 
 HOLDER = """
@@ -117,7 +132,5 @@ def test_the_helper_ends_when_fiberd_dies(tmp_path: Path) -> None:
             return
         if Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
             return  # exited; its parent's parent reaps it
-        import time
-
         time.sleep(0.05)
     pytest.fail(f"the fsync helper {helper} outlived its fiberd")

@@ -184,7 +184,8 @@ async def test_the_template_is_back_in_its_own_groups_after_each_spawn(
 # removed and made again by the same name, the bound on what is kept, a refusal, close.
 DOORS = """
 import os, sys
-from slurm_fiber.core.exec_spawn import Doors
+from slurm_fiber.core.exec_spawn import move
+from slurm_fiber.core.held_files import HeldFiles
 root = sys.argv[1]
 home, a, b = (f"{root}/{n}" for n in ("home", "a", "b"))
 def where():
@@ -197,15 +198,15 @@ def kept():
         except OSError:  # the listing's own, closed by now
             pass
     return sorted(t for t in found if t.endswith("cgroup.procs"))
-doors = Doors(kept=2)
-doors.join({"cgroup": a}); assert where().endswith("/a"), where()
-doors.join({"cgroup": home}); assert where().endswith("/home")
+doors = HeldFiles(groups=2)
+move(doors, {"cgroup": a}); assert where().endswith("/a"), where()
+move(doors, {"cgroup": home}); assert where().endswith("/home")
 os.rmdir(a); os.mkdir(a)  # a leaf removed, then made again by the same name
-doors.join({"cgroup": a}); assert where().endswith("/a"), where()
-doors.join({"cgroup": b}); doors.join({"cgroup": home})
+move(doors, {"cgroup": a}); assert where().endswith("/a"), where()
+move(doors, {"cgroup": b}); move(doors, {"cgroup": home})
 assert kept() == [f"{b}/cgroup.procs", f"{home}/cgroup.procs"], kept()
 try:
-    doors.join({"cgroup": f"{root}/gone"})
+    move(doors, {"cgroup": f"{root}/gone"})
 except OSError as e:
     assert f"{root}/gone" in str(e) and where().endswith("/home"), e
 else:
