@@ -8,6 +8,7 @@ else: waiting and records are the Fiber's own.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from slurm_fiber.core.api.service import FiberExit
@@ -98,11 +99,14 @@ class FiberView:
         return api_exit(self.fiber.id, self.fiber.mode, core)
 
     def on_exit(self, callback: Callable[[FiberExit], None]) -> None:
-        """Call ``callback(exit)`` once the fiber and its cgroup are gone (``Fiber.on_done``:
-        after the callbacks registered before it, e.g. its audit record's); never when its
-        end was cancelled (fiberd is shutting down)."""
+        """Call ``callback(exit)`` once the fiber and its cgroup are gone, in the loop step
+        after its ``Fiber.on_done`` callbacks (which run in registration order): the
+        runtime's, registered first, has scheduled the write of its audit record in that
+        step, so the record is in the log first (as ``wait()`` sees it, one step on through
+        its shield). Never called when its end was cancelled (fiberd is shutting down)."""
         def ended(fiber: Fiber) -> None:
             if fiber.exit is not None:
-                callback(api_exit(fiber.id, fiber.mode, fiber.exit))
+                asyncio.get_running_loop().call_soon(
+                    callback, api_exit(fiber.id, fiber.mode, fiber.exit))
 
         self.fiber.on_done(ended)

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberNotFound,
+    Forked,
     JsonMap,
     Peer,
     Stdio,
@@ -366,13 +367,15 @@ class Core:
         return await self._clone_for(resolved, request, stdio, caller)
 
     async def clone_batch(self, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
-                          batch: int | None = None) -> list[FiberView | Miss | Exception]:
+                          batch: int | None = None, forked: Forked | None = None,
+                          ) -> list[FiberView | Miss | Exception]:
         """Clone once per request (all of one peer, grant and token): the grant resolved and
         a carried token verified and admitted once; a miss of that step is audited once
         (``batch``: the client request's item count, default how many it answers) and
         answers every item. Then each item is decided, forked and audited (``clone``, with
         ``batch``) on its own: an item's miss, failed fork (its CloneFailed, returned) or
-        unwritable audit record leaves the rest going."""
+        unwritable audit record leaves the rest going. ``forked`` is told of each fiber
+        once it runs, before its record is durable (``Service.clone_batch``)."""
         if not requests:
             return []
         first = requests[0]
@@ -388,7 +391,7 @@ class Core:
         out: list[FiberView | Miss | Exception] = []
         for request, stdio in zip(requests, stdios, strict=True):
             try:
-                out.append(await self._clone_for(resolved, request, stdio, caller))
+                out.append(await self._clone_for(resolved, request, stdio, caller, forked))
             except AuditWriteFailed as err:
                 log.error("clone refused: %s", err)
                 out.append(_audit_failed(err))
@@ -397,7 +400,8 @@ class Core:
         return out
 
     async def _clone_for(self, uid: str, request: CloneRequest, stdio: Stdio,
-                         caller: dict[str, int]) -> FiberView | Miss:
+                         caller: dict[str, int],
+                         forked: Forked | None = None) -> FiberView | Miss:
         """A Clone whose grant is resolved: the book's decision, then the fork."""
         grant = self._grants.get(uid)
         if grant is None and uid in self._unenforceable:
@@ -417,7 +421,7 @@ class Core:
         if isinstance(decision, Miss):
             return self._miss(uid, decision, caller)
         assert grant is not None
-        return await self._start(grant, decision, request, stdio, caller)
+        return await self._start(grant, decision, request, stdio, caller, forked)
 
     def list_fibers(self, after: str | None = None,
                     limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
@@ -739,7 +743,8 @@ class Core:
         return vt.uid
 
     async def _start(self, grant: _Grant, decision: Start, request: CloneRequest,
-                     stdio: Stdio, caller: dict[str, int]) -> FiberView | Miss:
+                     stdio: Stdio, caller: dict[str, int],
+                     forked: Forked | None = None) -> FiberView | Miss:
         fiber_id = f"{self._prefix}-{next(self._ids)}"
         call, exe = request.call, request.exec
         fiber_request = FiberRequest(
@@ -768,6 +773,8 @@ class Core:
                 del self._starting[grant.uid]
         deadline_wall = self._wall(decision.deadline.at)
         view = FiberView(fiber, {"grant": grant.uid, "deadline_wall": deadline_wall})
+        if forked is not None:
+            forked(view)
         try:
             await self._write_durably(
                 AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,

@@ -83,6 +83,7 @@ from slurm_fiber.core.api.service import (
     FiberExit,
     FiberHandle,
     FiberNotFound,
+    Forked,
     Peer,
     Service,
     Stdio,
@@ -525,10 +526,10 @@ class _Connection:
 
         took: dict[str, float] = {}  # each start's seconds, by key, for its entry
 
-        async def start(item: Pending) -> Outcome:
+        async def start(item: Pending, forked: Forked) -> Outcome:
             begun = server.clock.mono()
             outcome = (await server.service.clone_batch([item.request], [item.stdio],
-                                                        batch=count))[0]
+                                                        batch=count, forked=forked))[0]
             took[item.key] = server.clock.mono() - begun
             return outcome
 
@@ -540,10 +541,7 @@ class _Connection:
             lambda key, outcome: self.item_entry(rid, key, outcome, took.pop(key, 0.0)),
             partial(server.release_window_fds, peer))
         try:
-            window.launch(0)
-            if window.starting:
-                await asyncio.wait(set(window.starting))
-            fibers, started = window.land(set(window.starting), 0)
+            fibers, started = window.land(await window.launch_first(), 0)
             entries += started
             more = bool(fibers) or window.pending
             await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
@@ -615,6 +613,7 @@ class _Connection:
         for fiber in fibers:
             watch(fiber)
         if window is not None:
+            window.woken = lambda: set_done(woken[0])
             window.launch(len(waiting))
         try:
             while waiting or (window is not None and window.pending):

@@ -165,6 +165,9 @@ class FiberHandle(Protocol):
         ...
 
 
+Forked = Callable[[FiberHandle], None]  # told of a batch item's fiber once it runs
+
+
 def page(ordered: Iterable[tuple[int, T]], after: str | None,
          limit: int | None) -> tuple[list[T], str | None]:
     """One page of ``ordered`` ((order, item) pairs by increasing order, e.g. fibers by when
@@ -210,14 +213,18 @@ class Service(Protocol):
         ...
 
     async def clone_batch(self, requests: Sequence[CloneRequest], stdio: Sequence[Stdio],
-                          batch: int | None = None) -> Sequence[FiberHandle | Miss | Exception]:
+                          batch: int | None = None, forked: Forked | None = None,
+                          ) -> Sequence[FiberHandle | Miss | Exception]:
         """Start one fiber per request (same peer, grant and token in each), in order: the
         grant resolved (a token verified and admitted) once; each fiber decided, started
         and audited on its own, so one miss does not stop the others. One outcome per
         request, in order: a fiber, a miss, or the exception that failed that item alone
         (answered ``internal`` for it). ``batch``: the client's request's item count, for
         the audit records (None: ``len(requests)``; a windowed batch starts its items a
-        few at a time). Descriptors as in ``clone``."""
+        few at a time). ``forked``: called with each item's fiber as soon as it runs,
+        before its record is durable and its outcome returned (a windowed batch then
+        counts a fiber that has already ended as no longer running). Descriptors as in
+        ``clone``."""
         ...
 
     def list_fibers(self, after: str | None = None,

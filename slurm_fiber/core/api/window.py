@@ -6,7 +6,10 @@ the batch's fibers ends, the next ones, in the request's order, each start
 its own task (so fiberd can order the next spawn while the template is still
 busy with the one before, and the exits of the other fibers are sent as they
 come). So a client sends 64 tasks in one request and fiberd keeps N of them
-running with no round trip between one task's end and the next one's start.
+running with no round trip between one task's end and the next one's start. A
+fiber that ends while its start is still under way (its record waiting for the
+audit fsync) frees its place at once: N bounds the fibers running, and the
+fsyncs of the next starts overlap the ones before.
 
 Guarantees: every item is answered exactly once (an entry of a ``started``
 event: its fiber, miss or error) unless the batch is cancelled first, in
@@ -29,8 +32,9 @@ from functools import partial
 from typing import Any
 
 from slurm_fiber.core.api.framing import close_all
-from slurm_fiber.core.api.service import CloneRequest, FiberHandle, Stdio
+from slurm_fiber.core.api.service import CloneRequest, FiberExit, FiberHandle, Forked, Stdio
 from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
 
 Outcome = FiberHandle | Miss | Exception
@@ -60,20 +64,25 @@ def stdio_fds(stdio: Stdio) -> tuple[int, ...]:
 class BatchWindow:
     """The items of one windowed batch not answered yet. ``start`` starts one item's fiber
     (the Service's clone for a batch of one, with the request's item count for its audit
-    record); ``entry`` turns an outcome into the item's entry of a ``started`` event (and
-    counts it). ``starting`` holds the starts in flight (tasks, to wait on)."""
+    record, telling its ``Forked`` callback of the fiber once it runs); ``entry`` turns an
+    outcome into the item's entry of a ``started`` event (and counts it). ``starting``
+    holds the starts in flight (tasks, to wait on); ``woken`` is called when one of their
+    fibers ends before its start lands (``launch`` may then start another)."""
 
     def __init__(self, items: Sequence[Pending], size: int,
-                 start: Callable[[Pending], Coroutine[Any, Any, Outcome]],
+                 start: Callable[[Pending, Forked], Coroutine[Any, Any, Outcome]],
                  entry: Callable[[str, Outcome], Json],
                  released: Callable[[int], None] = lambda _n: None) -> None:
         self.queue = deque(items)
         self._released = released  # told how many descriptors each close gave up
         self.size = size
         self.starting: dict[asyncio.Future[Outcome], Pending] = {}
+        self.woken: Callable[[], None] = lambda: None
         self.held = False  # the queue's head missed retryably: it waits for a fiber's end
         self._start = start
         self._entry = entry
+        self._unlanded: set[int] = set()  # the indexes of the items in ``starting``
+        self._ended: set[int] = set()  # those whose fiber has already ended
 
     @property
     def pending(self) -> bool:
@@ -84,14 +93,40 @@ class BatchWindow:
         """Start queued items, each as its own task, until ``size`` of the batch's fibers
         run (``running`` do now) or start; none while the head is held and others run or
         start. Does not block."""
-        busy = running + len(self.starting)
+        busy = running + len(self.starting) - len(self._ended)
         if self.held and busy:
             return
         self.held = False
         while self.queue and busy < self.size:
             item = self.queue.popleft()
-            self.starting[asyncio.ensure_future(self._start(item))] = item
+            self._unlanded.add(item.index)
+            self.starting[asyncio.ensure_future(self._start(
+                item, partial(self._forked, item.index)))] = item
             busy += 1
+
+    async def launch_first(self) -> set[asyncio.Future[Outcome]]:
+        """Launch the first items and return once each of those starts has finished (more
+        are launched meanwhile as fibers end before their start lands): the finished
+        starts, to ``land``."""
+        self.launch(0)
+        first = set(self.starting)
+        loop = asyncio.get_running_loop()
+        while unfinished := {task for task in first if not task.done()}:
+            woken = loop.create_future()
+            self.woken = partial(set_done, woken)
+            await asyncio.wait({*unfinished, woken}, return_when=asyncio.FIRST_COMPLETED)
+            self.launch(0)
+        self.woken = lambda: None
+        return {task for task in self.starting if task.done()}
+
+    def _forked(self, index: int, fiber: FiberHandle) -> None:
+        fiber.on_exit(partial(self._ended_starting, index))
+
+    def _ended_starting(self, index: int, _end: FiberExit) -> None:
+        """A fiber ended: while its start is in flight, its place is free."""
+        if index in self._unlanded:
+            self._ended.add(index)
+            self.woken()
 
     def ended(self) -> None:
         """One of the batch's fibers has ended: a held item may be tried again."""
@@ -104,6 +139,8 @@ class BatchWindow:
         the batch run (``running``) or start: the item is held at the head of the queue.
         Raises what the start raised (not a Miss or a failed fork: those are outcomes)."""
         item = self.starting.pop(task)
+        self._unlanded.discard(item.index)
+        self._ended.discard(item.index)
         try:
             outcome = task.result()
         except BaseException:
@@ -156,6 +193,8 @@ class BatchWindow:
             task.cancel()
             task.add_done_callback(partial(self._close_when_done, item))
         self.starting.clear()
+        self._unlanded.clear()
+        self._ended.clear()
 
     def _close(self, item: Pending) -> None:
         close_all(item.fds)

@@ -33,6 +33,7 @@ from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberExit,
     FiberNotFound,
+    Forked,
     Peer,
     Stdio,
     page,
@@ -129,14 +130,19 @@ class ProcService:
         return fiber
 
     async def clone_batch(self, requests: list[CloneRequest], stdios: list[Stdio],
-                          batch: int | None = None) -> list[ProcFiber | Miss | Exception]:
-        """Each item as ``clone``; an item that raises fails alone."""
+                          batch: int | None = None, forked: Forked | None = None,
+                          ) -> list[ProcFiber | Miss | Exception]:
+        """Each item as ``clone``; an item that raises fails alone; ``forked`` told of each
+        fiber started."""
         out: list[ProcFiber | Miss | Exception] = []
         for request, stdio in zip(requests, stdios, strict=True):
             try:
-                out.append(await self.clone(request, stdio))
+                out.append(outcome := await self.clone(request, stdio))
             except Exception as err:
                 out.append(err)
+                continue
+            if forked is not None and isinstance(outcome, ProcFiber):
+                forked(outcome)
         return out
 
     def _reap(self, fiber: ProcFiber, pidfd: int) -> None:

@@ -19,8 +19,8 @@ from tests.core.runtime.fiberdkit import Site, ThreadFiberd
 
 
 def audit_records(served: ThreadFiberd, event: str) -> list[dict[str, object]]:
-    path = Path(served.service.audit.path)
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    path = Path(served.service.audit.path)  # read while fiberd appends: whole lines only
+    records = [json.loads(line) for line in path.read_text().split("\n")[:-1]]
     return [r for r in records if r["event"] == event]
 
 

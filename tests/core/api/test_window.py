@@ -19,7 +19,7 @@ from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
 from slurm_fiber.core.api.protocol import ApiError, parse_request
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
-from tests.core.runtime.fiberdkit import Site, ThreadFiberd
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
 
 
 def marking(log: Path, key: str, seconds: float) -> dict[str, object]:
@@ -120,6 +120,42 @@ def test_a_retryable_miss_waits_for_a_running_fiber_to_end(
         order, exits = stream(client, started.items)
     assert order == ["k0", "k1", "k2", "k3"] and exits == 4
     assert most_at_once(log) == 2
+
+
+def test_a_fiber_that_ends_while_its_record_awaits_the_fsync_frees_its_place(
+        site: Site, tmp_path: Path) -> None:
+    """Under audit_fsync = always, with the fsync helper stopped: each fiber of a window of
+    one ends before its start can land, so the next starts (one at a time all the same),
+    and none is answered before its record is durable; the stream ends in order once the
+    helper goes on."""
+    log = tmp_path / "log"
+    items = [marking(log, f"k{i}", 0) for i in range(3)]
+    with fiberd_in_thread(site, audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        client.clone(exec={"argv": ["true"]}, wait=True)  # starts the helper
+        client.wait_exit(within=30)
+        helper = served.service._syncer._proc  # type: ignore[union-attr]
+        os.kill(helper.pid, signal.SIGSTOP)
+        answered: list[list[str]] = []
+
+        def batch() -> None:
+            started = client.clone_batch(items, wait=True, window=1)
+            answered.append(stream(client, started.items)[0])
+
+        thread = threading.Thread(target=batch)
+        try:
+            thread.start()
+            deadline = time.monotonic() + 15
+            while not (log.exists() and log.read_text().split().count("-k2")):
+                assert time.monotonic() < deadline, "the window waited for the fsync"
+                time.sleep(0.02)
+            assert not answered and thread.is_alive()  # none answered before its fsync
+        finally:
+            os.kill(helper.pid, signal.SIGCONT)
+            thread.join(30)
+    assert answered == [["k0", "k1", "k2"]]
+    assert most_at_once(log) == 1
+    assert [r.get("batch") for r in audit(served, "clone")] == [None, 3, 3, 3]
 
 
 def test_a_client_leaving_a_window_starts_none_of_the_rest(served: Served) -> None:
