@@ -91,12 +91,12 @@ class BatchWindow:
 
     def launch(self, running: int) -> None:
         """Start queued items, each as its own task, until ``size`` of the batch's fibers
-        run (``running`` do now) or start; none while the head is held and others run or
-        start. Does not block."""
-        busy = running + len(self.starting) - len(self._ended)
-        if self.held and busy:
+        run (``running`` do now) or start (a start whose fiber has ended takes no place);
+        none while the head is held and others run or start. Does not block."""
+        if self.held and running + len(self.starting):
             return
         self.held = False
+        busy = running + len(self.starting) - len(self._ended)
         while self.queue and busy < self.size:
             item = self.queue.popleft()
             self._unlanded.add(item.index)
@@ -123,9 +123,11 @@ class BatchWindow:
         fiber.on_exit(partial(self._ended_starting, index))
 
     def _ended_starting(self, index: int, _end: FiberExit) -> None:
-        """A fiber ended: while its start is in flight, its place is free."""
+        """A fiber ended while its start is in flight: its place is free, and a held item
+        may be tried again (as on ``ended``)."""
         if index in self._unlanded:
             self._ended.add(index)
+            self.held = False
             self.woken()
 
     def ended(self) -> None:

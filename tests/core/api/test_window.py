@@ -5,20 +5,27 @@ closed once it is answered. Against the real fiberd and the small test runtime."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_fiber.core.api import protocol
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
 from slurm_fiber.core.api.protocol import ApiError, parse_request
+from slurm_fiber.core.api.service import CloneRequest, Peer, Stdio
+from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
+from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
+from tests.core.processkit import aio
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
 
 
@@ -156,6 +163,59 @@ def test_a_fiber_that_ends_while_its_record_awaits_the_fsync_frees_its_place(
     assert answered == [["k0", "k1", "k2"]]
     assert most_at_once(log) == 1
     assert [r.get("batch") for r in audit(served, "clone")] == [None, 3, 3, 3]
+
+
+class Ends:
+    """A fiber handle that holds its ``on_exit`` callbacks until told it ended."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Any], None]] = []
+
+    def on_exit(self, callback: Callable[[Any], None]) -> None:
+        self.callbacks.append(callback)
+
+    def end(self) -> None:
+        for callback in self.callbacks:
+            callback(None)
+
+
+@aio
+async def test_a_held_item_waits_for_a_fibers_end_not_for_a_start_to_land() -> None:
+    """A's fiber ends while its start waits (its record's fsync): B may start in its place;
+    B misses retryably while A still starts, so B is held, and not tried again until
+    another fiber ends (then once), however often the window launches meanwhile."""
+    loop = asyncio.get_running_loop()
+    landing: dict[str, asyncio.Future[Outcome]] = {}
+    tries: list[str] = []
+    fibers = {"a": Ends(), "c": Ends()}
+
+    async def start(item: Pending, forked: Callable[[Any], None]) -> Outcome:
+        tries.append(item.key)
+        if item.key == "b":
+            return Miss(MissCode.CAPACITY, "full", retry_after=0.1)
+        forked(fibers[item.key])
+        landing[item.key] = loop.create_future()
+        return await landing[item.key]
+
+    items = [Pending(n, key, CloneRequest(peer=Peer(0, 0, 0)), Stdio())
+             for n, key in enumerate("abc")]
+    window = BatchWindow(items, 1, start, lambda key, _o: {"key": key})
+    window.launch(0)
+    await asyncio.sleep(0)
+    fibers["a"].end()  # before its start lands
+    window.launch(0)  # b takes a's place
+    await asyncio.wait(set(window.starting), timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    fibers_landed, entries = window.land({t for t in window.starting if t.done()}, 0)
+    assert (fibers_landed, entries, window.held) == ([], [], True)  # b held, a still starts
+    for _ in range(3):
+        window.launch(0)
+        await asyncio.sleep(0)
+    assert tries == ["a", "b"]
+    window.ended()  # a fiber of the batch ended: b is tried again, once
+    window.launch(0)
+    await asyncio.sleep(0)
+    assert tries == ["a", "b", "b"]
+    window.close()
 
 
 def test_a_client_leaving_a_window_starts_none_of_the_rest(served: Served) -> None:
