@@ -6,7 +6,14 @@ import pickle
 
 import pytest
 
-from slurm_fiber.record import FrozenRecordError, as_dict, field, record, replace
+from slurm_fiber.record import (
+    COMPILE_AFTER,
+    FrozenRecordError,
+    as_dict,
+    field,
+    record,
+    replace,
+)
 
 
 @record(frozen=True)
@@ -29,15 +36,46 @@ def test_init_by_position_name_and_default() -> None:
     assert Point.__match_args__ == ("x", "y", "tags")
 
 
+def points(compiled: bool) -> type[Point]:
+    """A class like Point, made fresh: its first instances go through the generic
+    ``__init__``; with ``compiled``, COMPILE_AFTER of them are made first, so it has its
+    own."""
+
+    @record(frozen=True)
+    class Point:
+        x: int
+        y: int = 0
+        tags: list[str] = field(default_factory=list)
+
+    for n in range(COMPILE_AFTER if compiled else 0):
+        Point(n)
+    assert ("__record_self__" in Point.__init__.__code__.co_varnames) is compiled
+    return Point
+
+
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize(("args", "kwargs", "says"), [
-    ((), {}, "missing required argument: 'x'"),
-    ((1, 2, (), 4), {}, "takes 3 positional arguments but 4 were given"),
-    ((1,), {"x": 2}, "multiple values for argument 'x'"),
-    ((1,), {"z": 2}, "unexpected keyword argument 'z'"),
+    ((), {}, r"Point.__init__\(\) missing 1 required positional argument: 'x'"),
+    ((1, 2, (), 4), {}, "takes from 2 to 4 positional arguments but 5 were given"),
+    ((1,), {"x": 2}, "got multiple values for argument 'x'"),
+    ((1,), {"z": 2}, "got an unexpected keyword argument 'z'"),
 ])
-def test_bad_arguments_are_refused(args: tuple, kwargs: dict, says: str) -> None:
+def test_bad_arguments_are_refused_alike_before_and_after_compiling(
+        compiled: bool, args: tuple, kwargs: dict, says: str) -> None:
     with pytest.raises(TypeError, match=says):
-        Point(*args, **kwargs)
+        points(compiled)(*args, **kwargs)
+
+
+def test_the_compiled_init_takes_the_same_arguments() -> None:
+    made = [(cls(1, 2, ["t"]), cls(x=1), cls(1, tags=["u"]), cls(1), cls(1))
+            for cls in (points(False), points(True))]
+    for full, by_name, mixed, fresh, other in made:
+        assert as_dict(full) == {"x": 1, "y": 2, "tags": ["t"]}
+        assert as_dict(by_name) == {"x": 1, "y": 0, "tags": []}
+        assert as_dict(mixed) == {"x": 1, "y": 0, "tags": ["u"]}
+        assert fresh.tags == [] and fresh.tags is not other.tags
+        with pytest.raises(FrozenRecordError):
+            full.x = 2  # type: ignore[misc]
 
 
 def test_equality_is_by_exact_class_and_values() -> None:
