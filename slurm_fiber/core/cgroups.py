@@ -73,7 +73,7 @@ from slurm_fiber.core import sha256
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.held_files import forget as forget_held
-from slurm_fiber.core.held_files import read_held
+from slurm_fiber.core.held_files import read_held, write_held
 from slurm_fiber.record import record
 
 if TYPE_CHECKING:
@@ -593,11 +593,7 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     if usage > RENEW_RESIDUE:
         return f"{usage} bytes still charged to it (more than {RENEW_RESIDUE})"
     try:
-        fd = os.open(f"{v1}/memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
+        write_held(v1, "memory.max_usage_in_bytes", b"0")
     except OSError as e:
         return f"its memory.max_usage_in_bytes cannot be reset: {e.strerror}"
     return None

@@ -123,6 +123,11 @@ def read_held(group: str, name: str) -> str:
     return _HELD.read(group, name)
 
 
+def write_held(group: str, name: str, data: bytes) -> None:
+    """``HeldFiles.write`` on fiberd's table. Raises OSError."""
+    _HELD.write(group, name, data)
+
+
 def forget(group: str) -> None:
     """``HeldFiles.forget`` on fiberd's table."""
     _HELD.forget(group)
