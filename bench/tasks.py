@@ -4,7 +4,12 @@ Two workloads, N tasks each: W1 runs ``true``; W2 calls ``square(i)`` (bench/tas
 in an interpreter that has imported the quickstart's twelve preloads. For each system:
 the sequential p50/p99 (one task at a time, submit → result) and the throughput at the
 natural parallelism (``-j``, default the usable CPUs), measured in interleaved rounds so
-a busy moment of the shared machine falls on every system alike:
+a busy moment of the shared machine falls on every system alike. A system is measured
+with no other one working: Dask's cluster, which takes some 10% of a CPU while idle
+(heartbeats, monitors), is started (untimed) for each round of its own and closed after
+it; the others' processes, and fiberd with its template (0.6% idle), stay and wait.
+With it up beside them, the fibers' p50s were 15-25% and their throughputs 12-20%
+worse on this 2-core VM:
 
   subprocess     ``subprocess.run`` per task (W2: ``python -c "import <preloads>; ..."``)
   pool           multiprocessing ``Pool(j)`` (fork), workers hold the preloads
@@ -12,8 +17,8 @@ a busy moment of the shared machine falls on every system alike:
                  (from a ``python -c`` program, as bench/clone.py does: started from a
                  script, every child would re-import the script; its start is not timed)
   parallel       GNU parallel ``-j j`` (throughput only; skipped when not installed)
-  dask           Dask distributed ``LocalCluster(j processes)`` (skipped without the
-                 ``bench`` extra)
+  dask           Dask distributed ``LocalCluster(j processes)``, its workers holding the
+                 preloads and warmed by one task (skipped without the ``bench`` extra)
   fiber          slurm_fiber: W1 an exec Clone of ``true`` through ``TaskRunner`` (the
                  path ``fiberctl map`` takes) given this process's stdout and stderr, as
                  ``subprocess.run`` gives them to its ``true`` (passed none, fiberd would
@@ -98,6 +103,7 @@ FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "ye
          "dask": "no", "fiber": "yes + cgroup", "fibermap": "yes + cgroup"}
 SEQUENTIAL = ("subprocess", "pool", "forkserver", "dask", "fiber")
 
+DASK_GONE_WITHIN = 30.0  # seconds to wait for a closed Dask cluster's processes to exit
 Seq = Callable[[int], None]  # one task, blocking
 Par = Callable[[int], object]  # n tasks at the natural parallelism, blocking; returns the
 # seconds they took (a float) when the runner times itself, else the caller times it
@@ -161,6 +167,7 @@ class Systems:
         self.seq: dict[tuple[str, str], Seq] = {}
         self.batch: dict[tuple[str, str], Batch] = {}
         self.par: dict[tuple[str, str], Par] = {}
+        self.sessions: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {}
         self.cpu: dict[str, dict[str, float]] = {}  # "system/W": CPU seconds by role, tasks
         self.closers: list[Callable[[], None]] = []
         for name in ("subprocess", "pool", "forkserver", "parallel", "dask", "fiber",
@@ -171,6 +178,11 @@ class Systems:
     def close(self) -> None:
         for close in reversed(self.closers):
             close()
+
+    def session(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """What system ``name`` needs up while it is measured, and only then (Dask's
+        cluster); entering it is not timed."""
+        return self.sessions.get(name, contextlib.nullcontext)()
 
     def _cpu_counted(self, key: str, run: Callable[[int], None], daemon: bool) -> Par:
         """``run`` (a throughput run in child processes), also adding up the CPU it cost
@@ -253,17 +265,30 @@ class Systems:
             return
         from bench import taskfns
 
-        cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = Client(cluster)
-        client.run(_import_all, (*self.preloads, FNS))
-        self.closers += [cluster.close, client.close]
-        self.seq["dask", "W1"] = lambda i: client.submit(taskfns.run_true, i, pure=False).result()
-        self.seq["dask", "W2"] = lambda i: client.submit(taskfns.square, i, pure=False).result()
-        self.par["dask", "W1"] = lambda n: client.gather(
-            client.map(taskfns.run_true, range(n), pure=False))
-        self.par["dask", "W2"] = lambda n: client.gather(
-            client.map(taskfns.square, range(n), pure=False))
+        up: list[Client] = []  # the client of the cluster up, while Dask is measured
+
+        @contextlib.contextmanager
+        def cluster() -> Iterator[None]:
+            before = set(multiprocessing.active_children())
+            with LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                client.run(_import_all, (*self.preloads, FNS))
+                client.submit(taskfns.square, 0, pure=False).result()
+                up.append(client)
+                try:
+                    yield
+                finally:
+                    up.clear()
+            for worker in set(multiprocessing.active_children()) - before:
+                worker.join(DASK_GONE_WITHIN)  # its exit is no other system's load
+
+        self.sessions["dask"] = cluster
+        self.seq["dask", "W1"] = lambda i: up[0].submit(taskfns.run_true, i, pure=False).result()
+        self.seq["dask", "W2"] = lambda i: up[0].submit(taskfns.square, i, pure=False).result()
+        self.par["dask", "W1"] = lambda n: up[0].gather(
+            up[0].map(taskfns.run_true, range(n), pure=False))
+        self.par["dask", "W2"] = lambda n: up[0].gather(
+            up[0].map(taskfns.square, range(n), pure=False))
 
     def _fiber(self) -> None:
         from bench import taskfns
@@ -414,23 +439,36 @@ def measure(systems: Systems, n: int, seq_n: int, rounds: int
                                        strict=True)):
         print(f"round {k + 1}/{rounds}: {s_i} sequential and {n_i} parallel tasks per system",
               file=sys.stderr)
-        for (name, w), one in systems.seq.items():
-            samples = seq.setdefault(f"{name}/{w}", [])
-            for i in range(s_i):
-                start = time.perf_counter()
-                one(i)
-                samples.append(time.perf_counter() - start)
-        for (name, w), batch in systems.batch.items():
-            seq.setdefault(f"{name}/{w}", []).extend(batch(s_i))
-        for (name, w), many in systems.par.items():
-            start = time.perf_counter()
-            took = many(n_i)
-            wall = took if isinstance(took, float) else time.perf_counter() - start
-            par.setdefault(f"{name}/{w}", []).append((n_i, wall))
+        for system in dict.fromkeys(name for name, _ in [*systems.seq, *systems.batch,
+                                                         *systems.par]):
+            with systems.session(system):
+                measure_round(systems, system, s_i, n_i, seq, par)
         if "fiber" not in systems.skipped:
             seq.setdefault("clone/call", []).extend(clone_round_trips(
                 systems.site.socket, "call", s_i, grant=GRANT, warmup=1 if k == 0 else 0))
     return seq, par
+
+
+def measure_round(systems: Systems, system: str, seq_n: int, n: int,
+                  seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]]) -> None:
+    """One round of ``system``: its sequential samples (``seq_n`` per workload) and its
+    throughput runs (``n`` tasks each), added to ``seq`` and ``par``."""
+    for (name, w), one in systems.seq.items():
+        if name == system:
+            samples = seq.setdefault(f"{name}/{w}", [])
+            for i in range(seq_n):
+                start = time.perf_counter()
+                one(i)
+                samples.append(time.perf_counter() - start)
+    for (name, w), batch in systems.batch.items():
+        if name == system:
+            seq.setdefault(f"{name}/{w}", []).extend(batch(seq_n))
+    for (name, w), many in systems.par.items():
+        if name == system:
+            start = time.perf_counter()
+            took = many(n)
+            wall = took if isinstance(took, float) else time.perf_counter() - start
+            par.setdefault(f"{name}/{w}", []).append((n, wall))
 
 
 def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
