@@ -5,6 +5,7 @@ single clones (v1, v2) keep working beside it."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.core.api.protocol import MAX_BATCH
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
-from tests.core.runtime.fiberdkit import Site, ThreadFiberd
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
 
 
 def audit_records(served: ThreadFiberd, event: str) -> list[dict[str, object]]:
@@ -70,6 +71,27 @@ def test_each_exit_event_comes_after_its_audit_record(fiberd_served: ThreadFiber
             end = client.wait_exit(within=30)
             exited = {r["fiber"] for r in audit_records(fiberd_served, "fiber_exit")}
             assert end["fiber_id"] in exited
+
+
+def test_a_batchs_items_start_at_once_their_records_sharing_fsyncs(site: Site) -> None:
+    """Under audit_fsync = always, with the fsync helper stopped: every item of a batch is
+    forked and its record written while the first item's fsync has not ended (they wait
+    for fsyncs together, not one each in turn); the batch is answered once they end."""
+    items = [{"key": f"k{i}", "exec": {"argv": ["true"]}} for i in range(3)]
+    keys: list[list[str]] = []
+    with fiberd_in_thread(site, audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        thread = threading.Thread(target=lambda: keys.append(
+            [str(i["key"]) for i in client.clone_batch(items).items]))
+        with fsync_stalled(served):
+            thread.start()
+            deadline = time.monotonic() + 15
+            while len([r for r in audit_records(served, "clone") if r.get("batch")]) < 3:
+                assert time.monotonic() < deadline, "the items waited for each other's fsync"
+                time.sleep(0.02)
+            assert not keys and thread.is_alive()  # none answered before its fsync
+        thread.join(30)
+    assert keys == [["k0", "k1", "k2"]]
 
 
 def test_one_bad_item_is_refused_alone(fiberd_served: ThreadFiberd) -> None:

@@ -26,7 +26,7 @@ from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
 from tests.core.processkit import aio
-from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
 
 
 def marking(log: Path, key: str, seconds: float) -> dict[str, object]:
@@ -137,29 +137,23 @@ def test_a_fiber_that_ends_while_its_record_awaits_the_fsync_frees_its_place(
     helper goes on."""
     log = tmp_path / "log"
     items = [marking(log, f"k{i}", 0) for i in range(3)]
+    answered: list[list[str]] = []
     with fiberd_in_thread(site, audit_fsync="always") as served, \
             FiberdClient(served.path) as client:
-        client.clone(exec={"argv": ["true"]}, wait=True)  # starts the helper
-        client.wait_exit(within=30)
-        helper = served.service._syncer._proc  # type: ignore[union-attr]
-        os.kill(helper.pid, signal.SIGSTOP)
-        answered: list[list[str]] = []
 
         def batch() -> None:
             started = client.clone_batch(items, wait=True, window=1)
             answered.append(stream(client, started.items)[0])
 
         thread = threading.Thread(target=batch)
-        try:
+        with fsync_stalled(served):
             thread.start()
             deadline = time.monotonic() + 15
             while not (log.exists() and log.read_text().split().count("-k2")):
                 assert time.monotonic() < deadline, "the window waited for the fsync"
                 time.sleep(0.02)
             assert not answered and thread.is_alive()  # none answered before its fsync
-        finally:
-            os.kill(helper.pid, signal.SIGCONT)
-            thread.join(30)
+        thread.join(30)
     assert answered == [["k0", "k1", "k2"]]
     assert most_at_once(log) == 1
     assert [r.get("batch") for r in audit(served, "clone")] == [None, 3, 3, 3]

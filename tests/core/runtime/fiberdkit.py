@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.config import FiberdConfig, load_config
+from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.core.mint import generate_key, mint
@@ -185,3 +187,19 @@ def fiberd_in_thread(site: Site, **over: object) -> Iterator[ThreadFiberd]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@contextlib.contextmanager
+def fsync_stalled(served: ThreadFiberd) -> Iterator[None]:
+    """``served``'s audit fsync helper (``audit_fsync = always``) stopped for the block and
+    continued after it: meanwhile a Clone's record is written but not made durable, so
+    its Clone is not answered. One Clone of ``true`` starts the helper first."""
+    with FiberdClient(served.path) as client:
+        client.clone(exec={"argv": ["true"]}, wait=True)
+        client.wait_exit(within=30)
+    helper = served.service._syncer._proc  # type: ignore[union-attr]
+    os.kill(helper.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
