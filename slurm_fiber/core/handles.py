@@ -100,10 +100,11 @@ class FiberView:
 
     def on_exit(self, callback: Callable[[FiberExit], None]) -> None:
         """Call ``callback(exit)`` once the fiber and its cgroup are gone, in the loop step
-        after its ``Fiber.on_done`` callbacks (which run in registration order): the
-        runtime's, registered first, has scheduled the write of its audit record in that
-        step, so the record is in the log first (as ``wait()`` sees it, one step on through
-        its shield). Never called when its end was cancelled (fiberd is shutting down)."""
+        after its ``Fiber.on_done`` callbacks. The runtime registers its own as it starts
+        the fiber, and that one schedules the write of the exit record in that step; so
+        for a callback registered once the Clone is answered, the record is in the log
+        first (as ``wait()`` sees it, one step on through its shield). Never called when
+        its end was cancelled (fiberd is shutting down)."""
         def ended(fiber: Fiber) -> None:
             if fiber.exit is not None:
                 asyncio.get_running_loop().call_soon(
