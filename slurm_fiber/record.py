@@ -110,7 +110,7 @@ def _adaptive_init(cls: type) -> Callable[..., None]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _init(self, *args, **kwargs)
         made[0] += 1
-        if made[0] == COMPILE_AFTER:
+        if made[0] >= COMPILE_AFTER:  # (threads may both count past it: both compile)
             type.__setattr__(cls, "__init__", _compiled_init(cls))
 
     return __init__
