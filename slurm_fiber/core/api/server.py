@@ -603,6 +603,9 @@ class _Connection:
         def exited(fiber: FiberHandle, end: FiberExit) -> None:
             ended.append((fiber, end))
             set_done(woken[0])
+            if window is not None:  # the next starts go out now, not once this stream wakes
+                window.ended()
+                window.launch(len(waiting) - len(ended))
 
         def watch(fiber: FiberHandle) -> None:
             waiting[fiber.id] = fiber
