@@ -398,13 +398,17 @@ class Core:
         """One item of ``clone_batch``, its outcome. The items run at once, each decided in
         the order given (a task runs until its fork is asked): the template forks them
         one after another, and under ``audit_fsync = always`` their records share fsyncs
-        rather than waiting for one each in turn."""
+        rather than waiting for one each in turn. Whatever fails one item is that item's
+        outcome (``Service.clone_batch``), so no other item's fiber is left unanswered."""
         try:
             return await self._clone_for(uid, request, stdio, caller, forked)
         except AuditWriteFailed as err:
             log.error("clone refused: %s", err)
             return _audit_failed(err)
         except CloneFailed as err:
+            return err
+        except Exception as err:  # a fault of fiberd's: that item is answered internal
+            log.exception("clone batch item failed")
             return err
 
     async def _clone_for(self, uid: str, request: CloneRequest, stdio: Stdio,

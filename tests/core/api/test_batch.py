@@ -8,12 +8,15 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_fiber.core.api import protocol
 from slurm_fiber.core.api.client import FiberdClient, Refused
 from slurm_fiber.core.api.protocol import MAX_BATCH
+from slurm_fiber.core.api.service import CloneRequest
+from slurm_fiber.core.runtime import Core
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
@@ -92,6 +95,26 @@ def test_a_batchs_items_start_at_once_their_records_sharing_fsyncs(site: Site) -
             assert not keys and thread.is_alive()  # none answered before its fsync
         thread.join(30)
     assert keys == [["k0", "k1", "k2"]]
+
+
+def test_an_item_fiberd_fails_on_is_answered_internal_alone(
+        fiberd_served: ThreadFiberd, monkeypatch: pytest.MonkeyPatch) -> None:
+    start = Core._start
+
+    async def failing(self: Core, grant: Any, decision: Any, request: CloneRequest,
+                      *rest: Any) -> Any:
+        if request.env.get("BREAK"):
+            raise RuntimeError("a fault injected into fiberd")
+        return await start(self, grant, decision, request, *rest)
+
+    monkeypatch.setattr(Core, "_start", failing)
+    items = [{"key": "bad", "exec": {"argv": ["true"]}, "env": {"BREAK": "1"}},
+             {"key": "good", "exec": {"argv": ["true"]}}]
+    with FiberdClient(fiberd_served.path) as client:
+        started = client.clone_batch(items, wait=True)
+        by_key = {i["key"]: i for i in started.items}
+        assert by_key["bad"]["error"]["code"] == "internal" and by_key["good"]["ok"]
+        assert wait_exits(client, 1)[started.fibers()["good"].id]["status"] == 0
 
 
 def test_one_bad_item_is_refused_alone(fiberd_served: ThreadFiberd) -> None:
