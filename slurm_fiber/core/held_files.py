@@ -21,7 +21,7 @@ FileNotFoundError; a move the kernel refuses) is raised as a plain open's or
 write's would be. ``forget(group)`` closes a group's descriptors as it is
 removed, so no descriptor outlives its group for long.
 
-fiberd's table is this module's (``read_held``, ``forget``), behind a lock:
+fiberd's table is this module's (``read_held``, ``write_held``, ``forget``), behind a lock:
 the event loop reads through it and worker threads remove groups
 (``cgroups.remove_tree`` runs off the loop, and forgets what it removes). A
 template keeps a table of its own for its moves, and a process forked from it

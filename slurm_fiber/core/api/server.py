@@ -636,9 +636,7 @@ class _Connection:
                     if fiber.id in results:  # its exit event carries the result: no later one
                         results.pop(fiber.id).cancel()
                     events.append(ok_reply(rid, end.to_json(), "exit", final=False))
-                if window is not None:
-                    if events:
-                        window.ended()
+                if window is not None:  # (``exited`` told it of the ends already)
                     landed, entries = window.land(done, len(waiting))
                     for fiber in landed:
                         watch(fiber)

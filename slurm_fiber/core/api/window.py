@@ -127,7 +127,7 @@ class BatchWindow:
         may be tried again (as on ``ended``)."""
         if index in self._unlanded:
             self._ended.add(index)
-            self.held = False
+            self.ended()
             self.woken()
 
     def ended(self) -> None:
