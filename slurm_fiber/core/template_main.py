@@ -16,14 +16,15 @@ In order, the template:
    SIGKILLed) and leaves fiberd's session (a Ctrl-C at fiberd's terminal
    does not reach it);
 2. reads the ``warm`` order, joins its cgroup leaf (before any grant code),
-   imports ``preload``, runs ``warm``, then ``gc.freeze()``s its heap so
-   fibers keep sharing it; reports ``ready``, or ``warm_failed`` with the
-   error class and one line, and exits;
+   imports ``preload``, runs ``warm``, chooses how it forks (core/lean_fork.py:
+   libc's ``fork`` when it has one thread, else ``os.fork``), then
+   ``gc.freeze()``s its heap so fibers keep sharing it; reports ``ready``, or
+   ``warm_failed`` with the error class and one line, and exits;
 3. serves ``spare`` orders: each forks one *spare*, a fiber process made
    ahead of its Clone. The spare, before any user code, arms
    PR_SET_PDEATHSIG against the template, writes itself into its own cgroup,
    becomes a process-group leader, drops the template's sockets and signal
-   set-up and reseeds RNGs (random by CPython's own at-fork hook; numpy if
+   set-up and reseeds RNGs (random by its own at-fork handler; numpy if
    imported); then it blocks on its order channel (a SEQPACKET socket whose
    other end fiberd holds). Its order (one message, straight from fiberd)
    brings the fiber's id and its stdio fds; it takes its stdio
@@ -105,6 +106,7 @@ from slurm_fiber.core.fiber_setup import (
     write_control,
 )
 from slurm_fiber.core.held_files import HeldFiles
+from slurm_fiber.core.lean_fork import LeanFork
 from slurm_fiber.core.prctl import die_with_parent
 from slurm_fiber.safefs import UnsafePath, open_dir
 
@@ -172,10 +174,12 @@ def _warm(order: wire.Message) -> None:
 class Server:
     """The template's fork-and-reap loop (blocking, single-threaded)."""
 
-    def __init__(self, sock: socket.socket, home: wire.Message) -> None:
+    def __init__(self, sock: socket.socket, home: wire.Message,
+                 fork: Callable[[], int] = os.fork) -> None:
         """``home``: the ``warm`` order, whose ``cgroup`` and ``also`` are this process's
-        own groups (a spawn comes back to them)."""
+        own groups (a spawn comes back to them); ``fork`` forks each spare (core/lean_fork.py)."""
         self.sock = sock
+        self.fork = fork
         self.pid = os.getpid()
         self.home = {"cgroup": home.get("cgroup"), "also": home.get("also")}
         self.doors = HeldFiles(exec_spawn.DOORS_KEPT)  # cgroup.procs kept for spawns
@@ -311,7 +315,7 @@ class Server:
         # and then meet the fiber's dispositions, never the template's.
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _FIBER_SIGNALS)
         try:
-            pid = os.fork()
+            pid = self.fork()
         except OSError as e:
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
             os.close(order_fd)
@@ -472,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     safe_sys_path()
     die_with_parent(opts.parent, signal.SIGTERM)
     os.setsid()
+    forker = LeanFork()
     sock = socket.socket(fileno=opts.fd)
     sock.setblocking(True)
     data = sock.recv(wire.MAX_MESSAGE + 1)
@@ -484,10 +489,13 @@ def main(argv: list[str] | None = None) -> int:
         _send(sock, {"t": "warm_failed", "error": type(e).__name__,
                      "message": wire.one_line(e)})
         return 1
+    why = forker.ready()
+    if why is not None:
+        print(f"template: forking with os.fork: {why}", file=sys.stderr)
     gc.collect()
     gc.freeze()
     _send(sock, {"t": "ready", "pid": os.getpid(), "modules": len(sys.modules)})
-    server = Server(sock, warm)
+    server = Server(sock, warm, forker.fork)
     try:
         server.serve()
     except exec_spawn.Stranded as e:

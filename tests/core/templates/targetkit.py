@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,3 +97,33 @@ def wait_for_interrupt() -> None:
 def blocked_signals() -> list[int]:
     """The signals this fiber's thread blocks (its template blocks SIGCHLD for itself)."""
     return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+FORK_SEEN: dict[str, int] = {}  # which at-fork handler ran in which process (pid)
+
+
+def register_fork_handlers() -> None:
+    """A warm hook that registers at-fork handlers, as a preloaded library may."""
+    os.register_at_fork(before=lambda: FORK_SEEN.update(before=os.getpid()),
+                        after_in_parent=lambda: FORK_SEEN.update(parent=os.getpid()),
+                        after_in_child=lambda: FORK_SEEN.update(child=os.getpid()))
+
+
+def fork_seen() -> dict[str, int]:
+    """The handlers' record as this fiber sees it, with its own pid and its parent's."""
+    return {**FORK_SEEN, "self": os.getpid(), "ppid": os.getppid()}
+
+
+def start_a_thread() -> None:
+    """A warm hook that leaves a thread running in the template."""
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+
+def threads_work() -> list[object]:
+    """Start, join and name a thread; what threading says of this fiber's own."""
+    seen: list[str] = []
+    worker = threading.Thread(target=lambda: seen.append(threading.current_thread().name))
+    worker.start()
+    worker.join(10)
+    return [seen, threading.current_thread() is threading.main_thread(),
+            threading.active_count(), threading.get_ident() == threading.main_thread().ident]
