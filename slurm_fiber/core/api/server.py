@@ -327,9 +327,10 @@ class _Connection:
             err = ApiError(ErrorCode.INTERNAL, f"the reply could not be encoded: {e}")
             return encode_frame(error_reply(message.get("id"), err))  # type: ignore[arg-type]
 
-    async def send(self, message: dict[str, object]) -> None:
-        """Send one reply; raises PeerGone when the client is gone."""
-        data = self._encode(message)
+    async def send(self, *messages: dict[str, object]) -> None:
+        """Send replies, in order, in one write (a stream's events of one loop step: one
+        wake-up of the client, not one each); raises PeerGone when the client is gone."""
+        data = b"".join(self._encode(message) for message in messages)
         try:
             try:
                 sent = self.sock.send(data)
@@ -625,11 +626,11 @@ class _Connection:
                                              return_when=asyncio.FIRST_COMPLETED)
                 if woken[0].done():
                     woken[0] = asyncio.get_running_loop().create_future()
+                events = []
                 for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
                     del results[fiber_id]  # sent before its exit event, which ends it
                     if (event := written.result()) is not None:
-                        await self.send(ok_reply(rid, event, "result", final=False))
-                events = []
+                        events.append(ok_reply(rid, event, "result", final=False))
                 news, ended[:] = list(ended), []
                 for fiber, end in news:
                     del waiting[fiber.id]
@@ -646,8 +647,7 @@ class _Connection:
                                                final=False))
                 if events:
                     events[-1]["final"] = not (waiting or (window is not None and window.pending))
-                for event in events:
-                    await self.send(event)
+                    await self.send(*events)
                 if reading not in done:
                     continue
                 self.pending_read = None
