@@ -234,6 +234,7 @@ class Map:
         self.total = total
         self.share = share
         self.host = share.node if share is not None else ":"
+        self.cwd = os.getcwd()  # each exec task's, as it was when the map began
         self.halt: Halt | None = opts.halt
         self.lock = threading.Lock()
         self.stopping = False
@@ -363,7 +364,7 @@ class Map:
         if self.opts.call is not None:
             return Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
                         timeout=self.opts.timeout)
-        return Task(exec={"argv": words, "cwd": os.getcwd()}, stdio=stdio,
+        return Task(exec={"argv": words, "cwd": self.cwd}, stdio=stdio,
                     timeout=self.opts.timeout)
 
     def output(self, outcome: Outcome, out: int, err: int) -> tuple[bytes, bytes]:
@@ -431,10 +432,12 @@ class Map:
         if self.progress:
             sys.stderr.write("\r\033[K")
         sys.stdout.flush()
-        sys.stdout.buffer.write(stdout)
-        sys.stdout.flush()
-        sys.stderr.buffer.write(stderr)
-        sys.stderr.flush()
+        if stdout:  # (an empty one would still cost a write)
+            sys.stdout.buffer.write(stdout)
+            sys.stdout.flush()
+        if stderr:
+            sys.stderr.buffer.write(stderr)
+            sys.stderr.flush()
         end = outcome.exit or {}
         signum = end.get("signal") if isinstance(end.get("signal"), int) else 0
         exitval = -1 if outcome.timed_out or outcome.exit is None else (
