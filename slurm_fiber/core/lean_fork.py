@@ -1,17 +1,18 @@
 """The warm template's fork: libc's ``fork`` where the process has one thread, not ``os.fork``.
 
 ``os.fork`` (CPython 3.11) re-initialises, in the child, the runtime's locks, the GIL and
-the thread states, and runs every ``os.register_at_fork`` handler. A call fiber pays for
-that about 100 copy-on-write faults of the heap it shares with the template (each page
-written is copied) and 0.3 ms of CPU before its first line. In a process with one
+the thread states, and runs every ``os.register_at_fork`` handler. A call fiber paid for
+that about 80 copy-on-write faults of the heap it shares with the template (each page
+written is copied) and 0.2 ms of CPU (docs/design.md, "Templates"). In a process with one
 thread most of it changes nothing: no lock can be held by a thread the fork did not
 copy, the caller holds the GIL across the call (``ctypes.PyDLL``), and threading's
 tables name only the caller, whose ident the child keeps. So ``LeanFork.fork`` calls
 libc's ``fork`` and runs the at-fork handlers itself, as ``os.fork`` does (the
 ``before`` ones newest first, then ``after_in_parent`` or ``after_in_child`` in the order
 they were registered; an exception in one is written to stderr and the others still
-run), all but those that only guard the fork against other threads (``NOOPS``):
-threading's, logging's and concurrent.futures' lock handlers. random's reseed runs.
+run), all but those that only guard the fork against other threads
+(``_single_thread_noops``: threading's, logging's and concurrent.futures' lock
+handlers). random's reseed runs, as does any handler a preload registered.
 
 Called by the template only (core/template_main.py): ``LeanFork()`` before ``ready()``,
 so its markers name the interpreter's handler lists; ``ready()`` after the warm, when
@@ -51,20 +52,17 @@ class LeanFork:
         its preloads)."""
         self.markers = {kind: _Marker() for kind in _KINDS}
         os.register_at_fork(**self.markers)
-        self.lists: dict[str, Handlers] | None = None
-        self.why_not = "not checked yet"
+        self.lists: dict[str, Handlers] | None = None  # chosen by ``ready``
 
     def ready(self) -> str | None:
         """Choose libc's fork when it is safe; None when chosen, else why not (one line, for
         the template's log). Call once, after the warm and before ``gc.freeze``."""
         threads = _thread_count()
         if threads != 1:
-            self.why_not = f"the template has {threads} threads after its warm"
-            return self.why_not
+            return f"the template has {threads} threads after its warm"
         lists = {kind: _list_holding(marker) for kind, marker in self.markers.items()}
         if any(handlers is None for handlers in lists.values()):
-            self.why_not = "the interpreter's at-fork handler lists were not found"
-            return self.why_not
+            return "the interpreter's at-fork handler lists were not found"
         noops = [*self.markers.values(), *_single_thread_noops()]
         self.lists = {kind: [h for h in handlers or [] if not any(h == n for n in noops)]
                       for kind, handlers in lists.items()}
