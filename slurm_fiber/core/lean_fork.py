@@ -17,10 +17,12 @@ handlers). random's reseed runs, as does any handler a preload registered.
 Called by the template only (core/template_main.py): ``LeanFork()`` before ``ready()``,
 so its markers name the interpreter's handler lists; ``ready()`` after the warm, when
 no more code registers a handler or starts a thread, and before ``gc.freeze`` (``gc``
-finds the lists only among the objects it still tracks). Where the lists are not found
-or the process has more than one thread, ``fork`` is ``os.fork``. Not done: ``os.fork``'s
-audit event, and dropping signals caught but not yet handled (the template blocks the
-signals it handles around each fork).
+finds the lists only among the objects it still tracks). What ``os.fork`` re-initialises
+was read in CPython 3.11's; on another version or implementation (3.12 and 3.13 do more
+in the child, threading's handler too), where the lists are not found or where the
+process has more than one thread, ``fork`` is ``os.fork``. Not done: ``os.fork``'s audit
+event, and dropping signals caught but not yet handled (the template blocks the signals
+it handles around each fork).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import traceback
 from collections.abc import Callable, Iterable
 
 _KINDS = ("before", "after_in_parent", "after_in_child")
+VERIFIED_ON = ("cpython", (3, 11))  # the interpreter whose os.fork this was checked against
 Handlers = list[Callable[[], object]]
 
 
@@ -57,6 +60,10 @@ class LeanFork:
     def ready(self) -> str | None:
         """Choose libc's fork when it is safe; None when chosen, else why not (one line, for
         the template's log). Call once, after the warm and before ``gc.freeze``."""
+        if (sys.implementation.name, sys.version_info[:2]) != VERIFIED_ON:
+            return (f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}"
+                    f" is not the {VERIFIED_ON[0]} {VERIFIED_ON[1][0]}.{VERIFIED_ON[1][1]} "
+                    "whose os.fork this replaces")
         threads = _thread_count()
         if threads != 1:
             return f"the template has {threads} threads after its warm"

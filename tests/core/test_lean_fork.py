@@ -1,6 +1,7 @@
 """LeanFork (core/lean_fork.py) in a fresh interpreter: the at-fork handlers run in
 os.fork's order and places, one that raises is reported and the rest still run, the
-guards a single thread does not need are left out, and a second thread means os.fork."""
+guards a single thread does not need are left out, and a second thread, or an interpreter
+other than the one it was checked against, means os.fork."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json, logging, os, random, sys, threading, time
+    from slurm_fiber.core import lean_fork
     from slurm_fiber.core.lean_fork import LeanFork
 
     forker = LeanFork()
@@ -23,6 +27,8 @@ SCRIPT = textwrap.dedent("""
             os.register_at_fork(after_in_child=lambda: 1 / 0)
     if sys.argv[1] == "thread":
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    if sys.argv[1] == "other":  # an interpreter the replacement was not checked against
+        lean_fork.VERIFIED_ON = ("cpython", (3, 99))
     why = forker.ready()
     left = sorted(h.__qualname__ for hs in (forker.lists or {}).values() for h in hs)
     r, w = os.pipe()
@@ -61,9 +67,14 @@ def test_only_the_guards_a_single_thread_needs_not_are_left_out():
                                     "_after_at_fork_child")) for name in left)
 
 
-def test_a_second_thread_means_os_fork():
-    out, err = _run("thread")
-    assert out["why"] == "the template has 2 threads after its warm"
+@pytest.mark.parametrize(("mode", "why"), [
+    ("thread", "the template has 2 threads after its warm"),
+    ("other", f"cpython {sys.version_info[0]}.{sys.version_info[1]} is not the cpython 3.99 "
+              "whose os.fork this replaces"),
+])
+def test_a_second_thread_or_another_interpreter_means_os_fork(mode: str, why: str):
+    out, err = _run(mode)
+    assert out["why"] == why
     assert out["left"] == []  # lists unused: os.fork runs the handlers
     assert out["parent"] == ["before2", "before1", "parent1", "parent2"]
     assert out["child"] == ["before2", "before1", "child1", "child2"]
