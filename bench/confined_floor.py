@@ -5,7 +5,7 @@ no daemon, measured on this host.
 processes at once, released together. Each holds one leaf of its own in every cgroup
 hierarchy listed (``fiber_hierarchies``: where a fiber of fiberd's cgroup mode and
 backend is placed here, the unified hierarchy and, on a hybrid host, each v1
-hierarchy fiberd carves) and, per task, starts a fresh process in those leaves:
+hierarchy fiberd carves a group per fiber in) and, per task, starts a fresh process in those leaves:
 
   W1        ``true`` spawned (``os.posix_spawn``: vfork and exec, no copy of the worker's
             page tables) while the worker itself sits in the leaves: it joins them (one
@@ -49,7 +49,7 @@ from pathlib import Path
 
 from cgroup_join import own_dir  # bench/cgroup_join.py: this process's cgroup v2 directory
 
-from slurm_fiber.core.cgroups import V1_LIMITED, V1Layout
+from slurm_fiber.core.cgroups import V1_LIMITED, V1_NOT_PER_FIBER, V1Layout
 
 _WORKER = """
 import gc, json, os, sys, time
@@ -120,11 +120,13 @@ WORKLOADS = ("W1", "W1-fork", "W2")
 
 def fiber_hierarchies(carved: bool, backend: str | None) -> list[str]:
     """The hierarchies a fiber joins here: none uncarved; the unified one; and on a hybrid
-    backend each v1 hierarchy fiberd carves that this host mounts."""
+    backend each v1 hierarchy fiberd carves that this host mounts and gives each fiber a
+    group in (not cpu: a fiber keeps its template's)."""
     if not carved:
         return []
     v1 = V1Layout.of_self()
-    mounted = [c for c in V1_LIMITED if c in v1.mounts] if backend == "hybrid" else []
+    mounted = [c for c in V1_LIMITED if c in v1.mounts and c not in V1_NOT_PER_FIBER] \
+        if backend == "hybrid" else []
     return ["unified", *mounted]
 
 

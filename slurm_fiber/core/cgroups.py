@@ -34,7 +34,9 @@ memory, pids, cpu and devices hierarchies under fiberd's own v1 cgroups
 (``V1Layout``, ``mirrors``); the limits of those controllers are written and
 read back there (``write_limits_v1``), devices are denied but the grant's
 own and the pseudo-devices (``confine_devices``), and every process joins
-its v1 groups before its primary one (spares do it before any Clone). OOM
+its v1 groups before its primary one (spares do it before any Clone). The cpu
+hierarchy stops at the template: a grant's fibers stay in their template's
+cpu group (``mirrors``), under the grant's quota like it. OOM
 kills are read from ``memory.events`` or the v1 ``memory.oom_control``
 (``oom_kills``). With ``v1``, the primary tree is the v1 freezer hierarchy:
 stop freezes, kills and thaws; emptiness is polled from ``cgroup.procs``.
@@ -85,6 +87,7 @@ CPU_PERIOD_US = 100_000
 SLOTS_PER_GROUP = 100  # slot leaves per group cgroup (see the module doc)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+FIBERS = "fibers"  # a grant cgroup's subtree of slot groups and leaves (GrantCgroup.fibers)
 
 
 @record(frozen=True)
@@ -141,7 +144,7 @@ class GrantCgroup:
     @property
     def fibers(self) -> Path:
         """The parent of every slot leaf (spares and fibers), not of the template."""
-        return self.path / "fibers"
+        return self.path / FIBERS
 
     def group(self, name: str) -> Path:
         """The slot group ``name`` (a cgroup under ``fibers``)."""
@@ -387,6 +390,7 @@ def memory_peak(cgroup: Path) -> int | None:
 # ---------------------------------------------------------------- cgroup v1 (and hybrid)
 
 V1_LIMITED: tuple[str, ...] = ("memory", "pids", "cpu", "devices")  # v1 hierarchies carved
+V1_NOT_PER_FIBER: tuple[str, ...] = ("cpu",)  # where fibers keep their template's group
 V1_TREE_PREFIX = "slurm-fiber."  # + pid: fiberd's carving root in each v1 hierarchy
 PROC_MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -472,9 +476,22 @@ _MIRRORS: dict[Path, tuple[Path, ...]] = {}
 def mirrors(cgroup: Path) -> tuple[Path, ...]:
     """The v1 groups ``cgroup`` is mirrored in (a process joins them all); () for none.
     Cached (cleared as mirrors are registered or dropped): a leaf the pool hands out again
-    is asked at each spawn and each end."""
+    is asked at each spawn and each end.
+
+    Groups under a grant's ``fibers`` have no cpu mirror (``V1_NOT_PER_FIBER``): a fiber
+    stays in its template's cpu group, under the grant's quota as the template is. The
+    kernel reschedules a running process that changes cpu group; a template moving itself
+    back from a leaf it had just spawned a program in gave that program its CPU and waited
+    for it to yield while another CPU idled (docs/design.md, "cgroup v1 and hybrid
+    hosts"). What is lost: the grant's CPU is shared per thread among its template and
+    fibers, not per fiber."""
     found = _mirrored(cgroup)
-    return tuple(m / found[1] for m in found[0]) if found else ()
+    if found is None:
+        return ()
+    roots, relative = found
+    if relative.split("/")[1:2] == [FIBERS]:
+        roots = tuple(m for m in roots if not any(_carries(m, c) for c in V1_NOT_PER_FIBER))
+    return tuple(m / relative for m in roots)
 
 
 def _mirror(cgroup: Path, controller: str) -> Path | None:

@@ -47,7 +47,7 @@ from slurm_fiber.core.fiber_setup import exec_argv, exec_env, join, stdio_fds
 from slurm_fiber.core.held_files import HeldFiles
 
 DOORS_KEPT = 32  # groups whose cgroup.procs a template keeps open (its own and those of
-# the leaves it spawned into last: five per leaf on a hybrid host)
+# the leaves it spawned into last: four per leaf on a hybrid host)
 
 
 class Refused(Exception):

@@ -10,7 +10,7 @@ carry over to the next fiber (``cgroups.renew_memory``: a v1 memory mirror's
 peak is reset when no more than a small residue is left charged to it; v2's
 ``memory.peak`` cannot be reset for every reader), it holds sub-cgroups, the pool is closed
 or already holds enough; otherwise it is removed in the background. So a
-Clone creates and removes no cgroup (on a hybrid host, none of the five
+Clone creates and removes no cgroup (on a hybrid host, none of the four
 it would otherwise make and remove each time). Removals are queued and done by one
 worker thread at a time, in batches (all queued while the last batch ran): an
 rmdir takes the kernel's cgroup lock, and thousands of fibers ending at once

@@ -249,9 +249,14 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
         leaf = grant.slot("f1")
         cgroups.mkdir_group(leaf.parent)
         cgroups.mkdir(leaf)
+        # No cpu mirror under fibers: a fiber stays in its template's cpu group.
         assert cgroups.mirrors(leaf) == tuple(v1[c] / name / "fibers" / "group-0" / "slot-f1"
-                                              for c in v1)
+                                              for c in v1 if c != "cpu")
+        assert cgroups.mirrors(leaf.parent) == tuple(v1[c] / name / "fibers" / "group-0"
+                                                     for c in v1 if c != "cpu")
+        assert cgroups.mirrors(grant.template) == tuple(v1[c] / name / "template" for c in v1)
         assert all(m.is_dir() for m in cgroups.mirrors(leaf))
+        assert not (v1["cpu"] / name / "fibers").exists()
         asyncio.run(mgr.remove_grant("u:1"))
         assert not any((v1[c] / name).exists() for c in v1)
     finally:

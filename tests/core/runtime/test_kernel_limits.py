@@ -154,6 +154,42 @@ def test_a_fork_bomb_stops_at_the_pids_limit(site: Site, backend: str) -> None:
     assert end["exit_code"] is not None and 0 < end["exit_code"] < 16, end  # type: ignore[operator]
 
 
+SPIN = """
+import sys, time
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    pass
+sys.exit(round(100 * time.process_time()))
+"""
+
+
+def groups(text: str) -> dict[str, str]:
+    """A /proc/<pid>/cgroup text as hierarchy -> group."""
+    return dict(line.split(":", 2)[1:] for line in text.splitlines())  # type: ignore[misc]
+
+
+@needs_root
+def test_fibers_stay_in_their_templates_cpu_group_and_the_grants_quota_binds_them(
+        site: Site, backend: str, tmp_path: Path) -> None:
+    # In the v1 cpu hierarchy a fiber, spawned or forked from a spare, stays in its
+    # template's group (cgroups.mirrors); memory, pids and devices give it its own leaf.
+    site.drop(cpu=0.2)
+    seen = tmp_path / "spawned"
+    copy = "import shutil, sys; shutil.copy('/proc/self/cgroup', sys.argv[1])"
+    with serving(site, backend) as sock, FiberdClient(sock) as client:
+        assert run(sock, "g1", copy, str(seen))["exit_code"] == 0
+        client.clone(grant="g1", wait=True, call={"target": "tests.core.runtime.targetkit:cgroups"})
+        called = client.wait_exit(within=60)
+        spun = run(sock, "g1", SPIN)
+    spawned, forked = groups(seen.read_text()), groups(str(called["result"]))
+    assert spawned["cpu"] == forked["cpu"] and spawned["cpu"].endswith("/template"), spawned
+    for hierarchy in ("memory", "pids", "devices"):
+        assert "/fibers/" in spawned[hierarchy] and "/fibers/" in forked[hierarchy]
+    assert spawned["memory"] != forked["memory"]
+    # The quota, 0.2 CPU on the grant's group, holds a second of spinning to about 0.2 s.
+    assert spun["exit_code"] is not None and 5 <= spun["exit_code"] <= 40, spun  # type: ignore[operator]
+
+
 OPEN = """
 import os, sys
 try:
