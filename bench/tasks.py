@@ -69,6 +69,7 @@ per task, each fiber's exit record riding on the next). Its ratios join the targ
 from __future__ import annotations
 
 import argparse
+import compileall
 import concurrent.futures as cf
 import contextlib
 import json
@@ -669,6 +670,11 @@ def main() -> int:
             parser.error("--in-job runs inside the bench's own job, with --out")
         opts.out.write_text(json.dumps(slurm_in_job(opts.n, seq_n, opts.jobs, rounds)))
         return 0
+    # Every process measured imports compiled bytecode, as from an installed package, even
+    # where PYTHONDONTWRITEBYTECODE kept a checkout's stale: a fiberctl compiling fibermap
+    # from source spent 15 ms of its start on it.
+    for tree in (CHECKOUT / "slurm_fiber", CHECKOUT / "bench"):
+        compileall.compile_dir(tree, quiet=1)
     preloads = tuple(DEFAULT_PRELOADS)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT),
                                                              os.environ.get("PYTHONPATH")]))
