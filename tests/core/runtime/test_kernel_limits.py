@@ -165,7 +165,8 @@ sys.exit(round(100 * time.process_time()))
 
 def groups(text: str) -> dict[str, str]:
     """A /proc/<pid>/cgroup text as hierarchy -> group."""
-    return dict(line.split(":", 2)[1:] for line in text.splitlines())  # type: ignore[misc]
+    return {hierarchy: group for _, hierarchy, group in
+            (line.split(":", 2) for line in text.splitlines())}
 
 
 @needs_root
@@ -178,7 +179,8 @@ def test_fibers_stay_in_their_templates_cpu_group_and_the_grants_quota_binds_the
     copy = "import shutil, sys; shutil.copy('/proc/self/cgroup', sys.argv[1])"
     with serving(site, backend) as sock, FiberdClient(sock) as client:
         assert run(sock, "g1", copy, str(seen))["exit_code"] == 0
-        client.clone(grant="g1", wait=True, call={"target": "tests.core.runtime.targetkit:cgroups"})
+        client.clone(grant="g1", wait=True,
+                     call={"target": "tests.core.runtime.targetkit:cgroups"})
         called = client.wait_exit(within=60)
         spun = run(sock, "g1", SPIN)
     spawned, forked = groups(seen.read_text()), groups(str(called["result"]))
