@@ -6,13 +6,17 @@ next. For each release it runs `docker/slurm-cluster/cluster up --release R` (wh
 builds what is missing: the debootstrap base and the images are cached outside the repo,
 so a warm `up` takes seconds) and `cluster down` after the release's tests (the
 engine it started is stopped, and the node cgroups it made for Slurm's cgroup/v2 must be
-gone; the next `up` starts it again in about a second). Needs
+gone; the next `up` starts it again in about a second). The machine has one engine and
+one cluster at a time: a release's tests hold ``/run/slurm-fiber-cluster-session.lock``
+from its `up` to its `down` (``./dev test`` builds under the same lock), so two test runs
+on one machine take turns rather than bring each other's cluster down. Needs
 root; without root it skips (which CI turns into a failure). Tests talk to the cluster
 only through `docker exec` (``ContainerCluster.run``), jobs as job users via runuser.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -26,6 +30,7 @@ import pytest
 CLUSTER = Path(__file__).resolve().parents[2] / "docker" / "slurm-cluster" / "cluster"
 RELEASES = tuple(os.environ.get("SLURM_FIBER_CONTAINER_RELEASES", "22.05,24.11,26.05")
                  .split(","))
+SESSION_LOCK = Path("/run/slurm-fiber-cluster-session.lock")
 UP_TIMEOUT_S = 1800  # a cold build of one release: debootstrap, apt, wheels (minutes)
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                       "OUT_OF_MEMORY"})
@@ -73,6 +78,13 @@ def container_cluster(request: pytest.FixtureRequest) -> Iterator[ContainerClust
     if os.geteuid() != 0:
         pytest.skip("the container cluster needs root (it starts dockerd)")
     release = request.param
+    with open(SESSION_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _release_up(release)
+
+
+def _release_up(release: str) -> Iterator[ContainerCluster]:
+    """Bring ``release`` up, yield it, bring it down and check its node cgroups are gone."""
     up = cluster("up", "--release", release, timeout=UP_TIMEOUT_S)
     if up.returncode != 0:
         cluster("down")
