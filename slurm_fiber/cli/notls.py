@@ -4,8 +4,8 @@ asyncio imports ``ssl`` whenever it can (asyncio.base_events, selector_events
 and sslproto each try it and keep ``ssl = None`` on ImportError), and ``ssl``
 maps libssl and builds its module: about 1 MB of a fiberd's PSS (measured),
 for TLS that neither the Slurm nor the standalone home ever speaks. fiberd's
-own socket is a Unix socket, and its signature checks call libcrypto without
-``ssl`` (core/ossl.py).
+own socket is a Unix socket, and its signature checks (``cryptography``, core/trust.py)
+need no ``ssl``.
 
 ``import_asyncio_without_tls()`` imports asyncio with ``ssl`` hidden during
 that one import. asyncio then has no TLS (a connection or server with ``ssl``

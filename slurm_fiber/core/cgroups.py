@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import os
 import re
 import signal
@@ -71,7 +72,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slurm_fiber.core import sha256
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import Limits
 from slurm_fiber.core.held_files import forget as forget_held
@@ -166,7 +166,7 @@ def safe_name(uid: str) -> str:
     """
     if _SAFE_NAME.fullmatch(uid) and uid not in {".", ".."}:
         return uid
-    digest = sha256.hexdigest(uid.encode())[:10]
+    digest = hashlib.sha256(uid.encode()).hexdigest()[:10]
     return re.sub(r"[^A-Za-z0-9._-]", "_", uid)[:100] + "-" + digest
 
 

@@ -1,24 +1,21 @@
 """Trusted issuers: each a JWKS file of public keys, re-read when it changes.
 
 A ``TrustStore`` maps issuer names to JWKS files. Keys are parsed once into
-key objects, each pinned to one algorithm taken from the key itself
-(OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token; ``verify``
-checks a signature with such a key through the libcrypto Python's own OpenSSL
-modules use (core/ossl.py, which imports no ``ssl``; neither PyJWT, whose
-package brings x509 and an HTTP client, nor ``cryptography``, 7.6 MB of a
-job's fiberd, is imported to verify). ``public_jwk`` (for whoever mints: the
-CLI, the prolog, tests) takes ``cryptography`` keys and imports it when
-called. Any other key
-(RSA, oct, other curves, private material, no ``kid``, a duplicate ``kid``, an
-``alg`` or ``use`` that contradicts the key) is not loaded, and the store says
-why. Every lookup costs one ``stat``: when the file's (mtime_ns, size, inode)
-changes it is re-read, so a rotated JWKS takes effect without a restart. A
-file modified within the last ``RACY_WINDOW_NS`` is re-read on every lookup
-until it is older (as git does for "racy" index entries), because a second
-in-place rewrite inside one timestamp tick would leave the stamp unchanged. A
-file that cannot be read or parsed keeps the issuer's last good keys; the
-error is reported once (to ``on_problem`` and in ``problems()``) until it
-changes. Not thread-safe: used from one event loop or one command.
+``cryptography`` key objects, each pinned to one algorithm taken from the key
+itself (OKP/Ed25519 → EdDSA, EC/P-256 → ES256), never from a token; ``verify``
+checks a JWS signature with such a key through ``cryptography``. ``public_jwk``
+(for whoever mints: the CLI, the prolog, tests) gives a key's public JWK. Any
+other key (RSA, oct, other curves, private material, no ``kid``, a duplicate
+``kid``, an ``alg`` or ``use`` that contradicts the key, a point not on the
+curve) is not loaded, and the store says why. Every lookup costs one ``stat``:
+when the file's (mtime_ns, size, inode) changes it is re-read, so a rotated
+JWKS takes effect without a restart. A file modified within the last
+``RACY_WINDOW_NS`` is re-read on every lookup until it is older (as git does
+for "racy" index entries), because a second in-place rewrite inside one
+timestamp tick would leave the stamp unchanged. A file that cannot be read or
+parsed keeps the issuer's last good keys; the error is reported once (to
+``on_problem`` and in ``problems()``) until it changes. Not thread-safe: used
+from one event loop or one command.
 """
 
 from __future__ import annotations
@@ -30,18 +27,21 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from slurm_fiber.core.ossl import PublicKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
 from slurm_fiber.record import record
-
-if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 _B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
 MAX_JWKS_BYTES = 1 << 20
 RACY_WINDOW_NS = 2_000_000_000
+
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
 @record(frozen=True)
@@ -54,13 +54,10 @@ class TrustedKey:
     key: PublicKey
 
 
-def public_jwk(key: ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
-               | ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> dict[str, str]:
+def public_jwk(key: PublicKey | ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+               ) -> dict[str, str]:
     """The public JWK of a ``cryptography`` key with ``kid`` (RFC 7638 thumbprint), ``alg``
     and ``use``. ValueError for a key neither Ed25519 nor P-256."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
     private = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
     pub = key.public_key() if isinstance(key, private) else key
     if isinstance(pub, ed25519.Ed25519PublicKey):
@@ -74,8 +71,6 @@ def public_jwk(key: ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
     else:
         raise ValueError("only Ed25519 and P-256 keys are supported")
     canonical = json.dumps(members, separators=(",", ":"), sort_keys=True)
-    # cryptography's SHA-256 (loaded with ec anyway), not hashlib: its OpenSSL binding
-    # costs ~4 ms, and the prolog computes this kid for every token it mints.
     digest = hashes.Hash(hashes.SHA256())
     digest.update(canonical.encode())
     kid = _b64(digest.finalize())
@@ -115,17 +110,37 @@ def parse_jwks(issuer: str, data: bytes) -> tuple[dict[str, TrustedKey], list[st
 
 def verify(alg: str, key: PublicKey, message: bytes, signature: bytes) -> bool:
     """Whether ``signature`` (as a JWS carries it: Ed25519's 64 bytes, or ES256's raw
-    32-byte r and s) signs ``message`` under ``key`` with ``alg`` (EdDSA or ES256); False
-    for any other algorithm, or a key not of it."""
-    return alg == key.alg and key.verify(message, signature)
+    32-byte r and s, RFC 7518 §3.4) signs ``message`` under ``key`` with ``alg`` (EdDSA or
+    ES256); False for any other algorithm, or a key not of it."""
+    try:
+        if alg == "EdDSA" and isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(signature, message)
+            return True
+        if alg == "ES256" and isinstance(key, ec.EllipticCurvePublicKey) \
+                and len(signature) == 64:
+            der = encode_dss_signature(int.from_bytes(signature[:32], "big"),
+                                       int.from_bytes(signature[32:], "big"))
+            key.verify(der, message, ec.ECDSA(hashes.SHA256()))
+            return True
+    except InvalidSignature:
+        pass
+    return False
 
 
 def _ed25519_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
-    return PublicKey.ed25519(_coordinate(jwk, "x"))
+    raw = _coordinate(jwk, "x")
+    if len(raw) != 32:
+        raise ValueError("an Ed25519 key is not 32 bytes")
+    return ed25519.Ed25519PublicKey.from_public_bytes(raw)
 
 
 def _p256_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
-    return PublicKey.p256(_coordinate(jwk, "x"), _coordinate(jwk, "y"))  # on the curve
+    x, y = _coordinate(jwk, "x"), _coordinate(jwk, "y")
+    if len(x) != 32 or len(y) != 32:
+        raise ValueError("a P-256 coordinate is not 32 bytes")
+    point = ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
+                                          ec.SECP256R1())
+    return point.public_key()  # ValueError for a point not on the curve
 
 
 def b64url_decode(data: bytes) -> bytes:

@@ -49,12 +49,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from slurm_fiber.core import sha256
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import valid_uid
 from slurm_fiber.core.health import SourceHealth
@@ -376,7 +376,7 @@ class GrantDir:
 
     def _take(self, name: str, content: bytes) -> GrantEvent | None:
         """Record a readable file's content; the GRANT_ADDED it delivers, if new."""
-        digest = sha256.digest(content)
+        digest = hashlib.sha256(content).digest()
         held = self._files.get(name)
         if held is not None and held.digest == digest:
             self._reported.pop(name, None)

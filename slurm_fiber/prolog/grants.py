@@ -90,7 +90,7 @@ def _judge(verifier: TokenVerifier, dir_fd: int, name: str) -> bytes | str:
     Never raises: a spooled file is untrusted input, and whatever is wrong with
     it must cost that file alone, not the job's other tokens.
     """
-    # Lazy on purpose (as in _judge_all and mint_job_token): tokens and trust import jwt,
+    # Lazy on purpose (as in _judge_all and mint_job_token): tokens and trust import cryptography,
     # which a job without a spool or an issuer key must not pay for at every start.
     from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused
 

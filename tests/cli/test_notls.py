@@ -25,7 +25,7 @@ if how == "configured":
 else:
     asyncio_for_home(home)
 import asyncio.sslproto, slurm_fiber.daemon, slurm_fiber.homes.slurm.home
-import slurm_fiber.homes.standalone, slurm_fiber.core.ossl
+import slurm_fiber.homes.standalone, slurm_fiber.core.trust
 seen = {"ssl_loaded": "ssl" in sys.modules, "asyncio_tls": asyncio.sslproto.ssl is not None}
 import ssl
 ssl.create_default_context()
@@ -55,7 +55,7 @@ def test_other_homes_keep_asyncio_tls(home: str, how: str) -> None:
 def test_a_standalone_fiberd_verifies_grants_without_libssl(site: Site) -> None:
     site.drop()
     with fiberd(site) as proc:
-        wait_ready(wait_socket(site, proc))  # the grant's signature checked: core/ossl.py
+        wait_ready(wait_socket(site, proc))  # the grant's signature checked: core/trust.py
         with open(f"/proc/{proc.pid}/maps") as maps:
             mapped = {line.split()[-1].rsplit("/", 1)[-1] for line in maps if "/lib" in line}
     assert any(name.startswith("libcrypto.so") for name in mapped)
