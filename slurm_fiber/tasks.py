@@ -31,6 +31,14 @@ fiber's exit is in (the clone's ``early`` events, protocol v4; an older
 fiberd, refusing ``unsupported_version``, gets the request again without,
 once and for all); ``done`` still comes at the end.
 
+With ``server_uids`` (the Executor's: its own uid and root), every connection
+is checked before anything is sent or read on it: the server's uid, from
+SO_PEERCRED (the uid that made the listening socket), must be one of them,
+else the task fails with ``UntrustedServer`` (an ``Unreachable``) naming it.
+The Executor unpickles what a fiber sends back; a socket of another user (a
+wrong ``$FIBERD_SOCKET``, a name planted where a job looks) would otherwise
+run that user's pickle as the caller.
+
 ``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
 wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
 method says whether it blocks. Import cost is the client's only.
@@ -41,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,11 +68,48 @@ CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window
 # not started (the thread that reads the stream sends the cancel on it)
 CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
 Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
+PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl map's start)
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from typing import TypeVar
 
     V = TypeVar("V")
+
+
+class UntrustedServer(Unreachable):
+    """The server at the socket runs as a uid the caller does not trust (SO_PEERCRED)."""
+
+
+def server_uid(client: FiberdClient) -> int:
+    """The uid of the process that made the socket ``client`` is connected to."""
+    import _socket
+
+    _pid, uid, _gid = PEERCRED.unpack(client.sock.getsockopt(
+        _socket.SOL_SOCKET, _socket.SO_PEERCRED, PEERCRED.size))
+    return uid
+
+
+def connect(socket: str, server_uids: Collection[int] | None,
+            timeout: float | None = 30.0) -> FiberdClient:
+    """A client of ``socket``; with ``server_uids``, only when the server runs as one of
+    them (else the connection is closed, nothing sent or read, and UntrustedServer raised).
+    Raises Unreachable."""
+    client = FiberdClient(socket, timeout=timeout)
+    if server_uids is None:
+        return client
+    try:
+        uid = server_uid(client)
+    except OSError as err:
+        client.close()
+        raise Unreachable(f"cannot tell who serves {socket}: {err.strerror or err}") from err
+    if uid not in server_uids:
+        client.close()
+        trusted = " or ".join(str(u) for u in sorted(server_uids))
+        raise UntrustedServer(
+            f"the server at {socket} runs as uid {uid}, not uid {trusted}: nothing it sends "
+            "is unpickled (a fiberd of another uid: give Executor(server_uids=...))")
+    return client
 
 
 @record(frozen=True)
@@ -121,8 +167,10 @@ class TaskRunner:
                  token: str | None = None, env: Mapping[str, str] | None = None,
                  retries: int = 5, backoff: float = 0.05, backoff_cap: float = 2.0,
                  stop_grace: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 server_uids: Collection[int] | None = None) -> None:
         self.socket = os.fspath(socket)
+        self.server_uids = frozenset(server_uids) if server_uids is not None else None
         self.base: dict[str, object] = {}
         if grant is not None:
             self.base["grant"] = grant
@@ -262,7 +310,7 @@ class TaskRunner:
         """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
         blocks until it is gone. A fiber already gone is not an error."""
         with contextlib.suppress(Refused, Unreachable), \
-                FiberdClient(self.socket, timeout=self.stop_grace + 30) as client:
+                connect(self.socket, self.server_uids, self.stop_grace + 30) as client:
             client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
@@ -298,7 +346,7 @@ class TaskRunner:
             self._drop_client()
             client = None
         if client is None:
-            client = FiberdClient(self.socket)
+            client = connect(self.socket, self.server_uids)
             self._local.client = client
             with self._lock:
                 self._clients.append(client)
