@@ -54,9 +54,11 @@ gets one clone per task.
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
 (``.fibermap-*`` in the working directory, which every node must see, as for
-``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM
-alone; a job ended under the map kills the batch script's processes and
-leaves it, named after the job).
+``--joblog`` and ``--results``; private to the map's user and opened by
+identity, never trusted by name: cli/mapspool.py; removed when the map ends or
+gets SIGTERM alone; a job ended under the map kills the batch script's
+processes and leaves it, named after the job). A spool another user replaced
+makes each share refuse it with one line and the map exit 255.
 One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
 each runs, with ``-j`` slots, the tasks whose sequence number falls to it
 round robin (``{#}`` modulo the node count: no coordination between nodes,
@@ -98,6 +100,7 @@ from slurm_fiber.cli.fiberctl import (
     grant_fields,
     help_formatter,
 )
+from slurm_fiber.cli.mapspool import Spool
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.record import record
@@ -105,7 +108,6 @@ from slurm_fiber.tasks import MAX_BATCH, Outcome, Task, TaskRunner
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import IO
 
 PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
@@ -251,10 +253,11 @@ class Map:
 
     def run(self) -> int:
         """Run every task; the exit status (see the module doc)."""
-        if self.opts.joblog:
+        if self.share is not None:
+            self.joblog = self.share.joblog_file()
+        elif self.opts.joblog:
             self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
-            if self.share is None:
-                self.joblog.write(JOBLOG_HEADER)
+            self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
         windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd)
         shares = (window_slots(self.opts.jobs) if windowed
@@ -290,12 +293,11 @@ class Map:
         node's share has halted, start no more tasks, and with ``now`` stop the running
         ones."""
         assert self.share is not None
-        flag = self.share.spool / "halt"
         while not self.ended.wait(0.1):
-            try:
-                now = flag.read_text() == "now"
-            except FileNotFoundError:
+            flag = self.share.halted()
+            if flag is None:
                 continue
+            now = flag == "now"
             with self.lock:
                 self.stopping = True
             if now:
@@ -500,57 +502,73 @@ class Map:
 @record(frozen=True)
 class NodeShare:
     """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
-    ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a directory
-    in the map's working directory, which every node sees)."""
+    ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a private
+    directory in the map's working directory, which every node sees: cli/mapspool.py)."""
 
-    spool: Path
+    spool: Spool
     index: int
     count: int
     node: str
 
     @classmethod
-    def here(cls, spool: str) -> NodeShare:
-        """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS)."""
-        from pathlib import Path  # a node's share, not every map's start
+    def here(cls, path: str, inode: str) -> NodeShare:
+        """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS), in
+        the spool at ``path`` whose inode is ``inode``. Raises Exit when that spool is not
+        the map's (another user replaced it)."""
+        from slurm_fiber.safefs import UnsafePath
 
+        try:
+            spool = Spool.attach(path, int(inode))
+        except (UnsafePath, OSError, ValueError) as err:
+            raise fail(EXIT_OTHER, f"fiberctl map: this node's share runs nothing: {err}") \
+                from None
         env = os.environ
-        return cls(Path(spool), int(env.get("SLURM_PROCID", "0")),
+        return cls(spool, int(env.get("SLURM_PROCID", "0")),
                    int(env.get("SLURM_NTASKS", "1")),
                    env.get("SLURMD_NODENAME") or os.uname().nodename)
 
     def options(self) -> argparse.Namespace:
-        """The map's options as the user gave them, reading the arguments and writing the
-        joblog in the spool."""
+        """The map's options as the user gave them (the arguments are ``arguments()``)."""
         import json  # a node's share, not every map's start
 
-        opts = parse(json.loads((self.spool / "argv.json").read_text()))
-        opts.nodes, opts.json, opts.range = None, False, None
-        opts.arg_file = str(self.spool / "args")
-        opts.joblog = str(self.spool / f"joblog-{self.index}")
+        opts = parse(json.loads(self.spool.read("argv.json")))
+        opts.nodes, opts.json, opts.range, opts.arg_file = None, False, None, None
+        opts.joblog = None  # this share's rows go to the spool (``joblog_file``)
         return opts
+
+    def arguments(self) -> Iterator[str]:
+        """Every argument of the map, in order (its sequence numbers from 1)."""
+        yield from self.spool.read("args").split("\n")[:-1]
+
+    def joblog_file(self) -> IO[str]:
+        """This share's joblog in the spool (one JSON string per row)."""
+        return os.fdopen(self.spool.create_file(f"joblog-{self.index}"), "w")
 
     def mine(self, args: Iterator[str]) -> list[tuple[int, str]]:
         """This share's (sequence number, argument) pairs: round robin by sequence number."""
         return [(seq, arg) for seq, arg in enumerate(args, start=1)
                 if (seq - 1) % self.count == self.index]
 
+    def halted(self) -> str | None:
+        """"now" or "soon" once another share has halted, else None."""
+        if not self.spool.exists("halt"):
+            return None
+        try:
+            return self.spool.read("halt")
+        except OSError:
+            return None
+
     def tell_halt(self, now: bool) -> None:
         """Make the other shares halt (they poll for the flag every 0.1 s)."""
-        _write_whole(self.spool / "halt", "now" if now else "soon")
+        self.spool.write("halt", "now" if now else "soon")
 
     def report(self, job: Map, status: int) -> None:
         """This share's counts, for the merged exit status."""
-        _write_whole(self.spool / f"node-{self.index}.json", json_dumps({
+        self.spool.write(f"node-{self.index}.json", json_dumps({
             "node": self.node, "failed": job.failed, "succeeded": job.succeeded,
             "abort": job.abort[0] if job.abort is not None else None,
             "halted_at": job.halted_at, "halted_status": job.halted_status(),
             "exit": status}))
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    tmp.rename(path)
 
 
 # Each node's share runs this interpreter on the same package: no PATH lookup on the node.
@@ -571,25 +589,28 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    import json  # only here: with pathlib, shutil, subprocess and tempfile, about 11 ms of
-    import shutil  # every map's start
+    import json  # only here: with subprocess, a few ms of every map's start
     import subprocess
-    import tempfile
-    from pathlib import Path
 
-    spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
-                                  dir=os.getcwd()))
+    from slurm_fiber.safefs import UnsafePath
+
+    try:
+        spool = Spool.create(f".fibermap-{os.environ.get('SLURM_JOB_ID')}-")
+    except (UnsafePath, OSError) as err:
+        print(f"fiberctl map: cannot make the spool in {os.getcwd()}: {err}", file=sys.stderr)
+        return EXIT_OTHER
     # SIGTERM to the map alone (kill, timeout): srun is stopped and the spool removed
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
-        (spool / "args").write_text("".join(f"{arg}\n" for arg in args))
-        (spool / "argv.json").write_text(json_dumps(list(argv)))
+        spool.write("args", "".join(f"{arg}\n" for arg in args))
+        spool.write("argv.json", json_dumps(list(argv)))
         started = time.monotonic()
         try:
             srun = subprocess.run(
                 ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
                  "--ntasks-per-node=1", "--input=none", "--kill-on-bad-exit=0",
-                 sys.executable, "-c", SHARE_MAIN, "--node-share", str(spool)], check=False)
+                 sys.executable, "-c", SHARE_MAIN, "--node-share", spool.path,
+                 str(spool.inode)], check=False)
         except KeyboardInterrupt:
             print("fiberctl map: interrupted; srun stops every node's share", file=sys.stderr)
             return 130
@@ -597,19 +618,19 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
         shares = []
         for i in range(nodes):
             try:
-                shares.append(json.loads((spool / f"node-{i}.json").read_text()))
+                shares.append(json.loads(spool.read(f"node-{i}.json")))
             except (OSError, ValueError):
                 print(f"fiberctl map: the share of node task {i} ended without a summary "
                       f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
                 return EXIT_OTHER
         if opts.joblog is not None:
             rows: list[str] = [json.loads(line) for i in range(nodes)
-                               for line in (spool / f"joblog-{i}").read_text().splitlines()]
+                               for line in spool.read(f"joblog-{i}").splitlines()]
             rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
             with open(opts.joblog, "w") as log:  # in the order tasks ended
                 log.write(JOBLOG_HEADER + "".join(rows))
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        spool.remove()
     failed = sum(s["failed"] for s in shares)
     succeeded = sum(s["succeeded"] for s in shares)
     aborts = [s["abort"] for s in shares if s["abort"] is not None]
@@ -739,7 +760,7 @@ def main(argv: Sequence[str]) -> int:
     """Run ``fiberctl map``; its exit status (see the module doc)."""
     try:
         # --node-share SPOOL: run_on_nodes started this as one node's share (not for users)
-        share = NodeShare.here(argv[1]) if argv[:1] == ["--node-share"] else None
+        share = NodeShare.here(argv[1], argv[2]) if argv[:1] == ["--node-share"] else None
         opts = share.options() if share is not None else parse(argv)
         fields = grant_fields(opts.grant, opts.token, opts.env)
     except Exit as done:
@@ -753,7 +774,7 @@ def main(argv: Sequence[str]) -> int:
     runner = TaskRunner(discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
                         token=fields.get("token"), env=fields.get("env"))  # type: ignore[arg-type]
     if share is not None:  # its status goes in its summary; srun's own exit stays quiet
-        mine = share.mine(arguments(opts))
+        mine = share.mine(share.arguments())
         job = Map(opts, runner, iter(mine), len(mine), share)
         share.report(job, job.run())
         return 0
