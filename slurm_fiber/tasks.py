@@ -492,6 +492,8 @@ class TaskRunner:
         batch.watch(fiber.id, 0)
         with self._lock:
             self._running.add(fiber.id)
+        if self.stopping:  # stop_all came while this clone was on its way
+            self.stop(fiber.id)
         self._wait_all(client, batch)
 
     @staticmethod
