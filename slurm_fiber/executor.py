@@ -8,7 +8,12 @@ process in its own cgroup, confined to the grant, with the template's
 imports already done.
 
 How a call travels (a pickled call, protocol v2, docs/socket-protocol.md):
-a function importable in the template (a module-level function of a module
+with this process's import path (``tasks.caller_path``: its ``sys.path``
+entries that are not the interpreter's own, such as the script's directory,
+the working directory and ``PYTHONPATH``), which the fiber puts first on its
+own ``sys.path`` (each entry that is safe there: a directory only its uid or
+root can write, ``core/dirtrust.py``; the others named on the fiber's stderr);
+a function importable here (a module-level function of a module
 other than ``__main__``) goes by reference, ``module:qualname``, with its
 arguments pickled; any other function (defined in ``__main__``, a lambda, a
 closure) travels by value with its arguments, pickled by cloudpickle. The
@@ -74,7 +79,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.discovery import discover_socket
-from slurm_fiber.tasks import Outcome, Task, TaskRunner, wait_ready
+from slurm_fiber.tasks import Outcome, Task, TaskRunner, caller_path, wait_ready
 
 T = TypeVar("T")
 MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
@@ -266,7 +271,9 @@ class Executor(cf.Executor):
         not pickle fails its future, not this method. Raises RuntimeError after shutdown."""
         future: cf.Future[T] = cf.Future()
         try:
-            task = Task(call=encode_call(fn, args, kwargs), timeout=self.timeout)
+            call = encode_call(fn, args, kwargs)
+            call["path"] = caller_path()
+            task = Task(call=call, timeout=self.timeout)
         except Exception as err:
             future.set_exception(err)
             return future

@@ -39,6 +39,10 @@ The Executor unpickles what a fiber sends back; a socket of another user (a
 wrong ``$FIBERD_SOCKET``, a name planted where a job looks) would otherwise
 run that user's pickle as the caller.
 
+``caller_path()`` is what a call carries of its caller's import path
+(``call.path``): the fiber puts it first on its ``sys.path`` (the entries safe
+there), so a function importable here is importable there.
+
 ``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
 wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
 method says whether it blocks. Import cost is the client's only.
@@ -75,6 +79,26 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     V = TypeVar("V")
+
+
+MAX_CALL_PATH = 64  # entries a call's path carries (protocol.MAX_CALL_PATH)
+
+
+def caller_path(entries: Sequence[str] | None = None) -> list[str]:
+    """The import path a call carries: ``entries`` (default ``sys.path``) without the
+    interpreter's own (below its prefixes: the standard library, site-packages), each
+    made absolute ("" is the working directory), in order, no repeats, at most
+    MAX_CALL_PATH."""
+    import sys
+
+    own = tuple({os.path.join(p, "lib") + os.sep for p in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    out: list[str] = []
+    for entry in sys.path if entries is None else entries:
+        path = os.path.abspath(entry or os.curdir)
+        if not (path + os.sep).startswith(own) and path not in out:
+            out.append(path)
+    return out[:MAX_CALL_PATH]
 
 
 class UntrustedServer(Unreachable):

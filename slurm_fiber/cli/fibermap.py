@@ -95,6 +95,7 @@ from slurm_fiber.cli.fiberctl import (
     EXIT_USAGE,
     SOCKET_HELP,
     Exit,
+    command_path,
     end_line,
     fail,
     grant_fields,
@@ -237,6 +238,7 @@ class Map:
         self.share = share
         self.host = share.node if share is not None else ":"
         self.cwd = os.getcwd()  # each exec task's, as it was when the map began
+        self.path = command_path()  # a --call's import path, as fiberctl call's
         self.halt: Halt | None = opts.halt
         self.lock = threading.Lock()
         self.stopping = False
@@ -364,8 +366,8 @@ class Map:
         (memfd), read back once it has ended."""
         stdio = {"stdout": out, "stderr": err}
         if self.opts.call is not None:
-            return Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
-                        timeout=self.opts.timeout)
+            return Task(call={"target": self.opts.call, "args": words, "path": self.path},
+                        stdio=stdio, timeout=self.opts.timeout)
         return Task(exec={"argv": words, "cwd": self.cwd}, stdio=stdio,
                     timeout=self.opts.timeout)
 
