@@ -156,7 +156,12 @@ class Outcome:
     or ``cancelled`` (a windowed batch's task that never started: ``cancel_pending``).
     ``timed_out``: the
     runner stopped the fiber at the task's timeout (``exit`` then tells how it died).
-    ``started`` is the wall time of the first try, ``runtime`` the seconds to the end."""
+    ``started`` is the wall time the task's fiber started (its last try's; fiberd's
+    record of the fork, taken to wall time here), ``runtime`` the seconds from there to
+    its end as seen here (the exit event's arrival): the task's own run, as GNU
+    parallel's joblog counts it, however long it waited in a batch or window. A task
+    that never started counts from its first request. ``start_mono``: that start on
+    CLOCK_BOOTTIME (fiberd's clock), None while no fiber started."""
 
     exit: dict[str, object] | None = None
     miss: Missed | None = None
@@ -168,6 +173,7 @@ class Outcome:
     attempts: int = 0
     started: float = 0.0
     runtime: float = 0.0
+    start_mono: float | None = None
 
     @property
     def status(self) -> int | None:
@@ -249,7 +255,7 @@ class TaskRunner:
                 self._drop_client()
                 outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
                 break
-        outcome.runtime = time.monotonic() - begun
+        _ran(outcome, begun)
         return outcome
 
     def run_many(self, tasks: Sequence[Task],
@@ -423,7 +429,7 @@ class TaskRunner:
             outcome = batch.outcomes[i]
             fiber, miss, error = entry.get("fiber"), entry.get("miss"), entry.get("error")
             if isinstance(fiber, dict):
-                batch.watch(str(fiber.get("id")), i)
+                batch.watch(str(fiber.get("id")), i, fiber.get("started"))
                 with self._lock:
                     self._running.add(str(fiber.get("id")))
                 if self.stopping:
@@ -491,7 +497,7 @@ class TaskRunner:
     @staticmethod
     def _end(i: int, outcome: Outcome, begun: float,
              done: Callable[[int, Outcome], None] | None) -> None:
-        outcome.runtime = time.monotonic() - begun
+        _ran(outcome, begun)
         if done is not None:
             done(i, outcome)
 
@@ -513,7 +519,7 @@ class TaskRunner:
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
         batch = _Batch([task], [outcome], time.monotonic(), None, result, set())
-        batch.watch(fiber.id, 0)
+        batch.watch(fiber.id, 0, fiber.get("started"))
         with self._lock:
             self._running.add(fiber.id)
         if self.stopping:  # stop_all came while this clone was on its way
@@ -554,10 +560,12 @@ class _Batch:
         if not unanswered:
             self.settled.set()
 
-    def watch(self, fiber_id: str, i: int) -> None:
-        """Task i runs as ``fiber_id``: wait for it, until its timeout."""
+    def watch(self, fiber_id: str, i: int, started: object = None) -> None:
+        """Task i runs as ``fiber_id``, started at ``started`` (its record's, on fiberd's
+        CLOCK_BOOTTIME; None: now): wait for it, until its timeout."""
         self.running[fiber_id] = i
         self.outcomes[i].fiber_id = fiber_id
+        _started_at(self.outcomes[i], started)
         if (timeout := self.tasks[i].timeout) is not None:
             self.due[fiber_id] = time.monotonic() + timeout
 
@@ -580,6 +588,28 @@ class _Batch:
         for fid in late:
             del self.due[fid]
         return late
+
+
+def _boot() -> float:
+    """Now on CLOCK_BOOTTIME, the clock of fiberd's records (core/clock.py)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_at(outcome: Outcome, started: object) -> None:
+    """The task's fiber started at ``started`` (fiberd's record: CLOCK_BOOTTIME at its
+    fork; this host's clock, as fiberd is this host's): its start, on both clocks."""
+    now = _boot()
+    at = float(started) if isinstance(started, int | float) and 0 < started <= now else now
+    outcome.start_mono = at
+    outcome.started = time.time() - (now - at)
+
+
+def _ran(outcome: Outcome, begun: float) -> None:
+    """Set ``runtime``: from the fiber's start (else from ``begun``, monotonic) to now."""
+    if outcome.start_mono is not None:
+        outcome.runtime = max(0.0, _boot() - outcome.start_mono)
+    else:
+        outcome.runtime = time.monotonic() - begun
 
 
 def _what(task: Task) -> dict[str, object]:

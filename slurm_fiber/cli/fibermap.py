@@ -21,7 +21,9 @@ CPUs), each in this directory with stdin from /dev/null; each task's stdout
 and stderr are printed whole when it ends (with
 ``--tag``, each line prefixed by the argument and a TAB); ``--joblog`` writes
 parallel's TAB-separated log (Seq, Host, Starttime, JobRuntime, Send,
-Receive, Exitval, Signal, Command: the argv as a shell would take it, or
+Receive, Exitval, Signal, Command; Starttime is when the task's own fiber started,
+JobRuntime its own run time, as parallel's: not when its batch was sent. Command is
+the argv as a shell would take it, or
 ``MODULE:FUNC["arg", ...]``; a task stopped at ``--timeout`` has Exitval -1
 and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 ``stderr`` and ``seq``; ``--retries K`` runs a failing task up to K times
