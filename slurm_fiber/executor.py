@@ -8,7 +8,12 @@ process in its own cgroup, confined to the grant, with the template's
 imports already done.
 
 How a call travels (a pickled call, protocol v2, docs/socket-protocol.md):
-a function importable in the template (a module-level function of a module
+with this process's import path (``tasks.caller_path``: its ``sys.path``
+entries that are not the interpreter's own, such as the script's directory,
+the working directory and ``PYTHONPATH``), which the fiber puts first on its
+own ``sys.path`` (each entry that is safe there: a directory only its uid or
+root can write, ``core/dirtrust.py``; the others named on the fiber's stderr);
+a function importable here (a module-level function of a module
 other than ``__main__``) goes by reference, ``module:qualname``, with its
 arguments pickled; any other function (defined in ``__main__``, a lambda, a
 closure) travels by value with its arguments, pickled by cloudpickle. The
@@ -19,6 +24,13 @@ characters of base64, ~72 KiB of pickle), and a result by the reply (16 MiB,
 fiberd accepts a pickled call only from peers its socket already allows (its
 own uid and root, or the configured ``allowed_uids``/``allowed_gids``), who
 can already run any ``module:function`` of the grant: pickle adds no power.
+The other way round, the Executor unpickles what comes back only from a
+server it trusts: each connection's server uid (SO_PEERCRED, the uid that
+made the listening socket) must be in ``server_uids``, by default the
+caller's own uid and root (a job's fiberd runs as the job's user; a site may
+run a host's fiberd as root). Any other uid fails the future with a
+``FiberdError`` naming it before anything is sent or read; a site whose fiberd
+runs as a service account passes ``server_uids={that uid}``.
 
 What a future gives back: the value; the exception the function raised (its
 remote traceback chained as ``__cause__``, a ``RemoteTraceback``) or a
@@ -61,13 +73,13 @@ import pickle
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.discovery import discover_socket
-from slurm_fiber.tasks import Outcome, Task, TaskRunner, wait_ready
+from slurm_fiber.tasks import Outcome, Task, TaskRunner, caller_path, wait_ready
 
 T = TypeVar("T")
 MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
@@ -218,14 +230,17 @@ class Executor(cf.Executor):
     ``socket``: fiberd's socket (default: discovered as fiberctl does); ``grant`` /
     ``token``: which grant (default: the home's own); ``env``: added to each fiber's
     environment; ``timeout``: per-task seconds (None: none); ``retries``: how many
-    times a retryable miss is retried; ``max_workers``: fibers in flight at once.
+    times a retryable miss is retried; ``max_workers``: fibers in flight at once;
+    ``server_uids``: the uids fiberd may run as (default: this process's uid and root;
+    see the module doc).
     """
 
     def __init__(self, max_workers: int | None = None, *,
                  socket: str | os.PathLike[str] | None = None, grant: str | None = None,
                  token: str | None = None, env: Mapping[str, str] | None = None,
                  timeout: float | None = None, retries: int = 5,
-                 stop_grace: float = 1.0) -> None:
+                 stop_grace: float = 1.0,
+                 server_uids: Collection[int] | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
@@ -233,7 +248,8 @@ class Executor(cf.Executor):
         self.grant = grant
         self.timeout = timeout
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
-                                 retries=retries, stop_grace=stop_grace)
+                                 retries=retries, stop_grace=stop_grace,
+                                 server_uids=trusted_servers(server_uids))
         self._work: queue.SimpleQueue[tuple[cf.Future[Any], Task] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = threading.Semaphore(0)  # a worker is (or will be) free for a call
@@ -255,7 +271,9 @@ class Executor(cf.Executor):
         not pickle fails its future, not this method. Raises RuntimeError after shutdown."""
         future: cf.Future[T] = cf.Future()
         try:
-            task = Task(call=encode_call(fn, args, kwargs), timeout=self.timeout)
+            call = encode_call(fn, args, kwargs)
+            call["path"] = caller_path()
+            task = Task(call=call, timeout=self.timeout)
         except Exception as err:
             future.set_exception(err)
             return future
@@ -359,6 +377,11 @@ class Executor(cf.Executor):
     def _call_ended(self) -> None:
         self._slots.release()
         self._idle.release()
+
+
+def trusted_servers(uids: Collection[int] | None) -> frozenset[int]:
+    """The server uids an Executor trusts: ``uids``, by default its own uid and root."""
+    return frozenset(uids) if uids is not None else frozenset({os.getuid(), 0})
 
 
 def _settle(future: cf.Future[Any], outcome: Outcome) -> None:

@@ -31,6 +31,18 @@ fiber's exit is in (the clone's ``early`` events, protocol v4; an older
 fiberd, refusing ``unsupported_version``, gets the request again without,
 once and for all); ``done`` still comes at the end.
 
+With ``server_uids`` (the Executor's: its own uid and root), every connection
+is checked before anything is sent or read on it: the server's uid, from
+SO_PEERCRED (the uid that made the listening socket), must be one of them,
+else the task fails with ``UntrustedServer`` (an ``Unreachable``) naming it.
+The Executor unpickles what a fiber sends back; a socket of another user (a
+wrong ``$FIBERD_SOCKET``, a name planted where a job looks) would otherwise
+run that user's pickle as the caller.
+
+``caller_path()`` is what a call carries of its caller's import path
+(``call.path``): the fiber puts it first on its ``sys.path`` (the entries safe
+there), so a function importable here is importable there.
+
 ``wait_ready`` blocks until fiberd answers and says it is ready (``fiberctl
 wait``, ``Executor.wait_ready``). Nothing here starts a thread; each
 method says whether it blocks. Import cost is the client's only.
@@ -41,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,11 +72,68 @@ CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window
 # not started (the thread that reads the stream sends the cancel on it)
 CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
 Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
+PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl map's start)
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from typing import TypeVar
 
     V = TypeVar("V")
+
+
+MAX_CALL_PATH = 64  # entries a call's path carries (protocol.MAX_CALL_PATH)
+
+
+def caller_path(entries: Sequence[str] | None = None) -> list[str]:
+    """The import path a call carries: ``entries`` (default ``sys.path``) without the
+    interpreter's own (below its prefixes: the standard library, site-packages), each
+    made absolute ("" is the working directory), in order, no repeats, at most
+    MAX_CALL_PATH."""
+    import sys
+
+    own = tuple({os.path.join(p, "lib") + os.sep for p in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    out: list[str] = []
+    for entry in sys.path if entries is None else entries:
+        path = os.path.abspath(entry or os.curdir)
+        if not (path + os.sep).startswith(own) and path not in out:
+            out.append(path)
+    return out[:MAX_CALL_PATH]
+
+
+class UntrustedServer(Unreachable):
+    """The server at the socket runs as a uid the caller does not trust (SO_PEERCRED)."""
+
+
+def server_uid(client: FiberdClient) -> int:
+    """The uid of the process that made the socket ``client`` is connected to."""
+    import _socket
+
+    _pid, uid, _gid = PEERCRED.unpack(client.sock.getsockopt(
+        _socket.SOL_SOCKET, _socket.SO_PEERCRED, PEERCRED.size))
+    return uid
+
+
+def connect(socket: str, server_uids: Collection[int] | None,
+            timeout: float | None = 30.0) -> FiberdClient:
+    """A client of ``socket``; with ``server_uids``, only when the server runs as one of
+    them (else the connection is closed, nothing sent or read, and UntrustedServer raised).
+    Raises Unreachable."""
+    client = FiberdClient(socket, timeout=timeout)
+    if server_uids is None:
+        return client
+    try:
+        uid = server_uid(client)
+    except OSError as err:
+        client.close()
+        raise Unreachable(f"cannot tell who serves {socket}: {err.strerror or err}") from err
+    if uid not in server_uids:
+        client.close()
+        trusted = " or ".join(str(u) for u in sorted(server_uids))
+        raise UntrustedServer(
+            f"the server at {socket} runs as uid {uid}, not uid {trusted}: nothing it sends "
+            "is unpickled (a fiberd of another uid: give Executor(server_uids=...))")
+    return client
 
 
 @record(frozen=True)
@@ -86,7 +156,12 @@ class Outcome:
     or ``cancelled`` (a windowed batch's task that never started: ``cancel_pending``).
     ``timed_out``: the
     runner stopped the fiber at the task's timeout (``exit`` then tells how it died).
-    ``started`` is the wall time of the first try, ``runtime`` the seconds to the end."""
+    ``started`` is the wall time the task's fiber started (its last try's; fiberd's
+    record of the fork, taken to wall time here), ``runtime`` the seconds from there to
+    its end as seen here (the exit event's arrival): the task's own run, as GNU
+    parallel's joblog counts it, however long it waited in a batch or window. A task
+    that never started counts from its first request. ``start_mono``: that start on
+    CLOCK_BOOTTIME (fiberd's clock), None while no fiber started."""
 
     exit: dict[str, object] | None = None
     miss: Missed | None = None
@@ -98,6 +173,7 @@ class Outcome:
     attempts: int = 0
     started: float = 0.0
     runtime: float = 0.0
+    start_mono: float | None = None
 
     @property
     def status(self) -> int | None:
@@ -121,8 +197,10 @@ class TaskRunner:
                  token: str | None = None, env: Mapping[str, str] | None = None,
                  retries: int = 5, backoff: float = 0.05, backoff_cap: float = 2.0,
                  stop_grace: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 server_uids: Collection[int] | None = None) -> None:
         self.socket = os.fspath(socket)
+        self.server_uids = frozenset(server_uids) if server_uids is not None else None
         self.base: dict[str, object] = {}
         if grant is not None:
             self.base["grant"] = grant
@@ -177,7 +255,7 @@ class TaskRunner:
                 self._drop_client()
                 outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
                 break
-        outcome.runtime = time.monotonic() - begun
+        _ran(outcome, begun)
         return outcome
 
     def run_many(self, tasks: Sequence[Task],
@@ -262,7 +340,7 @@ class TaskRunner:
         """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
         blocks until it is gone. A fiber already gone is not an error."""
         with contextlib.suppress(Refused, Unreachable), \
-                FiberdClient(self.socket, timeout=self.stop_grace + 30) as client:
+                connect(self.socket, self.server_uids, self.stop_grace + 30) as client:
             client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
@@ -298,7 +376,7 @@ class TaskRunner:
             self._drop_client()
             client = None
         if client is None:
-            client = FiberdClient(self.socket)
+            client = connect(self.socket, self.server_uids)
             self._local.client = client
             with self._lock:
                 self._clients.append(client)
@@ -351,7 +429,7 @@ class TaskRunner:
             outcome = batch.outcomes[i]
             fiber, miss, error = entry.get("fiber"), entry.get("miss"), entry.get("error")
             if isinstance(fiber, dict):
-                batch.watch(str(fiber.get("id")), i)
+                batch.watch(str(fiber.get("id")), i, fiber.get("started"))
                 with self._lock:
                     self._running.add(str(fiber.get("id")))
                 if self.stopping:
@@ -419,7 +497,7 @@ class TaskRunner:
     @staticmethod
     def _end(i: int, outcome: Outcome, begun: float,
              done: Callable[[int, Outcome], None] | None) -> None:
-        outcome.runtime = time.monotonic() - begun
+        _ran(outcome, begun)
         if done is not None:
             done(i, outcome)
 
@@ -441,9 +519,11 @@ class TaskRunner:
         client = self._client()
         fiber = client.clone(stdio=task.stdio, wait=True, hangup=True, **fields)
         batch = _Batch([task], [outcome], time.monotonic(), None, result, set())
-        batch.watch(fiber.id, 0)
+        batch.watch(fiber.id, 0, fiber.get("started"))
         with self._lock:
             self._running.add(fiber.id)
+        if self.stopping:  # stop_all came while this clone was on its way
+            self.stop(fiber.id)
         self._wait_all(client, batch)
 
     @staticmethod
@@ -480,10 +560,12 @@ class _Batch:
         if not unanswered:
             self.settled.set()
 
-    def watch(self, fiber_id: str, i: int) -> None:
-        """Task i runs as ``fiber_id``: wait for it, until its timeout."""
+    def watch(self, fiber_id: str, i: int, started: object = None) -> None:
+        """Task i runs as ``fiber_id``, started at ``started`` (its record's, on fiberd's
+        CLOCK_BOOTTIME; None: now): wait for it, until its timeout."""
         self.running[fiber_id] = i
         self.outcomes[i].fiber_id = fiber_id
+        _started_at(self.outcomes[i], started)
         if (timeout := self.tasks[i].timeout) is not None:
             self.due[fiber_id] = time.monotonic() + timeout
 
@@ -506,6 +588,28 @@ class _Batch:
         for fid in late:
             del self.due[fid]
         return late
+
+
+def _boot() -> float:
+    """Now on CLOCK_BOOTTIME, the clock of fiberd's records (core/clock.py)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_at(outcome: Outcome, started: object) -> None:
+    """The task's fiber started at ``started`` (fiberd's record: CLOCK_BOOTTIME at its
+    fork; this host's clock, as fiberd is this host's): its start, on both clocks."""
+    now = _boot()
+    at = float(started) if isinstance(started, int | float) and 0 < started <= now else now
+    outcome.start_mono = at
+    outcome.started = time.time() - (now - at)
+
+
+def _ran(outcome: Outcome, begun: float) -> None:
+    """Set ``runtime``: from the fiber's start (else from ``begun``, monotonic) to now."""
+    if outcome.start_mono is not None:
+        outcome.runtime = max(0.0, _boot() - outcome.start_mono)
+    else:
+        outcome.runtime = time.monotonic() - begun
 
 
 def _what(task: Task) -> dict[str, object]:

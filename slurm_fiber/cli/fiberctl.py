@@ -270,9 +270,22 @@ def run(args: argparse.Namespace) -> None:
     raise Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
 
 
+def command_path() -> list[str]:
+    """The import path a command's call carries (``call.path``): the working directory,
+    then ``$PYTHONPATH``'s entries (absolute), as ``python -m`` here would import."""
+    cwd = os.getcwd()
+    out = [cwd]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        path = os.path.normpath(os.path.join(cwd, entry))
+        if path not in out:
+            out.append(path)
+    return out
+
+
 def call(args: argparse.Namespace) -> None:
-    """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result."""
-    call_spec: dict[str, object] = {"target": args.target}
+    """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result. It is
+    imported as ``python -m`` here would: the working directory and $PYTHONPATH first."""
+    call_spec: dict[str, object] = {"target": args.target, "path": command_path()}
     try:
         values = json_loads(args.json_args) if args.json_args is not None else []
     except ValueError as e:

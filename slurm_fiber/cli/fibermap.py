@@ -1,27 +1,44 @@
 """``fiberctl map``: GNU parallel's job for fibers: one fresh fiber per argument.
 
-    fiberctl map [-j N] [--joblog FILE] [--results DIR] [--retries K] [--halt WHEN,WHY]
-                 [--tag] [--timeout S] [--arg-file FILE | --range A-B] [--call MODULE:FUNC]
-                 [--json] [--nodes all] [-g GRANT | -t FILE] [-e KEY=VALUE]...
-                 [-S SOCKET] [-q] -- CMD {} ...
+    fiberctl map [-j N] [--joblog FILE [--resume | --resume-failed]] [--results DIR]
+                 [--retries K] [--halt WHEN,WHY] [--tag] [-k] [--timeout S]
+                 [-a FILE]... [--range A-B] [--colsep REGEX] [--dry-run]
+                 [--bar | --eta | --progress] [--call MODULE:FUNC] [--json] [--nodes all]
+                 [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] [-q]
+                 [--] CMD [ARG...] [::: ARGS | :::+ ARGS | :::: FILES | ::::+ FILES]...
 
-Arguments come from ``--arg-file`` (one per line), ``--range A-B`` (the
-integers A..B) or stdin lines. For each, ``CMD`` runs as a fiber (exec
-mode, no shell: placeholders are replaced inside each word, so no quoting is
-needed) with ``{}`` the argument, ``{#}`` its sequence number (from 1),
-``{%}`` the job slot (1..N), ``{.}`` the argument without its extension,
-``{/}`` its base name, ``{//}`` its directory, ``{/.}`` the base name
-without extension; a command with no placeholder gets the argument
-appended. ``--call MODULE:FUNC`` calls the function in the grant's warm
-interpreter instead, with the words after ``--`` (placeholders replaced) as
-string arguments, default ``{}``; its JSON result is the task's output line.
+Arguments come as GNU parallel takes them (slurm_fiber/cli/mapinput.py):
+``::: a b``, ``:::: FILE`` and ``-a FILE`` (one a line), ``:::+``/``::::+``
+(linked to the source before), every combination of several sources, stdin
+lines when none is given, ``--colsep REGEX`` to split each into columns;
+``--range A-B`` (the integers A..B) is fiberctl's own. The command is the
+first word that is no option (or everything after ``--``) up to the first
+``:::``. For each task, ``CMD`` runs as a fiber with the replacement strings
+filled in: ``{}`` the arguments, ``{1}``..``{n}`` one of them, ``{#}`` the
+sequence number (from 1), ``{%}`` the job slot (1..N), ``{.}`` without the
+extension, ``{/}`` the base name, ``{//}`` the directory, ``{/.}`` the base
+name without extension (also ``{1.}``...); a command with none gets the
+arguments appended. A command of several words runs without a shell (exec:
+each word as given, no quoting needed); a command given as ONE word holding
+a space or shell character is a shell line, run as parallel runs it
+(``$PARALLEL_SHELL``, ``$SHELL`` or /bin/sh, ``-c``, each replacement
+shell-quoted). ``--call MODULE:FUNC`` calls the function in the grant's warm
+interpreter instead, with the command's words (replaced) as string arguments,
+default the arguments; its JSON result is the task's output line; it is
+imported as ``fiberctl call`` imports (the working directory and
+``$PYTHONPATH`` first). ``--dry-run`` prints each task's command (as the
+joblog's Command column) and runs nothing. An option GNU parallel has and
+this map has not exits 2 with one line naming it.
 
 As GNU parallel: up to ``-j`` tasks at once (default: this machine's usable
 CPUs), each in this directory with stdin from /dev/null; each task's stdout
-and stderr are printed whole when it ends (with
-``--tag``, each line prefixed by the argument and a TAB); ``--joblog`` writes
+and stderr are printed whole when it ends (``-k``: in the order of the
+arguments; with ``--tag``, each line prefixed by the arguments and a TAB);
+``--joblog`` writes
 parallel's TAB-separated log (Seq, Host, Starttime, JobRuntime, Send,
-Receive, Exitval, Signal, Command: the argv as a shell would take it, or
+Receive, Exitval, Signal, Command; Starttime is when the task's own fiber started,
+JobRuntime its own run time, as parallel's: not when its batch was sent. Command is
+the argv as a shell would take it, or
 ``MODULE:FUNC["arg", ...]``; a task stopped at ``--timeout`` has Exitval -1
 and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 ``stderr`` and ``seq``; ``--retries K`` runs a failing task up to K times
@@ -29,8 +46,11 @@ and its signal); ``--results DIR`` keeps ``DIR/1/<arg>/stdout``,
 ``now|soon,fail|success|done=X`` or ``=Y%`` (now: stop the running fibers);
 the exit status is the number of failed tasks, 101 for more than 100 (with
 ``--halt ...,fail=1``, the failing task's status; with ``fail=Y%``, the
-percentage of tasks that failed). A progress line goes to
-stderr only when stderr is a terminal. A task that fiberd ended (its
+percentage of tasks that failed). ``--resume`` skips the tasks (by sequence
+number) the joblog already has a row for, ``--resume-failed`` those it logs as
+succeeded; both append to it. A progress bar goes to stderr when stderr is a
+terminal, or with ``--bar``; ``--eta`` and ``--progress`` draw parallel's
+lines instead (time left, average). A task that fiberd ended (its
 deadline, ...) or whose exec failed gets fiberctl run's one line after its
 stderr (``--quiet``: not). ``--json`` ends stdout with one JSON
 summary line. fiberd refusing the work itself (a final miss such as
@@ -54,9 +74,11 @@ gets one clone per task.
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory
 (``.fibermap-*`` in the working directory, which every node must see, as for
-``--joblog`` and ``--results``; removed when the map ends or gets SIGTERM
-alone; a job ended under the map kills the batch script's processes and
-leaves it, named after the job).
+``--joblog`` and ``--results``; private to the map's user and opened by
+identity, never trusted by name: cli/mapspool.py; removed when the map ends or
+gets SIGTERM alone; a job ended under the map kills the batch script's
+processes and leaves it, named after the job). A spool another user replaced
+makes each share refuse it with one line and the map exit 255.
 One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
 each runs, with ``-j`` slots, the tasks whose sequence number falls to it
 round robin (``{#}`` modulo the node count: no coordination between nodes,
@@ -78,7 +100,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import signal
 import sys
 import threading
@@ -93,11 +114,23 @@ from slurm_fiber.cli.fiberctl import (
     EXIT_USAGE,
     SOCKET_HELP,
     Exit,
+    command_path,
     end_line,
     fail,
     grant_fields,
     help_formatter,
 )
+from slurm_fiber.cli.mapinput import (
+    Args,
+    combine,
+    command_words,
+    lazily,
+    read_lines,
+    shell_line,
+    shown,
+    split_sources,
+)
+from slurm_fiber.cli.mapspool import Spool
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.record import record
@@ -105,10 +138,8 @@ from slurm_fiber.tasks import MAX_BATCH, Outcome, Task, TaskRunner
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import IO
+    from typing import IO, NoReturn
 
-PLACEHOLDER = re.compile(r"\{(#|%|\.|//|/\.|/)?\}")
 HALT = re.compile(r"(now|soon),(fail|success|done)=(\d+)(%?)")
 JOBLOG_HEADER = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand\n"
 MAX_FAILED_STATUS = 101
@@ -145,57 +176,59 @@ class Halt:
         return seen >= self.count
 
 
-def replace(word: str, arg: str, seq: int, slot: int) -> str:
-    """``word`` with every placeholder filled in (see the module doc)."""
-    def fill(m: re.Match[str]) -> str:
-        kind = m[1]
-        base = arg.rsplit("/", 1)[-1]
-        if kind is None:
-            return arg
-        if kind == "#":
-            return str(seq)
-        if kind == "%":
-            return str(slot)
-        if kind == ".":
-            return _strip_ext(arg)
-        if kind == "/":
-            return base
-        if kind == "//":
-            return arg.rsplit("/", 1)[0] if "/" in arg else "."
-        return _strip_ext(base)
-
-    return PLACEHOLDER.sub(fill, word)
-
-
-def _strip_ext(path: str) -> str:
-    head, _, tail = path.rpartition("/")
-    stem = tail.rsplit(".", 1)[0] if "." in tail.lstrip(".") else tail
-    return f"{head}/{stem}" if head or path.startswith("/") else stem
-
-
-def command_words(words: Sequence[str], arg: str, seq: int, slot: int,
-                  call: bool) -> list[str]:
-    """The task's argv (exec) or string arguments (call): placeholders filled in; with
-    none anywhere, the argument appended (a call with no words gets ``[arg]``)."""
-    if not any(PLACEHOLDER.search(w) for w in words):
-        return [*words, arg]
-    return [replace(w, arg, seq, slot) for w in words]
-
-
-def arguments(opts: argparse.Namespace) -> Iterator[str]:
-    """The arguments in order: --range, --arg-file, else stdin lines (newline dropped)."""
+def arguments(opts: argparse.Namespace) -> tuple[Iterator[Args], int | None]:
+    """Every task's arguments in order, and how many (None: stdin read as it comes, from a
+    terminal): --range, else the input sources (-a, :::, ::::, ...; mapinput.py), else
+    stdin lines. Raises Exit(2) for a file that cannot be read."""
     if opts.range is not None:
         low, high = opts.range
         step = 1 if high >= low else -1
-        yield from (str(i) for i in range(low, high + step, step))
-        return
-    source = open(opts.arg_file) if opts.arg_file else sys.stdin  # noqa: SIM115
+        return ((str(i),) for i in range(low, high + step, step)), abs(high - low) + 1
+    sources: list[tuple[bool, list[str]]] = []
     try:
-        for line in source:
-            yield line.rstrip("\n")
-    finally:
-        if source is not sys.stdin:
-            source.close()
+        for path in opts.arg_file or []:
+            sources.append((False, read_lines(path)))
+        for sep, words in opts.sources:
+            linked = sep.endswith("+")
+            if sep.startswith("::::"):
+                for n, path in enumerate(words):
+                    sources.append((linked and n == 0, read_lines(path)))
+            else:
+                sources.append((linked, list(words)))
+    except OSError as err:
+        raise fail(EXIT_USAGE, f"fiberctl map: cannot read {err.filename}: "
+                   f"{err.strerror or err}") from None
+    if not sources:
+        if sys.stdin.isatty() and opts.colsep is None:
+            return lazily(iter(sys.stdin)), None
+        sources.append((False, read_lines("-")))
+    try:
+        tasks = combine(sources, opts.colsep)
+    except re.error as err:
+        raise fail(EXIT_USAGE, f"fiberctl map: --colsep {opts.colsep!r}: {err}") from None
+    return iter(tasks), len(tasks)
+
+
+def resumed(opts: argparse.Namespace) -> set[int]:
+    """(``--resume``, ``--resume-failed``) the sequence numbers the joblog says need not
+    run again: every one logged, or those logged as succeeded (Exitval and Signal 0)."""
+    if not (opts.resume or opts.resume_failed):
+        return set()
+    done: set[int] = set()
+    try:
+        with open(opts.joblog) as log:
+            for line in log:
+                cols = line.rstrip("\n").split("\t")
+                if len(cols) < 9 or not cols[0].isdigit():
+                    continue
+                if opts.resume or (cols[6] == "0" and cols[7] == "0"):
+                    done.add(int(cols[0]))
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise fail(EXIT_USAGE, f"fiberctl map: cannot read the joblog {opts.joblog}: "
+                   f"{err.strerror or err}") from None
+    return done
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -212,22 +245,25 @@ def parse_seconds(text: str) -> float:
     return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
 
-def results_dir(root: str, arg: str) -> str:
-    """GNU parallel's ``--results`` place for one argument: ``root/1/<arg>``, a ``/`` in
-    the argument written as ``\\_`` (as parallel does), an empty one as ``\\0``... kept
-    to one path component."""
-    name = arg.replace("\\", "\\\\").replace("/", "\\_") or "\\0"
-    if name in (".", ".."):
-        name = "\\" + name
-    return os.path.join(root, "1", name[:255])
+def results_dir(root: str, args: Args) -> str:
+    """GNU parallel's ``--results`` place for a task's arguments: ``root/1/<a>/2/<b>...``,
+    a ``/`` in an argument written as ``\\_`` (as parallel does), an empty one as
+    ``\\0``... each kept to one path component."""
+    parts = [root]
+    for n, arg in enumerate(args, start=1):
+        name = arg.replace("\\", "\\\\").replace("/", "\\_") or "\\0"
+        if name in (".", ".."):
+            name = "\\" + name
+        parts += [str(n), name[:255]]
+    return os.path.join(*parts)
 
 
 class Map:
     """One ``fiberctl map`` run: workers, output, joblog, halt, summary (see module doc)."""
 
     def __init__(self, opts: argparse.Namespace, runner: TaskRunner,
-                 args: Iterator[tuple[int, str]], total: int | None,
-                 share: NodeShare | None = None) -> None:
+                 args: Iterator[tuple[int, Args]], total: int | None,
+                 share: NodeShare | None = None, order: Sequence[int] | None = None) -> None:
         self.opts = opts
         self.runner = runner
         self.args = args  # (sequence number, argument)
@@ -235,6 +271,7 @@ class Map:
         self.share = share
         self.host = share.node if share is not None else ":"
         self.cwd = os.getcwd()  # each exec task's, as it was when the map began
+        self.path = command_path()  # a --call's import path, as fiberctl call's
         self.halt: Halt | None = opts.halt
         self.lock = threading.Lock()
         self.stopping = False
@@ -244,16 +281,24 @@ class Map:
         self.failed = self.succeeded = 0
         self.started = time.monotonic()
         self.joblog: IO[str] | None = None
-        self.progress = sys.stderr.isatty() and share is None
+        self.progress = share is None and (opts.progress is not None or sys.stderr.isatty())
+        self.line = shell_line(opts.cmd) and opts.call is None  # the command is a shell line
+        self.kept: dict[int, tuple[bytes, bytes]] = {}  # -k: output held until its turn
+        self.order = iter(order) if order is not None else None  # -k: the seqs, in order
+        self.turn: int | None = next(self.order, None) if self.order is not None else None
         self.ended = threading.Event()
 
     # ------------------------------------------------------------ running
 
     def run(self) -> int:
         """Run every task; the exit status (see the module doc)."""
-        if self.opts.joblog:
-            self.joblog = open(self.opts.joblog, "w")  # noqa: SIM115
-            if self.share is None:
+        if self.share is not None:
+            self.joblog = self.share.joblog_file()
+        elif self.opts.joblog:
+            resuming = (self.opts.resume or self.opts.resume_failed) and \
+                os.path.exists(self.opts.joblog) and os.path.getsize(self.opts.joblog) > 0
+            self.joblog = open(self.opts.joblog, "a" if resuming else "w")  # noqa: SIM115
+            if not resuming:
                 self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
         windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd)
@@ -278,6 +323,7 @@ class Map:
             raise
         finally:
             self.ended.set()
+            self.flush_kept()
             if self.joblog is not None:
                 self.joblog.close()
             self.runner.close()
@@ -290,19 +336,18 @@ class Map:
         node's share has halted, start no more tasks, and with ``now`` stop the running
         ones."""
         assert self.share is not None
-        flag = self.share.spool / "halt"
         while not self.ended.wait(0.1):
-            try:
-                now = flag.read_text() == "now"
-            except FileNotFoundError:
+            flag = self.share.halted()
+            if flag is None:
                 continue
+            now = flag == "now"
             with self.lock:
                 self.stopping = True
             if now:
                 self.runner.stop_all()
             return
 
-    def next_arg(self) -> tuple[int, str] | None:
+    def next_arg(self) -> tuple[int, Args] | None:
         with self.lock:
             if self.stopping:
                 return None
@@ -316,7 +361,7 @@ class Map:
         (and the tries still owed) of one batch, finish each task as its fiber ends; the
         next batch once all have ended. ``windowed``: batches of MAX_BATCH, ``slots`` of
         them running at once (fiberd starts the next as one ends); else of ``slots``."""
-        owed: list[tuple[int, str, list[str], int]] = []  # seq, arg, words, try number
+        owed: list[tuple[int, Args, list[str], int]] = []  # seq, args, words, try number
         size = MAX_BATCH if windowed else slots
         while True:
             batch, owed = owed, []
@@ -329,8 +374,8 @@ class Map:
                 return
             self.run_batch(batch, owed, slots if windowed else None)
 
-    def run_batch(self, batch: list[tuple[int, str, list[str], int]],
-                  owed: list[tuple[int, str, list[str], int]], window: int | None) -> None:
+    def run_batch(self, batch: list[tuple[int, Args, list[str], int]],
+                  owed: list[tuple[int, Args, list[str], int]], window: int | None) -> None:
         """Run ``batch`` (seq, arg, words, try number), at most ``window`` at once (None:
         all), and finish each task as it ends; a failed one with tries left goes to
         ``owed``; one cancelled before it started (a halt) is dropped."""
@@ -362,8 +407,8 @@ class Map:
         (memfd), read back once it has ended."""
         stdio = {"stdout": out, "stderr": err}
         if self.opts.call is not None:
-            return Task(call={"target": self.opts.call, "args": words}, stdio=stdio,
-                        timeout=self.opts.timeout)
+            return Task(call={"target": self.opts.call, "args": words, "path": self.path},
+                        stdio=stdio, timeout=self.opts.timeout)
         return Task(exec={"argv": words, "cwd": self.cwd}, stdio=stdio,
                     timeout=self.opts.timeout)
 
@@ -402,7 +447,7 @@ class Map:
 
     # ------------------------------------------------------------ reporting
 
-    def finish(self, seq: int, arg: str, words: list[str], outcome: Outcome,
+    def finish(self, seq: int, arg: Args, words: list[str], outcome: Outcome,
                stdout: bytes, stderr: bytes) -> None:
         ok = outcome.ok
         stop_now = False
@@ -424,20 +469,21 @@ class Map:
         if stop_now:
             self.runner.stop_all()
 
-    def emit(self, seq: int, arg: str, words: list[str], outcome: Outcome,
+    def emit(self, seq: int, arg: Args, words: list[str], outcome: Outcome,
              stdout: bytes, stderr: bytes) -> None:
-        """Print one finished task's output, log it, keep its results (lock held)."""
+        """Print one finished task's output (with -k: once every one before it has been
+        printed or will never be), log it, keep its results (lock held)."""
         if self.opts.tag:
             stdout, stderr = _tag(stdout, arg), _tag(stderr, arg)
         if self.progress:
             sys.stderr.write("\r\033[K")
-        sys.stdout.flush()
-        if stdout:  # (an empty one would still cost a write)
-            sys.stdout.buffer.write(stdout)
-            sys.stdout.flush()
-        if stderr:
-            sys.stderr.buffer.write(stderr)
-            sys.stderr.flush()
+        if self.order is None:
+            self.write(stdout, stderr)
+        else:
+            self.kept[seq] = (stdout, stderr)
+            while self.turn is not None and self.turn in self.kept:
+                self.write(*self.kept.pop(self.turn))
+                self.turn = next(self.order, None)
         end = outcome.exit or {}
         signum = end.get("signal") if isinstance(end.get("signal"), int) else 0
         exitval = -1 if outcome.timed_out or outcome.exit is None else (
@@ -445,8 +491,7 @@ class Map:
         if self.opts.call is not None and exitval == 0 and not outcome.ok:
             exitval = 1
         if self.joblog is not None:
-            command = (f"{self.opts.call}" + json_dumps(words) if self.opts.call
-                       else shlex.join(words))
+            command = shown(words, self.opts.call, self.line)
             row = (f"{seq}\t{self.host}\t{outcome.started:.3f}\t{outcome.runtime:10.3f}\t0\t"
                    f"{len(stdout)}\t{exitval}\t{signum}\t{command}\n")
             # a node's share: one JSON string per row, as a command may span lines
@@ -462,9 +507,39 @@ class Map:
         if self.progress:
             self.draw_progress()
 
+    @staticmethod
+    def write(stdout: bytes, stderr: bytes) -> None:
+        sys.stdout.flush()
+        if stdout:  # (an empty one would still cost a write)
+            sys.stdout.buffer.write(stdout)
+            sys.stdout.flush()
+        if stderr:
+            sys.stderr.buffer.write(stderr)
+            sys.stderr.flush()
+
+    def flush_kept(self) -> None:
+        """(-k, at the end) the output still held, in order (its turn never came: a task
+        before it did not run, halted or cancelled)."""
+        with self.lock:
+            for seq in sorted(self.kept):
+                self.write(*self.kept.pop(seq))
+
     def draw_progress(self) -> None:
+        """The progress line on stderr: --eta's, --progress's, else a bar."""
         done = self.failed + self.succeeded
-        rate = done / max(1e-9, time.monotonic() - self.started)
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        rate = done / elapsed
+        left = self.total - done if self.total else None
+        if self.opts.progress in ("eta", "progress"):
+            avg = elapsed / done if done else 0.0
+            pct = 100 * done // self.total if self.total else 0
+            eta = f"{left * avg:.0f}s" if left is not None and done else "?"
+            line = (f"ETA: {eta} Left: {left if left is not None else '?'} AVG: {avg:.2f}s"
+                    if self.opts.progress == "eta" else
+                    f"local:{left if left is not None else '?'}/{done}/{pct}%/{avg:.1f}s")
+            sys.stderr.write(f"\r{line}")
+            sys.stderr.flush()
+            return
         if self.total:
             width = 30
             filled = width * done // self.total
@@ -500,57 +575,76 @@ class Map:
 @record(frozen=True)
 class NodeShare:
     """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
-    ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a directory
-    in the map's working directory, which every node sees)."""
+    ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a private
+    directory in the map's working directory, which every node sees: cli/mapspool.py)."""
 
-    spool: Path
+    spool: Spool
     index: int
     count: int
     node: str
 
     @classmethod
-    def here(cls, spool: str) -> NodeShare:
-        """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS)."""
-        from pathlib import Path  # a node's share, not every map's start
+    def here(cls, path: str, inode: str) -> NodeShare:
+        """The share of the srun task this process is (SLURM_PROCID of SLURM_NTASKS), in
+        the spool at ``path`` whose inode is ``inode``. Raises Exit when that spool is not
+        the map's (another user replaced it)."""
+        from slurm_fiber.safefs import UnsafePath
 
+        try:
+            spool = Spool.attach(path, int(inode))
+        except (UnsafePath, OSError, ValueError) as err:
+            raise fail(EXIT_OTHER, f"fiberctl map: this node's share runs nothing: {err}") \
+                from None
         env = os.environ
-        return cls(Path(spool), int(env.get("SLURM_PROCID", "0")),
+        return cls(spool, int(env.get("SLURM_PROCID", "0")),
                    int(env.get("SLURM_NTASKS", "1")),
                    env.get("SLURMD_NODENAME") or os.uname().nodename)
 
     def options(self) -> argparse.Namespace:
-        """The map's options as the user gave them, reading the arguments and writing the
-        joblog in the spool."""
+        """The map's options as the user gave them (the arguments are ``arguments()``)."""
         import json  # a node's share, not every map's start
 
-        opts = parse(json.loads((self.spool / "argv.json").read_text()))
-        opts.nodes, opts.json, opts.range = None, False, None
-        opts.arg_file = str(self.spool / "args")
-        opts.joblog = str(self.spool / f"joblog-{self.index}")
+        opts = parse(json.loads(self.spool.read("argv.json")))
+        opts.nodes, opts.json, opts.range, opts.arg_file = None, False, None, None
+        opts.joblog = None  # this share's rows go to the spool (``joblog_file``)
         return opts
 
-    def mine(self, args: Iterator[str]) -> list[tuple[int, str]]:
-        """This share's (sequence number, argument) pairs: round robin by sequence number."""
-        return [(seq, arg) for seq, arg in enumerate(args, start=1)
-                if (seq - 1) % self.count == self.index]
+    def arguments(self) -> Iterator[tuple[int, Args]]:
+        """Every task of the map: its sequence number and arguments (one JSON line each)."""
+        import json  # a node's share, not every map's start
+
+        for line in self.spool.read("args").splitlines():
+            seq, args = json.loads(line)
+            yield int(seq), tuple(str(a) for a in args)
+
+    def joblog_file(self) -> IO[str]:
+        """This share's joblog in the spool (one JSON string per row)."""
+        return os.fdopen(self.spool.create_file(f"joblog-{self.index}"), "w")
+
+    def mine(self, tasks: Iterator[tuple[int, Args]]) -> list[tuple[int, Args]]:
+        """This share's (sequence number, arguments): round robin by sequence number."""
+        return [(seq, args) for seq, args in tasks if (seq - 1) % self.count == self.index]
+
+    def halted(self) -> str | None:
+        """"now" or "soon" once another share has halted, else None."""
+        if not self.spool.exists("halt"):
+            return None
+        try:
+            return self.spool.read("halt")
+        except OSError:
+            return None
 
     def tell_halt(self, now: bool) -> None:
         """Make the other shares halt (they poll for the flag every 0.1 s)."""
-        _write_whole(self.spool / "halt", "now" if now else "soon")
+        self.spool.write("halt", "now" if now else "soon")
 
     def report(self, job: Map, status: int) -> None:
         """This share's counts, for the merged exit status."""
-        _write_whole(self.spool / f"node-{self.index}.json", json_dumps({
+        self.spool.write(f"node-{self.index}.json", json_dumps({
             "node": self.node, "failed": job.failed, "succeeded": job.succeeded,
             "abort": job.abort[0] if job.abort is not None else None,
             "halted_at": job.halted_at, "halted_status": job.halted_status(),
             "exit": status}))
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    tmp.rename(path)
 
 
 # Each node's share runs this interpreter on the same package: no PATH lookup on the node.
@@ -566,30 +660,34 @@ def job_nodes(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
     return int(text) if text.isdigit() else 1
 
 
-def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[str],
-                 nodes: int) -> int:
+def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str],
+                 tasks: Iterator[tuple[int, Args]], nodes: int) -> int:
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    import json  # only here: with pathlib, shutil, subprocess and tempfile, about 11 ms of
-    import shutil  # every map's start
+    import json  # only here: with subprocess, a few ms of every map's start
     import subprocess
-    import tempfile
-    from pathlib import Path
 
-    spool = Path(tempfile.mkdtemp(prefix=f".fibermap-{os.environ.get('SLURM_JOB_ID')}-",
-                                  dir=os.getcwd()))
+    from slurm_fiber.safefs import UnsafePath
+
+    try:
+        spool = Spool.create(f".fibermap-{os.environ.get('SLURM_JOB_ID')}-")
+    except (UnsafePath, OSError) as err:
+        print(f"fiberctl map: cannot make the spool in {os.getcwd()}: {err}", file=sys.stderr)
+        return EXIT_OTHER
     # SIGTERM to the map alone (kill, timeout): srun is stopped and the spool removed
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
-        (spool / "args").write_text("".join(f"{arg}\n" for arg in args))
-        (spool / "argv.json").write_text(json_dumps(list(argv)))
+        spool.write("args", "".join(json_dumps([seq, list(args)], compact=True) + "\n"
+                                    for seq, args in tasks))
+        spool.write("argv.json", json_dumps(list(argv)))
         started = time.monotonic()
         try:
             srun = subprocess.run(
                 ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
                  "--ntasks-per-node=1", "--input=none", "--kill-on-bad-exit=0",
-                 sys.executable, "-c", SHARE_MAIN, "--node-share", str(spool)], check=False)
+                 sys.executable, "-c", SHARE_MAIN, "--node-share", spool.path,
+                 str(spool.inode)], check=False)
         except KeyboardInterrupt:
             print("fiberctl map: interrupted; srun stops every node's share", file=sys.stderr)
             return 130
@@ -597,19 +695,19 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str], args: Iterator[s
         shares = []
         for i in range(nodes):
             try:
-                shares.append(json.loads((spool / f"node-{i}.json").read_text()))
+                shares.append(json.loads(spool.read(f"node-{i}.json")))
             except (OSError, ValueError):
                 print(f"fiberctl map: the share of node task {i} ended without a summary "
                       f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
                 return EXIT_OTHER
         if opts.joblog is not None:
             rows: list[str] = [json.loads(line) for i in range(nodes)
-                               for line in (spool / f"joblog-{i}").read_text().splitlines()]
+                               for line in spool.read(f"joblog-{i}").splitlines()]
             rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
             with open(opts.joblog, "w") as log:  # in the order tasks ended
                 log.write(JOBLOG_HEADER + "".join(rows))
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        spool.remove()
     failed = sum(s["failed"] for s in shares)
     succeeded = sum(s["succeeded"] for s in shares)
     aborts = [s["abort"] for s in shares if s["abort"] is not None]
@@ -668,20 +766,30 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _tag(data: bytes, arg: str) -> bytes:
+def _tag(data: bytes, args: Args) -> bytes:
     if not data:
         return data
-    prefix = arg.encode() + b"\t"
+    prefix = " ".join(args).encode() + b"\t"
     lines = data.splitlines(keepends=True)
     return b"".join(prefix + line for line in lines)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line on stderr and exit 2 (never its usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise fail(EXIT_USAGE, f"fiberctl map: {message} (fiberctl map --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fiberctl map", description=__doc__,
-                                     formatter_class=help_formatter)
+    parser = Parser(prog="fiberctl map", description=__doc__, formatter_class=help_formatter)
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
                         metavar="N", help="tasks at once (default: usable CPUs)")
     parser.add_argument("--joblog", metavar="FILE", help="GNU parallel's joblog")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the tasks the --joblog has a row for; append to it")
+    parser.add_argument("--resume-failed", action="store_true",
+                        help="skip the tasks the --joblog logs as succeeded; append to it")
     parser.add_argument("--results", metavar="DIR",
                         help="keep each task's stdout/stderr/seq under DIR/1/<arg>/")
     parser.add_argument("--retries", type=int, default=1, metavar="K",
@@ -689,13 +797,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--halt", type=Halt.parse, default=None, metavar="WHEN,WHY",
                         help="never (default), now|soon,fail|success|done=X or =Y%%")
     parser.add_argument("--tag", action="store_true",
-                        help="prefix each output line with the argument and a TAB")
+                        help="prefix each output line with the arguments and a TAB")
+    parser.add_argument("-k", "--keep-order", action="store_true",
+                        help="print each task's output in the order of its arguments")
     parser.add_argument("--timeout", type=parse_seconds, metavar="S",
                         help="stop a task's fiber after S seconds (30, 2m, 1h)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("-a", "--arg-file", metavar="FILE", help="arguments, one per line")
-    source.add_argument("--range", type=parse_range, metavar="A-B",
-                        help="the integers A..B as arguments")
+    parser.add_argument("-a", "--arg-file", action="append", metavar="FILE",
+                        help="an input source: one argument a line (repeatable: every "
+                        "combination)")
+    parser.add_argument("--range", type=parse_range, metavar="A-B",
+                        help="the integers A..B as arguments (no other input source)")
+    parser.add_argument("--colsep", metavar="REGEX",
+                        help="split each input value into columns: {1} {2} ...")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each task's command instead of running it")
+    for flag in ("--bar", "--eta", "--progress"):
+        parser.add_argument(flag, dest="progress", action="store_const", const=flag[2:],
+                            help="draw a progress " + {"--bar": "bar", "--eta": "line with "
+                            "the time left", "--progress": "line"}[flag] + " on stderr")
     parser.add_argument("--call", metavar="MODULE:FUNC",
                         help="call the function in the warm interpreter, not a command")
     parser.add_argument("--json", action="store_true",
@@ -714,57 +833,104 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_options(parser: argparse.ArgumentParser, words: list[str]
+                  ) -> tuple[list[str], list[str]]:
+    """``words`` (no ``--``) as parallel reads them: the options, then the command from
+    the first word that is not one. An option this parser does not know exits 2 naming
+    it (GNU parallel has many this map does not: never a silent no-op)."""
+    actions = parser._option_string_actions
+    at = 0
+    while at < len(words) and words[at].startswith("-") and words[at] != "-":
+        word = words[at]
+        name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
+        action = actions.get(name)
+        if action is None:
+            raise fail(EXIT_USAGE, f"fiberctl map: {name} is not supported (a GNU parallel "
+                       "option fiberctl map does not have; fiberctl map --help)")
+        attached = "=" in word if word.startswith("--") else len(word) > 2
+        at += 2 if action.nargs != 0 and not attached else 1
+    return words[:at], words[at:]
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    """``argv`` after ``map``: options, then ``--`` and the command (kept as is)."""
-    words = list(argv)
-    cmd: list[str] = []
-    if "--" in words:
-        cut = words.index("--")
-        words, cmd = words[:cut], words[cut + 1:]
-    opts = build_parser().parse_args(words)
-    opts.cmd = cmd
+    """``argv`` after ``map``, as parallel's: options, the command (after ``--``, or from
+    the first word that is no option), then the input sources (``:::`` ...)."""
+    head, sources = split_sources(argv)
+    parser = build_parser()
+    if "--" in head:
+        cut = head.index("--")
+        words, cmd = head[:cut], head[cut + 1:]
+        split_options(parser, words)  # names an option parallel has and this map has not
+    else:
+        words, cmd = split_options(parser, head)
+    opts = parser.parse_args(words)
+    opts.cmd, opts.sources = cmd, sources
     if opts.jobs < 1 or opts.retries < 0:
         raise fail(EXIT_USAGE, "fiberctl map: -j must be at least 1, --retries at least 0")
     if opts.retries == 0:
         opts.retries = 1
     if opts.call is None and not cmd:
-        raise fail(EXIT_USAGE, "fiberctl map: give the command after --: "
-                   "fiberctl map -- CMD {} (or --call MODULE:FUNC)")
+        raise fail(EXIT_USAGE, "fiberctl map: give the command: fiberctl map [OPTIONS] CMD "
+                   "{} ::: ARGS, or -- CMD {} (or --call MODULE:FUNC)")
     if opts.call is not None and not re.fullmatch(r"[\w.]+:[\w.]+", opts.call):
         raise fail(EXIT_USAGE, "fiberctl map: --call wants MODULE:FUNC")
+    if opts.range is not None and (opts.arg_file or sources):
+        raise fail(EXIT_USAGE, "fiberctl map: --range is the only input source when given")
+    if (opts.resume or opts.resume_failed) and not opts.joblog:
+        raise fail(EXIT_USAGE, "fiberctl map: --resume and --resume-failed read the --joblog "
+                   "FILE: give it")
+    if opts.nodes == "all" and opts.keep_order:
+        raise fail(EXIT_USAGE, "fiberctl map: -k is not supported with --nodes all (each "
+                   "node prints as its tasks end)")
     return opts
+
+
+def dry_run(opts: argparse.Namespace, tasks: Iterator[tuple[int, Args]]) -> int:
+    """Print each task's command (as the joblog's Command column), run nothing."""
+    line = shell_line(opts.cmd) and opts.call is None
+    for seq, args in tasks:
+        words = command_words(opts.cmd, args, seq, 1, opts.call is not None)
+        print(shown(words, opts.call, line))
+    return 0
 
 
 def main(argv: Sequence[str]) -> int:
     """Run ``fiberctl map``; its exit status (see the module doc)."""
     try:
         # --node-share SPOOL: run_on_nodes started this as one node's share (not for users)
-        share = NodeShare.here(argv[1]) if argv[:1] == ["--node-share"] else None
+        share = NodeShare.here(argv[1], argv[2]) if argv[:1] == ["--node-share"] else None
         opts = share.options() if share is not None else parse(argv)
         fields = grant_fields(opts.grant, opts.token, opts.env)
+        if share is None:
+            inputs, total = arguments(opts)
+            skip = resumed(opts)
     except Exit as done:
         return done.code
+    if share is None:
+        tasks: Iterator[tuple[int, Args]] = enumerate(inputs, start=1)
+        if skip:
+            listed = [(seq, args) for seq, args in tasks if seq not in skip]
+            tasks, total = iter(listed), len(listed)
+        if opts.dry_run:
+            return dry_run(opts, tasks)
     if opts.nodes == "all":
         nodes = job_nodes()
         if nodes > 1:
-            return run_on_nodes(opts, argv, arguments(opts), nodes)
+            return run_on_nodes(opts, argv, tasks, nodes)
         print("fiberctl map: --nodes all: not in a Slurm job of several nodes; "
               "running every task on this node", file=sys.stderr)
     runner = TaskRunner(discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
                         token=fields.get("token"), env=fields.get("env"))  # type: ignore[arg-type]
     if share is not None:  # its status goes in its summary; srun's own exit stays quiet
-        mine = share.mine(arguments(opts))
+        mine = share.mine(share.arguments())
         job = Map(opts, runner, iter(mine), len(mine), share)
         share.report(job, job.run())
         return 0
-    total = None
-    args: Iterator[str] = arguments(opts)
-    if opts.range is not None:
-        total = abs(opts.range[1] - opts.range[0]) + 1
-    elif opts.arg_file is not None or not sys.stdin.isatty():
-        listed = list(args)
-        total, args = len(listed), iter(listed)
-    job = Map(opts, runner, enumerate(args, start=1), total)
+    order = None
+    if opts.keep_order:
+        listed = list(tasks)
+        tasks, order = iter(listed), [seq for seq, _ in listed]
+    job = Map(opts, runner, tasks, total, order=order)
     try:
         status = job.run()
     except KeyboardInterrupt:

@@ -763,6 +763,7 @@ class Core:
             id=fiber_id, mode="call" if call is not None else "exec",
             target=call.target if call else None, args=call.args if call else (),
             kwargs=call.kwargs if call else {}, pickled=call.pickled if call else None,
+            path=call.path if call else (),
             argv=exe.argv if exe else (),
             cwd=exe.cwd if exe else None, env=request.env,
             stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,

@@ -397,7 +397,28 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
+def caller_path(entries: object) -> None:
+    """Put a call's import path (the order's ``path``: the caller's directories) first
+    on ``sys.path``, in its order, each entry only when ``safe_path_entry`` finds it safe
+    here (the others named on the fiber's stderr), so the fiber imports as its caller
+    would and never from a directory another user can write."""
+    if not isinstance(entries, list) or not entries:
+        return
+    kept: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str) or entry in sys.path or entry in kept:
+            continue
+        why = safe_path_entry(entry)
+        if why is None:
+            kept.append(entry)
+        elif os.path.exists(entry):
+            print(f"fiber: the caller's sys.path entry {entry!r} left out: {why}",
+                  file=sys.stderr)
+    sys.path[:0] = kept
+
+
 def _call(msg: wire.Message, result: ResultChannel) -> int:
+    caller_path(msg.get("path"))
     pickled = msg.get("pickled")
     if isinstance(pickled, str):
         return _answer(result, lambda: _call_pickled(msg, pickled), pickled=True)

@@ -161,6 +161,7 @@ class FiberRequest:
     args: tuple[object, ...] = ()
     kwargs: Mapping[str, object] = field(default_factory=dict)
     pickled: str | None = None  # a pickled call (CallTarget.pickled), passed on unread
+    path: tuple[str, ...] = ()  # a call's import path (CallTarget.path), checked in the fiber
     argv: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
@@ -879,7 +880,7 @@ class Template:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}
         return {"t": "run", "id": request.id, "mode": request.mode, "target": request.target,
                 "args": list(request.args), "kwargs": dict(request.kwargs),
-                "pickled": request.pickled,
+                "pickled": request.pickled, "path": list(request.path),
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
                 "out_dir": self._out_text}

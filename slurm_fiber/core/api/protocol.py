@@ -61,6 +61,8 @@ MAX_ENV = 256
 MAX_ENV_VALUE = 32 * 1024
 MAX_TOKEN = 64 * 1024
 MAX_PATH = 4096
+MAX_CALL_PATH = 64  # entries of a call's import path (call.path)
+MAX_CALL_PATH_TEXT = 16 * 1024  # their characters in all: the template's order holds them
 MAX_GRACE = 3600.0
 
 TARGET_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -284,10 +286,11 @@ def _env(raw: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _call(raw: Mapping[str, Any], version: int) -> CallTarget:
-    f = _Fields(raw, frozenset({"target", "args", "kwargs", "pickled"}))
+    f = _Fields(raw, frozenset({"target", "args", "kwargs", "pickled", "path"}))
+    path = _call_path(f)
     pickled = f.get("pickled", str, "base64 text")
     if pickled is not None:
-        return _pickled_call(f, pickled, version)
+        return _pickled_call(f, pickled, version, path)
     target = f.get("target", str, "'module:function'", required=True)
     if len(target) > 512 or not TARGET_PATTERN.fullmatch(target):
         raise ApiError(ErrorCode.BAD_REQUEST, "call.target must be 'module:function'", "call")
@@ -296,10 +299,26 @@ def _call(raw: Mapping[str, Any], version: int) -> CallTarget:
     bad = next((k for k in kwargs if not KWARG_PATTERN.fullmatch(k)), None)
     if bad is not None:
         raise ApiError(ErrorCode.BAD_REQUEST, f"call.kwargs name {bad[:40]!r} is invalid", "call")
-    return CallTarget(target=target, args=tuple(args), kwargs=kwargs)
+    return CallTarget(target=target, args=tuple(args), kwargs=kwargs, path=path)
 
 
-def _pickled_call(f: _Fields, pickled: str, version: int) -> CallTarget:
+def _call_path(f: _Fields) -> tuple[str, ...]:
+    """``call.path``: the caller's import path (absolute directories), put first on the
+    fiber's ``sys.path`` where safe (template_main); at most MAX_CALL_PATH entries of
+    MAX_CALL_PATH_TEXT characters in all."""
+    entries = f.get("path", list, "a JSON array of absolute paths") or []
+    if len(entries) > MAX_CALL_PATH or not all(
+            isinstance(e, str) and e.startswith("/") and "\0" not in e for e in entries):
+        raise ApiError(ErrorCode.BAD_REQUEST, f"call.path must be at most {MAX_CALL_PATH} "
+                       "absolute paths", "call")
+    if sum(len(e) for e in entries) > MAX_CALL_PATH_TEXT:
+        raise ApiError(ErrorCode.BAD_REQUEST,
+                       f"call.path is over {MAX_CALL_PATH_TEXT} characters", "call")
+    return tuple(entries)
+
+
+def _pickled_call(f: _Fields, pickled: str, version: int,
+                  path: tuple[str, ...] = ()) -> CallTarget:
     """A v2 pickled call: fiberd checks only the text's shape; the fiber alone unpickles it."""
     if version < PICKLED_SINCE:
         raise ApiError(ErrorCode.BAD_REQUEST,
@@ -313,7 +332,7 @@ def _pickled_call(f: _Fields, pickled: str, version: int) -> CallTarget:
     target = f.get("target", str, "'module:function'")
     if target is not None and (len(target) > 512 or not TARGET_PATTERN.fullmatch(target)):
         raise ApiError(ErrorCode.BAD_REQUEST, "call.target must be 'module:function'", "call")
-    return CallTarget(target=target, pickled=pickled)
+    return CallTarget(target=target, pickled=pickled, path=path)
 
 
 def _exec(raw: Mapping[str, Any]) -> ExecTarget:

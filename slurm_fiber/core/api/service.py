@@ -40,12 +40,15 @@ class CallTarget:
     fiber decodes (fiberd passes it on unread). With ``target`` it holds the
     pickle of ``(args, kwargs)``; with ``target`` None, of ``(function, args,
     kwargs)``. The fiber's result (or exception) then comes back pickled too.
+    ``path``: the caller's import path, put first on the fiber's ``sys.path``
+    (the entries that are safe there) before it resolves or unpickles anything.
     """
 
     target: str | None
     args: tuple[object, ...] = ()
     kwargs: Mapping[str, object] = field(default_factory=dict)
     pickled: str | None = None
+    path: tuple[str, ...] = ()
 
 
 @record(frozen=True)
