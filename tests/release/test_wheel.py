@@ -118,7 +118,7 @@ def test_installed_files_are_where_slurm_fiber_files_says(venv: Path, tmp_path: 
     if shutil.which("man"):
         page = subprocess.run(["man", "-l", str(man / "man1/fiberctl.1")], capture_output=True,
                               text=True, env={**clean_env(venv), "MANWIDTH": "80"}, timeout=60)
-        assert "fiberctl" in page.stdout and "--socket" in page.stdout.replace("‐", "-")
+        assert "fiberctl" in page.stdout and "--socket" in page.stdout.replace("\u2010", "-")
     bash = Path(listed["bash"]) / "fiberctl"
     done = subprocess.run(["bash", "-c", f'source "{bash}"; COMP_WORDS=(fiberctl st); '
                            'COMP_CWORD=1; _fiberctl; echo "${COMPREPLY[@]}"'],
