@@ -33,11 +33,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("slurm_fiber.cli.audit:audit_command", "Read fiberd's audit log."),
     "conform": ("slurm_fiber.cli.conform:command",
                 "Check that a home conforms to the core's contract (grant-conform)."),
+    "node-metrics": ("slurm_fiber.cli.nodemetrics:node_metrics",
+                     "Relay every job's fiberd metrics on this node to node_exporter."),
     "files": ("slurm_fiber.cli.files:files",
               "Where this install keeps contrib files, man pages and completion."),
 }
 # The function commands' long help, by the module attribute holding it.
-HELP_ATTRIBUTE = {"quickstart": "HELP", "audit": "HELP", "conform": "HELP", "files": "HELP"}
+HELP_ATTRIBUTE = {"quickstart": "HELP", "audit": "HELP", "conform": "HELP", "files": "HELP",
+                  "node-metrics": "HELP"}
 
 
 def load(name: str) -> Command:
