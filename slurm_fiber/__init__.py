@@ -8,14 +8,16 @@ and stopped at min(lease, fence). The invariant core lives in
 Slurm allocation, Kubernetes Pod) live in ``slurm_fiber.homes``.
 """
 
-__version__ = "0.1.0"
-
 __all__ = ["Executor", "__version__"]
 
 
 def __getattr__(name: str) -> object:
-    """``slurm_fiber.Executor``, imported on first use: ``import slurm_fiber`` stays cheap
-    (the hooks and fiberctl import the package on every run)."""
+    """``slurm_fiber.Executor`` and ``__version__``, looked up on first use: ``import
+    slurm_fiber`` stays cheap (the hooks and fiberctl import the package on every run)."""
+    if name == "__version__":
+        from slurm_fiber.version import version
+
+        return version()
     if name == "Executor":
         from slurm_fiber.executor import Executor
 

@@ -224,6 +224,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                 template_timeout=config.template_timeout)
     server = ApiServer(core, _server_config(config), clock=clock,
                        audit=_audit_refusal(audit))
+    core.on_fiber_end = server.metrics.fiber_ended
     try:
         await server.start()
     except SocketPathError as err:

@@ -604,6 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="fiberctl", description=__doc__,
                                      formatter_class=help_formatter)
+    from slurm_fiber.version import version_line
+
+    parser.add_argument("--version", action="version", version=version_line("fiberctl"),
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     handlers: list[tuple[str, Callable[[argparse.Namespace], None], str]] = [
         ("run", run, "run CMD as a fiber, here (fiberctl run [OPTIONS] -- CMD ...)"),

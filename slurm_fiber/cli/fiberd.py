@@ -27,6 +27,7 @@ from slurm_fiber.cli.notls import asyncio_for_home
 from slurm_fiber.config import ConfigError, FiberdConfig
 from slurm_fiber.homes.select import HomeRefused, lookup, names
 from slurm_fiber.logs import setup_logging
+from slurm_fiber.version import exit_if_asked
 
 T = TypeVar("T")
 
@@ -44,6 +45,8 @@ slurm_fiber.homes), each with the options it reads:
 Metrics (off by default): --metrics-listen HOST:PORT serves Prometheus GET /metrics
 (PORT alone: 127.0.0.1), --metrics-textfile DIR writes a .prom file for node_exporter's
 textfile collector; both labelled with the home, and on Slurm the job id and node.
+
+--version prints the version and exits.
 
 Exit codes: 0 clean stop on SIGTERM/SIGINT; 1 refused to start or the home
 failed (one line on stderr says why); 2 usage error.
@@ -142,6 +145,7 @@ def typer_app() -> Any:
 
 def main() -> None:
     """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
+    exit_if_asked("fiberd", sys.argv[1:])
     flags = plain_flags(sys.argv[1:])
     if flags is None:
         typer_app()()

@@ -29,6 +29,7 @@ from typing import Any
 from slurm_fiber.cli.fiberd import CommandExit, configured, run_loop, say
 from slurm_fiber.cli.fiberd_options import KW, option_parameters, plain_flags, with_parameters
 from slurm_fiber.homes.select import claiming
+from slurm_fiber.version import exit_if_asked
 
 WARM_TIMEOUT = 120.0  # seconds --warm-timeout defaults to
 
@@ -40,6 +41,8 @@ HELP = """Run fiberd in the foreground; with `-- CMD ...`, run CMD as a fiber on
 
 Takes every fiberd option (see `fiberd --help`); the home is --home NAME, else slurm
 inside a job, else standalone (--standalone: deprecated, same as --home standalone).
+--version prints the version and exits.
+
 Exit codes: CMD's status (128+N for signal N, 126/127 when its exec failed); without
 CMD 0 after SIGTERM/SIGINT; 1 fiberd could not start, no template warmed in time, or
 the Clone missed; 2 usage error.
@@ -131,6 +134,7 @@ def plain_run_flags(argv: list[str]) -> dict[str, object] | None:
 
 def main() -> None:
     """Console-script entry point: plain flags without typer's parser (``plain_flags``)."""
+    exit_if_asked("fiberd-run", sys.argv[1:])
     flags = plain_run_flags(sys.argv[1:])
     if flags is None:
         typer_app()()

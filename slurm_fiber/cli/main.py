@@ -33,9 +33,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("slurm_fiber.cli.audit:audit_command", "Read fiberd's audit log."),
     "conform": ("slurm_fiber.cli.conform:command",
                 "Check that a home conforms to the core's contract (grant-conform)."),
+    "node-metrics": ("slurm_fiber.cli.nodemetrics:node_metrics",
+                     "Relay every job's fiberd metrics on this node to node_exporter."),
+    "files": ("slurm_fiber.cli.files:files",
+              "Where this install keeps contrib files, man pages and completion."),
 }
 # The function commands' long help, by the module attribute holding it.
-HELP_ATTRIBUTE = {"quickstart": "HELP", "audit": "HELP", "conform": "HELP"}
+HELP_ATTRIBUTE = {"quickstart": "HELP", "audit": "HELP", "conform": "HELP", "files": "HELP",
+                  "node-metrics": "HELP"}
 
 
 def load(name: str) -> Command:
@@ -51,7 +56,18 @@ def load(name: str) -> Command:
         single.command(name, help=getattr(module, HELP_ATTRIBUTE[name]))(obj)
         command = typer.main.get_command(single)
     command.name = name
+    plain_help(command)
     return command
+
+
+def plain_help(command: Command) -> None:
+    """One help style for every command: click's plain layout, as the top level and
+    fiberd's, not rich's boxes (a group's subcommands included)."""
+    for each in [command, *getattr(command, "commands", {}).values()]:
+        if hasattr(each, "rich_markup_mode"):
+            each.rich_markup_mode = None
+        if each is not command:
+            plain_help(each)
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -81,8 +97,19 @@ app = typer.Typer(
 
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from slurm_fiber.version import version_line
+
+        typer.echo(version_line("slurm-fiber"))
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _group() -> None:
+def _group(
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version and exit."),
+) -> None:
     """The group itself does nothing; its subcommands do the work."""
 
 

@@ -11,7 +11,12 @@ thread, nothing that could hold a lock across a fork). A connection is bounded:
 the request head is at most 8 KiB and must arrive within 5 s, at most 16
 connections are served at once (more are closed at once), so a client holding
 connections open costs fiberd nothing but those sockets. Anything but GET/HEAD
-of ``/metrics`` gets 404/405. ``MetricsTextfile`` writes ``NAME.prom`` for
+of ``/metrics`` gets 404/405. A scrape loop is bounded too: connections are
+accepted at most ``ACCEPT_RATE`` a second (a burst of ``ACCEPT_BURST``), the
+others wait in the kernel's backlog, not in fiberd, and the exposition is
+rebuilt at most once a ``RENDER_INTERVAL`` (``core.metrics.Rendered``), so
+however fast a local client loops, fiberd builds about one exposition a second
+and answers a bounded number of requests. ``MetricsTextfile`` writes ``NAME.prom`` for
 node_exporter's textfile collector into a directory opened with
 ``safefs.open_dir`` (fiberd's uid or root only), replaced atomically
 (``safefs.write_atomic``) at start and every ``REFRESH`` seconds, and removed
@@ -26,12 +31,13 @@ import contextlib
 import logging
 import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
+from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics, Rendered
 from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, write_atomic
 
@@ -44,6 +50,9 @@ REFRESH = 15.0  # seconds between textfile rewrites (node_exporter reads it at e
 HEAD_LIMIT = 8192  # bytes of request line and headers
 HEAD_TIMEOUT = 5.0  # seconds a client has to send them
 MAX_CONNECTIONS = 16
+ACCEPT_RATE = 10.0  # connections accepted per second, sustained
+ACCEPT_BURST = 20  # and at once after a quiet spell
+BACKLOG = 16
 # scope claim key (after its "home." prefix) -> label name
 _SCOPE_LABELS = {"job_id": "job_id", "node": "node"}
 
@@ -74,6 +83,7 @@ class Labelled:
 
     metrics: FiberMetrics
     labels: Labels
+    rendered: Rendered | None = None
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.samples import Sample
@@ -85,10 +95,39 @@ class Labelled:
             yield family
 
     def render(self) -> bytes:
-        """The text exposition, labelled. Never blocks."""
+        """The text exposition, labelled, rebuilt at most every RENDER_INTERVAL seconds.
+        Never blocks."""
+        if self.rendered is None:
+            self.rendered = Rendered(self._render)
+        return self.rendered.get()
+
+    def _render(self) -> bytes:
         from prometheus_client.exposition import generate_latest
 
         return generate_latest(self)  # a collector by protocol (it has collect)
+
+
+class AcceptBudget:
+    """A token bucket on the clock: ``await take()`` returns once a connection may be
+    accepted (ACCEPT_RATE a second, ACCEPT_BURST at once)."""
+
+    def __init__(self, clock: Clock, rate: float = ACCEPT_RATE,
+                 burst: int = ACCEPT_BURST) -> None:
+        self.clock = clock
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.at = clock.mono()
+
+    async def take(self) -> None:
+        while True:
+            now = self.clock.mono()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return
+            await self.clock.sleep((1 - self.tokens) / self.rate)
 
 
 class MetricsHttp:
@@ -98,37 +137,62 @@ class MetricsHttp:
     drops open connections.
     """
 
-    def __init__(self, view: Labelled, host: str, port: int) -> None:
+    def __init__(self, view: Labelled, host: str, port: int, clock: Clock) -> None:
         self.view = view
         self.host = host
         self.port = port
-        self._server: asyncio.Server | None = None
+        self.budget = AcceptBudget(clock)
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._open: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port,
-                                                      limit=HEAD_LIMIT)
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            self._listener = socket.create_server((self.host, self.port), family=family,
+                                                  backlog=BACKLOG)
         except OSError as err:
             raise ExportRefused(f"cannot serve metrics on {self.host}:{self.port}: "
                                 f"{err.strerror or err}") from None
+        self._listener.setblocking(False)
+        self._accepting = asyncio.ensure_future(self._accept_loop(self._listener))
         log.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._open):
+        tasks = [t for t in (self._accepting, *self._open) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._open, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept within the budget (module doc); never raises but for cancellation."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.budget.take()
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as err:  # out of descriptors, a reset before accept: try later
+                log.debug("metrics accept failed: %s", err)
+                continue
+            if len(self._open) >= MAX_CONNECTIONS:
+                conn.close()
+                continue
+            task = asyncio.ensure_future(self._serve_socket(conn))
+            self._open.add(task)
+            task.add_done_callback(self._open.discard)
+
+    async def _serve_socket(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn, limit=HEAD_LIMIT)
+        except OSError:
+            conn.close()
+            return
+        await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is None or len(self._open) >= MAX_CONNECTIONS:
-            writer.close()
-            return
-        self._open.add(task)
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -137,7 +201,6 @@ class MetricsHttp:
                 ConnectionError, ValueError):
             pass  # a client that left, dawdled or sent too much: nothing to answer
         finally:
-            self._open.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -251,10 +314,11 @@ async def start_export(metrics: FiberMetrics, labels: Labels, clock: Clock, *,
     """Start the HTTP endpoint and/or the textfile the configuration names (neither: an
     export that does nothing). Raises ExportRefused, having undone what it started."""
     view = Labelled(metrics, labels)
+    view.rendered = Rendered(view._render, now=clock.mono)  # rebuilt on fiberd's clock
     export = MetricsExport()
     try:
         if listen is not None:
-            export.http = MetricsHttp(view, *listen)
+            export.http = MetricsHttp(view, *listen, clock)
             await export.http.start()
         if textfile is not None:
             export.textfile = MetricsTextfile.open(view, textfile)

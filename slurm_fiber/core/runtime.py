@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,7 +66,7 @@ from slurm_fiber.core.enforcement import (
     host_devices,
     host_enforcement,
 )
-from slurm_fiber.core.fibers import DeadlineTimer, Fiber
+from slurm_fiber.core.fibers import DeadlineTimer, Fiber, FiberEnd
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
 from slurm_fiber.core.misses import Miss, MissCode
@@ -187,6 +187,8 @@ class Core:
         self.prune_after = prune_after
         self.strict_limits = strict_limits
         self.closing = False
+        # told of every registered fiber's end (grant uid, end, mode): the metrics' fiber_ended
+        self.on_fiber_end: Callable[[str, FiberEnd | None, str], None] | None = None
         self._grants: dict[str, _Grant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._fibers: dict[str, FiberView] = {}
@@ -844,6 +846,8 @@ class Core:
         self._fibers.pop(fiber.id, None)
         self._released.discard(fiber.id)
         end = fiber.exit
+        if self.on_fiber_end is not None:
+            self.on_fiber_end(fiber.uid, end, fiber.mode)
         if not self._exits:
             asyncio.get_running_loop().call_soon(self._write_exits)
         self._exits.append((AuditEvent.FIBER_EXIT, _present(

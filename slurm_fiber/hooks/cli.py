@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from slurm_fiber.hooks.hook import Hook
+from slurm_fiber.version import exit_if_asked
 
 HookRun = Callable[[Mapping[str, str], Hook], int]
 
@@ -25,6 +27,12 @@ def hook_main(name: str, help_text: str, run: HookRun) -> None:
     """Run hook ``name``: ``run(environ, hook)`` gives the exit code. Never returns."""
     if len(sys.argv) <= 1:
         sys.exit(run(os.environ, Hook(name)))
+    exit_if_asked(name, sys.argv[1:])
+    hook_app(name, help_text, run)(prog_name=name)
+
+
+def hook_app(name: str, help_text: str, run: HookRun) -> Any:
+    """The typer command of hook ``name`` for a person's run (and the man page's parser)."""
     import json
 
     import typer
@@ -39,6 +47,8 @@ def hook_main(name: str, help_text: str, run: HookRun) -> None:
                                      help="End with one JSON object: job, exit, failed steps."),
         no_syslog: bool = typer.Option(False, "--no-syslog",
                                        help="Write to stderr only (manual runs, tests)."),
+        _version: bool = typer.Option(False, "--version",
+                                      help="Print the version and exit."),
     ) -> None:
         hook = Hook(name, verbose=verbose, use_syslog=not no_syslog)
         code = run(os.environ, hook)
@@ -47,4 +57,4 @@ def hook_main(name: str, help_text: str, run: HookRun) -> None:
                                    "failed": hook.failed, "notes": hook.notes}))
         raise typer.Exit(code)
 
-    app(prog_name=name)
+    return app

@@ -457,8 +457,9 @@ class _Connection:
             server.metrics.clone_missed(outcome.code, elapsed)
             await self.send(miss_reply(rid, outcome))
             return
-        server.metrics.clone_started(elapsed)
-        await self.send(ok_reply(rid, {"fiber": outcome.to_json()}, "started", final=not op.wait))
+        record = outcome.to_json()
+        server.metrics.clone_started(elapsed, str(record.get("uid", "")))
+        await self.send(ok_reply(rid, {"fiber": record}, "started", final=not op.wait))
         if op.wait:
             await self.stream_exits(rid, [outcome], op.hangup, op.early)
 
@@ -571,8 +572,9 @@ class _Connection:
             error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
                              f"{type(outcome).__name__}: {outcome}")
             return self.refused_item(rid, key, error)
-        metrics.clone_started(elapsed)
-        return {"key": key, "ok": True, "fiber": outcome.to_json()}
+        record = outcome.to_json()
+        metrics.clone_started(elapsed, str(record.get("uid", "")))
+        return {"key": key, "ok": True, "fiber": record}
 
     async def cancel(self, rid: int | str | None, _op: PlainOp, _frame: Frame) -> None:
         """``cancel`` outside a windowed batch's stream: nothing is left to cancel (the
@@ -707,7 +709,7 @@ class ApiServer:
         self.service = service
         self.config = config
         self.clock = clock
-        self.metrics = metrics or FiberMetrics(service.fibers_running)
+        self.metrics = metrics or FiberMetrics(service.fibers_running, now=clock.mono)
         self.audit = audit
         self.closing = False
         self._claimed: ClaimedSocket | None = None

@@ -98,7 +98,7 @@ def test_metrics_counts_clones_and_misses(served) -> None:
         with pytest.raises(Missed):
             c.clone(exec={"argv": ["true"]}, grant="cold-x")
         text = c.request("metrics")["text"]
-    assert "slurm_fiber_clones_total 1.0" in text
+    assert 'slurm_fiber_clones_total{grant=""} 1.0' in text  # the test service names none
     assert 'slurm_fiber_clone_misses_total{code="cold"} 1.0' in text
     assert 'slurm_fiber_clone_misses_total{code="expired"} 0.0' in text
     assert "slurm_fiber_clone_latency_seconds_count 2.0" in text

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,10 +16,22 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_fiber.core.clock import FakeClock
+from slurm_fiber import __version__
+from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.core.clock import FakeClock, SystemClock
+from slurm_fiber.core.fibers import FiberEnd, FiberState, StopReason
 from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.core.metrics import FiberMetrics
+from slurm_fiber.core.metrics import (
+    END_REASONS,
+    MAX_GRANTS,
+    OTHER_GRANT,
+    RENDER_INTERVAL,
+    FiberMetrics,
+    end_reason,
+)
 from slurm_fiber.core.metrics_export import (
+    ACCEPT_BURST,
+    ACCEPT_RATE,
     REFRESH,
     Labelled,
     scope_labels,
@@ -59,6 +72,22 @@ def get(url: str) -> tuple[int, str]:
         return err.code, ""
 
 
+def scrape_until(port: int, name: str, labels: dict[str, str],
+                 value: float) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """The scrape that first shows sample ``name{labels} value`` (an exposition is served
+    again for up to RENDER_INTERVAL before it is rebuilt); fails after 15 s."""
+    end = time.monotonic() + 15
+    while True:
+        status, text = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        scraped = families(text)
+        if any((n, lab, v) == (name, labels, value) for samples in scraped.values()
+               for n, lab, v in samples):
+            return scraped
+        assert time.monotonic() < end, f"{name}{labels} {value} never scraped:\n{text}"
+        time.sleep(0.2)
+
+
 def test_http_and_textfile_expose_the_same_labelled_metrics_and_the_file_goes_on_stop(
         site: Site) -> None:
     site.drop()
@@ -71,11 +100,11 @@ def test_http_and_textfile_expose_the_same_labelled_metrics_and_the_file_goes_on
         sock = wait_socket(site, proc)
         wait_ready(sock)
         start_long_fiber(sock)
-        status, text = get(f"http://127.0.0.1:{port}/metrics")
-        assert status == 200
-        scraped = families(text)
-        assert ("slurm_fiber_clones_total", {"home": "standalone"}, 1.0) in \
-            scraped["slurm_fiber_clones"]
+        scraped = scrape_until(port, "slurm_fiber_clones_total",
+                               {"home": "standalone", "grant": "g1"}, 1.0)
+        assert ("slurm_fiber_fiber_ends_total", {"home": "standalone", "grant": "g1",
+                                                 "reason": "ok"}, 0.0) in \
+            scraped["slurm_fiber_fiber_ends"]
         assert scraped["slurm_fiber_fibers_running"] == \
             [("slurm_fiber_fibers_running", {"home": "standalone"}, 1.0)]
         assert all(labels.get("home") == "standalone"
@@ -208,3 +237,109 @@ def test_fiberd_without_a_scrape_never_imports_prometheus() -> None:
     assert samples[("slurm_fiber_clone_latency_seconds_bucket", None, "0.005")] == 1
     assert samples[("slurm_fiber_clone_latency_seconds_bucket", None, "+Inf")] == 2
     assert samples[("slurm_fiber_fibers_running", None, None)] == 2
+
+
+def test_fiber_ends_are_counted_per_grant_and_reason_with_build_info(site: Site) -> None:
+    site.drop()
+    port = free_port()
+    with fiberd(site, {"metrics-listen": f"127.0.0.1:{port}"}, stderr=subprocess.PIPE) as proc:
+        sock = wait_socket(site, proc)
+        wait_ready(sock)
+        with FiberdClient(sock) as client:
+            for argv in (["true"], ["false"]):
+                client.clone(grant="g1", exec={"argv": argv}, wait=True)
+                client.wait_exit()
+        with FiberdClient(sock) as client:
+            fiber = client.clone(grant="g1", exec={"argv": ["sleep", "60"]})
+            client.request("stop_fiber", fiber=fiber["id"], grace=1)
+        scraped = scrape_until(port, "slurm_fiber_fiber_ends_total",
+                               {"home": "standalone", "grant": "g1", "reason": "killed"}, 1.0)
+        ends = {s[1]["reason"]: s[2] for s in scraped["slurm_fiber_fiber_ends"]}
+        assert ends == {"ok": 1.0, "failed": 1.0, "deadline": 0.0, "oom": 0.0,
+                        "killed": 1.0, "lost": 0.0}
+        assert ("slurm_fiber_clones_total", {"home": "standalone", "grant": "g1"}, 3.0) in \
+            scraped["slurm_fiber_clones"]
+        (info,) = scraped["slurm_fiber_build_info"]
+        assert info[2] == 1.0 and info[1]["version"] == __version__
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def end(state: FiberState = FiberState.EXITED, status: int | None = 0,
+        reason: str | None = None, result: dict[str, object] | None = None) -> FiberEnd:
+    return FiberEnd(state=state, status=status, result=result,
+                    reason=StopReason(reason, "why") if reason else None)
+
+
+@pytest.mark.parametrize(("fiber_end", "mode", "expected"), [
+    (end(), "exec", "ok"),
+    (end(result={"ok": True, "result": 1}), "call", "ok"),
+    (end(status=1 << 8), "exec", "failed"),
+    (end(result={"ok": False, "error": {"type": "ValueError"}}), "call", "failed"),
+    (end(result=None), "call", "failed"),  # died before reporting a result
+    (end(status=127 << 8, result={"exec_failed": {"errno": 2}}), "exec", "failed"),
+    (end(status=9, reason="deadline"), "exec", "deadline"),
+    (end(status=15, reason="lease_end"), "exec", "deadline"),
+    (end(status=9, reason="oom"), "exec", "oom"),
+    (end(status=15, reason="stopped"), "exec", "killed"),
+    (end(status=15, reason="removed"), "exec", "killed"),
+    (end(status=9, reason="signal"), "exec", "killed"),
+    (end(state=FiberState.LOST, status=None), "exec", "lost"),
+    (end(status=9, reason="template_lost"), "call", "lost"),
+    (None, "exec", "lost"),
+])
+def test_end_reason_names_each_way_a_fiber_ends(fiber_end: FiberEnd | None, mode: str,
+                                                expected: str) -> None:
+    assert end_reason(fiber_end, mode) == expected
+    assert expected in END_REASONS
+
+
+def test_grant_labels_are_bounded() -> None:
+    metrics = FiberMetrics()
+    for n in range(MAX_GRANTS + 50):
+        metrics.clone_started(0.001, f"g{n}")
+    text = metrics.render()
+    grants = {s.labels["grant"] for f in text_string_to_metric_families(text)
+              if f.name == "slurm_fiber_clones" for s in f.samples}
+    assert len(grants) == MAX_GRANTS + 1 and OTHER_GRANT in grants
+
+
+def scrape_loop(port: int, until: float, answered: list[int]) -> None:
+    """GET /metrics as fast as one client can until ``until`` (monotonic)."""
+    while time.monotonic() < until:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+                conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                if conn.recv(16).startswith(b"HTTP/1.0 200"):
+                    answered.append(1)
+        except OSError:
+            pass
+
+
+@aio
+async def test_a_local_scrape_loop_gets_a_bounded_number_of_renders_and_answers(
+        tmp_path: Path) -> None:
+    """Issue 38 (low): a local scrape loop cost fiberd ~70% of a CPU. However fast clients
+    loop, fiberd builds about one exposition a second and answers about ACCEPT_RATE
+    requests a second (the rest wait in the kernel's backlog)."""
+    rendered: list[float] = []
+
+    def labels() -> dict[str, str]:  # called once per exposition fiberd builds
+        rendered.append(time.monotonic())
+        return {"home": "h"}
+
+    port = free_port()
+    export = await start_export(FiberMetrics(), labels, SystemClock(),
+                                listen=("127.0.0.1", port), textfile=None)
+    seconds, clients = 3.0, 4
+    answered: list[int] = []
+    try:
+        start = time.monotonic()
+        await asyncio.gather(*(asyncio.to_thread(scrape_loop, port, start + seconds, answered)
+                               for _ in range(clients)))
+        took = time.monotonic() - start
+    finally:
+        await export.close()
+    assert answered, "no scrape was answered at all"
+    assert len(rendered) <= took / RENDER_INTERVAL + 2, len(rendered)
+    assert len(answered) <= ACCEPT_RATE * took + ACCEPT_BURST + 2, len(answered)
