@@ -218,6 +218,9 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))
+    from slurm_fiber.epilog import cgroup_v2  # what a fiberd carved below Slurm's v2 steps
+
+    hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * WAIT_SHARE))
     kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
     if kept is not None:
         hook.note("audit", f"kept the audit log as {kept}")
