@@ -307,7 +307,9 @@ class SlurmStage(OpenedStage):
         except ValueError as err:  # SlurmParseError, SiteConfigError
             raise StageCannot(f"job {self._job_id}: {err}") from None
         self._paths = job_paths(site.state_root, self._job.node, self._job.job_id)
-        self._devices = tuple(Device("gpu", i, path=gpu_files.get(i)) for i in self._job.gpus)
+        visible = dict(zip(self._job.gpus, self._job.gpu_visible, strict=False))
+        self._devices = tuple(Device("gpu", i, path=gpu_files.get(i), visible=visible.get(i))
+                              for i in self._job.gpus)
         if not self.paths.grantdir.is_dir():
             raise StageCannot(f"job {self._job_id}: no grantdir {self.paths.grantdir}: "
                               "is the slurm_fiber prolog configured?")

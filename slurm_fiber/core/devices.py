@@ -53,12 +53,16 @@ NO_DEVICE: dict[str, str] = {
 
 @record(frozen=True)
 class Device:
-    """One device: kind ("gpu"), index as the scheduler numbers it, node path, uuid if known."""
+    """One device: kind ("gpu"), index as the scheduler numbers it, node path, uuid if known,
+    and ``visible``: the id the job's own steps give runtimes for it where the home knows it
+    differs from ``index`` (Slurm renumbers CUDA_VISIBLE_DEVICES from 0 under
+    ConstrainDevices), which the visibility variables then carry."""
 
     kind: str
     index: int
     path: str | None = None
     uuid: str | None = None
+    visible: str | None = None
 
 
 @record(frozen=True)
@@ -91,12 +95,13 @@ class DeviceChannel:
             for name in names:
                 # The container toolkit reads uuids when present.
                 ids = [d.uuid or str(d.index) if name == "NVIDIA_VISIBLE_DEVICES"
-                       else str(d.index) for d in mine]
+                       else d.visible or str(d.index) for d in mine]
                 out[name] = ",".join(ids) if ids else NO_DEVICE.get(name, "")
         return out
 
     def to_json(self) -> list[dict[str, object]]:
         return [
             {"kind": d.kind, "index": d.index, "path": d.path, "uuid": d.uuid}
+            | ({"visible": d.visible} if d.visible is not None else {})
             for d in self.devices
         ]

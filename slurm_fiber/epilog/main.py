@@ -219,6 +219,9 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))
+    from slurm_fiber.epilog import cgroup_v2  # what a fiberd carved below Slurm's v2 steps
+
+    hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * WAIT_SHARE))
     hook.step("metrics", lambda: remove_job_textfile(config.state_root, job.node, job.job_id))
     kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
     if kept is not None:

@@ -7,6 +7,12 @@ In order of preference:
    cgroup directory under the cgroup2 mount, writable by this process, and,
    when it lies inside Slurm's tree, inside this job's cgroup. A record that
    fails any check gives no root (with the reason); it is never bypassed.
+   It is refused (``delegation_refused``, the reason kept in front of the
+   choice that follows) when fiberd runs in a Slurm job cgroup and the
+   subtree lies outside it (fibers would leave the job's confinement), or
+   when the kernel would not let fiberd move processes into it (no write
+   access to the common ancestor's ``cgroup.procs``): never a root fiberd
+   cannot use.
 2. fiberd's own cgroup, when it is one of this job's step (or task) cgroups
    in Slurm's layout (cgroup_layout) and writable: fiberd first moves
    itself into a leaf (``fiberd``) below it, so the subtree holds no
@@ -149,6 +155,34 @@ def _sharers(root: Path, pid: int) -> list[str]:
     return [p for p in listed if p != str(pid)]
 
 
+def delegation_refused(path: Path, mount: Path, pid: int, proc: Path = Path("/proc")) -> str | None:
+    """Why fiberd ``pid`` must not carve the delegated subtree ``path``; None when it may.
+
+    Refused when ``pid`` runs inside a Slurm job cgroup and ``path`` lies outside that
+    job's directory (its fibers would leave the job's limits and devices), and when the
+    kernel would not let ``pid`` move processes into ``path``: a move needs write access
+    to ``cgroup.procs`` of the common ancestor of where they are and ``path``. Reads
+    /proc and stats the tree; never writes, never raises.
+    """
+    try:
+        own = cgroup_of_pid(pid, proc)
+    except (OSError, SlurmParseError) as err:
+        return f"delegated cgroup {path} refused: own cgroup unknown ({err})"
+    where = parse_cgroup_path(own)
+    if where is not None:
+        job = mount / where.job_path
+        if path != job and job not in path.parents:
+            return (f"delegated cgroup {path} refused (delegate_cgroup): it lies outside this "
+                    f"job's cgroup {job}, where Slurm confines the job's devices and limits")
+    here = mount / own.relative_to("/")
+    common = Path(os.path.commonpath([here, path]))
+    if not os.access(common / "cgroup.procs", os.W_OK):
+        return (f"delegated cgroup {path} refused (delegate_cgroup): fiberd in {here} could "
+                f"not move processes there (the kernel needs write access to "
+                f"{common}/cgroup.procs, the common ancestor's)")
+    return None
+
+
 def choose_cgroup_root(record: Path, mount: Path | None, job_id: int, pid: int,
                        proc: Path = Path("/proc"), sluid: str | None = None) -> CgroupChoice:
     """Decide (and, for the own cgroup, prepare) the root of job ``job_id``'s fiberd ``pid``.
@@ -160,9 +194,14 @@ def choose_cgroup_root(record: Path, mount: Path | None, job_id: int, pid: int,
     if mount is None:
         return CgroupChoice(None, "no cgroup2 mount on this node")
     delegated = delegated_root(record, mount, job_id, sluid)
-    if delegated is not None:
+    refused = None
+    if delegated is not None and delegated.path is not None:
+        refused = delegation_refused(delegated.path, mount, pid, proc)
+    if delegated is not None and refused is None:
         return delegated
     choice = own_root(mount, job_id, pid, proc, sluid)
+    if refused is not None:
+        choice = CgroupChoice(choice.path, f"{refused}; {choice.reason}")
     if choice.path is None:
         return choice
     try:

@@ -19,6 +19,8 @@ It implements ``core.seam.Home`` for one job on one node:
   leases (``DeviceLeases``) so two jobs never drive one device.
 - cgroup root: see cgroup_root (delegated subtree, else its own step
   cgroup, else none with the reason in ``cgroup_reason``).
+- the job's end, sooner: on a cgroup/v2 node where fiberd carves its task cgroup, the
+  batch script's cgroup emptying (batchwatch), which Slurm's SIGTERM no longer tells it.
 - readiness: a ReadyGate publishing to the job's ready file, and to the
   job's Comment when configured (readiness module: the file is authoritative).
 """
@@ -43,6 +45,7 @@ from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
+from slurm_fiber.homes.slurm.batchwatch import batch_user, wait_batch_end
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
 from slurm_fiber.homes.slurm.control import ControlPlane
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
@@ -191,7 +194,9 @@ class SlurmHome:
         Blocks on the lease state (in a thread). Raises DevicesRefused,
         having released whatever this call claimed, when one cannot be had.
         """
-        gpus = [Device("gpu", i, path=self.config.gpu_files.get(i)) for i in self.job.gpus]
+        visible = dict(zip(self.job.gpus, self.job.gpu_visible, strict=False))
+        gpus = [Device("gpu", i, path=self.config.gpu_files.get(i), visible=visible.get(i))
+                for i in self.job.gpus]
         channel = DeviceChannel.of(gpus).narrowed(grant.spec.devices)
         resources = [gpu_resource(self.job.node, d.index) for d in channel.devices]
         taken: list[str] = []
@@ -218,6 +223,17 @@ class SlurmHome:
             tasks.create_task(self.poll.run())
             tasks.create_task(self.scope_loss.run())
             tasks.create_task(self._republish_forever())
+            batch = batch_user(self.cgroup.path)
+            if batch is not None:
+                tasks.create_task(self._watch_batch(batch))
+
+    async def _watch_batch(self, batch: Path) -> None:
+        """Lose the scope as soon as the batch script's cgroup empties (batchwatch)."""
+        reason = await wait_batch_end(batch, self.clock)
+        if self._lost is None:
+            self._lost = f"job {self.job.job_id}: {reason}"
+            if self.scope_loss.lose(self._lost):
+                log.warning("slurm home: scope lost: %s", self._lost)
 
     # ---- health rounds
 

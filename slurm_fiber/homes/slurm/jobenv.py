@@ -47,7 +47,10 @@ class SlurmJob:
 
     ``gpu_source`` names the variable the GPUs came from (None when the job has
     none). ``end_time`` is Unix seconds when Slurm exported it, else None.
-    ``sluid`` is the job's SLUID (Slurm 26.05+), else None.
+    ``sluid`` is the job's SLUID (Slurm 26.05+), else None. ``gpu_visible`` is, for each
+    of ``gpus`` in order, the id this step's runtimes are given for it (its
+    CUDA_VISIBLE_DEVICES entry, which Slurm renumbers from 0 under ConstrainDevices), or
+    () when the environment does not pair them one to one (``visible_ids``).
     """
 
     job_id: int
@@ -64,6 +67,22 @@ class SlurmJob:
     comment: str | None = None
     end_time: int | None = None
     sluid: str | None = None
+    gpu_visible: tuple[str, ...] = ()
+
+
+def visible_ids(env: Mapping[str, str], gpus: tuple[int, ...],
+                source: str | None) -> tuple[str, ...]:
+    """The step's CUDA_VISIBLE_DEVICES entries for ``gpus`` (the node's indices, sorted, from
+    ``source``), paired in order; () unless the GPUs came from a Slurm variable and the
+    step's CUDA_VISIBLE_DEVICES names exactly as many small decimal ids. Pure."""
+    value = env.get("CUDA_VISIBLE_DEVICES", "")
+    if source not in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS") or not gpus or not value:
+        return ()
+    ids = [part.strip() for part in value.split(",")]
+    if len(ids) != len(gpus) or not all(i.isascii() and i.isdigit() and len(i) <= 6
+                                        for i in ids):
+        return ()
+    return tuple(ids)
 
 
 def parse_index_list(text: str, what: str) -> tuple[int, ...]:
@@ -165,4 +184,5 @@ def job_from_env(env: Mapping[str, str]) -> SlurmJob:
         comment=_free_text(env, "SLURM_JOB_COMMENT"),
         end_time=parse_id(end_time, "SLURM_JOB_END_TIME") if end_time else None,
         sluid=_name(env, "SLURM_JOB_SLUID", SLUID_PATTERN) if sluid else None,
+        gpu_visible=visible_ids(env, gpus, gpu_source),
     )

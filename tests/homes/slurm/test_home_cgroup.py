@@ -39,6 +39,8 @@ class Tree:
     def cgroup(self, relative: str, procs: str = "") -> Path:
         path = self.mount / relative
         path.mkdir(parents=True, exist_ok=True)
+        for above in [path, *path.parents][:len(path.parts) - len(self.mount.parts) + 1]:
+            (above / "cgroup.procs").touch()  # every cgroup has one, as cgroupfs shows it
         (path / "cgroup.procs").write_text(procs)
         return path
 
@@ -113,14 +115,33 @@ def test_never_above_the_job(tree: Tree) -> None:
 
 
 def test_delegated_subtree_wins(tree: Tree) -> None:
-    tree.place(f"{SCOPE}/job_42/step_0/user/task_0")
+    """Outside any Slurm job cgroup (proctrack/linuxproc) the prolog's subtree is the root;
+    inside the job's cgroup, a subtree inside it is."""
+    tree.place("system.slice/slurmd.service")
     delegated = tree.cgroup("slurm-fiber.slice/job_42")
     tree.record.write_text(f"{delegated}\n")
     choice = tree.choose()
     assert choice.path == delegated and "prolog delegated" in choice.reason
+    tree.place(f"{SCOPE}/job_42/step_0/user/task_0")
     inside = tree.cgroup(f"{SCOPE}/job_42/fiber")
     tree.record.write_text(str(inside))
     assert tree.choose().path == inside
+
+
+def test_delegated_subtree_outside_the_jobs_cgroup_is_refused(tree: Tree) -> None:
+    """delegate_cgroup on a cgroup/v2 node: fiberd runs in its job's task cgroup, the prolog's
+    subtree lies outside the job's: fibers there would leave the job's devices and limits.
+    Refused, saying why, and fiberd carves its own task cgroup instead."""
+    task = tree.place(f"{SCOPE}/job_42/step_0/user/task_0")
+    (task / "cgroup.procs").write_text("")
+    delegated = tree.cgroup("slurm-fiber.slice/job_42")
+    tree.record.write_text(f"{delegated}\n")
+    choice = tree.choose()
+    assert choice.path == task
+    assert choice.reason.startswith(
+        f"delegated cgroup {delegated} refused (delegate_cgroup): it lies outside this job's "
+        f"cgroup {tree.mount / SCOPE / 'job_42'}, where Slurm confines the job's devices and "
+        "limits; own cgroup (job_42, step 0)")
 
 
 @pytest.mark.parametrize(("recorded", "reason"), [

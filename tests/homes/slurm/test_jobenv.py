@@ -141,3 +141,20 @@ def test_arbitrary_environments_never_crash(env: dict[str, str]) -> None:
         job_from_env(env)
     except SlurmParseError as err:
         assert err.code in {"missing", "invalid"}
+
+
+def test_the_steps_renumbered_gpu_ids_pair_with_the_nodes_indices() -> None:
+    """Under ConstrainDevices Slurm gives a job's steps CUDA_VISIBLE_DEVICES from 0 while
+    SLURM_STEP_GPUS/SLURM_JOB_GPUS keep the node's indices: fibers get the step's ids."""
+    from slurm_fiber.core.devices import Device, DeviceChannel
+    from slurm_fiber.homes.slurm.jobenv import visible_ids
+
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "0"}, (1,), "SLURM_STEP_GPUS") == ("0",)
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "0,1"}, (1, 3), "SLURM_JOB_GPUS") == ("0", "1")
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "0"}, (1, 3), "SLURM_JOB_GPUS") == ()
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "GPU-x"}, (1,), "SLURM_JOB_GPUS") == ()
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "1"}, (1,), "CUDA_VISIBLE_DEVICES") == ()
+    env = DeviceChannel.of([Device("gpu", 1, visible="0")]).env()
+    assert env["CUDA_VISIBLE_DEVICES"] == env["ROCR_VISIBLE_DEVICES"] == "0"
+    assert env["GPU_DEVICE_ORDINAL"] == env["ZE_AFFINITY_MASK"] == "0"
+    assert DeviceChannel.of([Device("gpu", 1)]).env()["CUDA_VISIBLE_DEVICES"] == "1"

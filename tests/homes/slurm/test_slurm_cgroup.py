@@ -13,6 +13,7 @@ Slurm confinement: these tests skip there, saying so.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -159,3 +160,95 @@ def test_a_confined_jobs_epilog_finishes_and_the_node_stays_in_service(
     state = confined.run("sinfo", "-h", "-n", "n2", "-o", "%T").stdout.strip()
     assert "drain" not in state, state
     assert job_groups(confined.env["SLURM_CONF"], "n2", job_user.uid, job) == []
+
+
+# Run in a fiber: its v1 groups, the GPU variables, what opening each path gives; then a
+# pause so three such fibers run at once.
+CONCURRENT = """import errno, json, os, sys, time
+def opened(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        return "ok"
+    except OSError as err:
+        return errno.errorcode[err.errno]
+groups = dict(line.split(":", 2)[1:] for line in open("/proc/self/cgroup").read().splitlines())
+gpu = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
+print(json.dumps({"cgroups": groups, "env": {k: os.environ.get(k) for k in gpu},
+                  "open": {p: opened(p) for p in sys.argv[1:]}}), flush=True)
+time.sleep(3)
+"""
+STEP_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('CUDA_VISIBLE_"
+            "DEVICES', 'ROCR_VISIBLE_DEVICES', 'GPU_DEVICE_ORDINAL', 'ZE_AFFINITY_MASK')}))")
+
+
+def v1_dirs(cluster: SlurmCluster) -> list[str]:
+    """Every group directory in the cluster's v1 hierarchies (CgroupMountpoint)."""
+    base = cluster.run_dir / "cgroup"
+    return sorted(str(p.relative_to(base)) for p in base.glob("*/**/") if p.is_dir())
+
+
+def test_a_users_job_on_the_second_gpu_carves_a_cgroup_per_fiber_and_leaves_none(
+        confined: SlurmCluster, job_user: JobUser, other_user: JobUser,
+        job_dir: WorkDir) -> None:
+    """The must-show on cgroup v1: a job of a job user holding n1's second GPU (another
+    user's job holds the first) runs three fibers at once, each in a group of its own below
+    the job's step groups; their GPU variables are the job step's; the other job's GPU
+    opens with EPERM; `fiberctl stop` and the job's end kill a fiber's escaped children
+    (setsid, double fork); 5 s after the job no group of it is left."""
+    devices = gpu_nodes(confined, "n1")
+    blocker_work = job_dir(other_user)
+    blocker = confined.submit("#!/bin/sh\nsleep 300\n", "-w", "n1", "--gres=gpu:1",
+                              workdir=blocker_work, user=other_user)
+    confined.wait_for(blocker, {"RUNNING"})
+    before = v1_dirs(confined)
+    work = job_dir(job_user)
+    (work / "probe3.py").write_text(CONCURRENT)
+    (work / "probe3.py").chmod(0o644)
+    args = " ".join(f'"{d}"' for d in devices)
+    body = f"""srun --overlap -n1 /usr/bin/python3 -c "{STEP_ENV}" > "step-$id"
+pids=""
+for n in 1 2 3; do
+  {FIBERCTL} run -- /usr/bin/python3 "{work}/probe3.py" {args} > "fiber-$n-$id" 2>&1 &
+  pids="$pids $!"
+done
+wait $pids
+{FIBERCTL} run -- sh -c 'echo $SLURM_FIBER_ID > stop-id
+  setsid sleep 600 & (sleep 601 &); sleep 602' &
+until [ -s stop-id ]; do sleep 0.1; done; sleep 0.5
+pgrep -u "$(id -u)" -f '^sleep 60[012]$' | wc -l > "before-stop-$id"
+{FIBERCTL} stop --grace 1 "$(cat stop-id)" > /dev/null
+pgrep -u "$(id -u)" -f '^sleep 60[012]$' | wc -l > "after-stop-$id"
+{FIBERCTL} run -- sh -c 'echo $SLURM_FIBER_ID > end-id
+  setsid sleep 700 & (sleep 701 &); sleep 702' &
+until [ -s end-id ]; do sleep 0.1; done; sleep 0.5
+pgrep -u "$(id -u)" -f '^sleep 70[012]$' | wc -l > "at-end-$id"
+"""
+    try:
+        job = confined.submit(job_script(confined, work, body), "-w", "n1", "--gres=gpu:1",
+                              "-t", "2", workdir=work, user=job_user)
+        assert ended(confined, job, timeout=120) == "COMPLETED", \
+            (work / f"slurm-{job}.out").read_text()
+        finished = time.monotonic()
+    finally:
+        confined.run("scancel", str(blocker))
+    step_env = json.loads((work / f"step-{job}").read_text())
+    fibers = [json.loads((work / f"fiber-{n}-{job}").read_text()) for n in (1, 2, 3)]
+    job_part = f"/slurm_n1/uid_{job_user.uid}/job_{job}/step_"
+    for controller in CONFINED:
+        groups = {f["cgroups"][controller] for f in fibers}
+        assert len(groups) == 3 and all(job_part in g for g in groups), (controller, groups)
+    for fiber in fibers:
+        assert fiber["env"] == step_env, (fiber["env"], step_env)
+        assert fiber["open"] == {str(devices[0]): "EPERM", str(devices[1]): "ENXIO"}, fiber
+    counts = {name: (work / f"{name}-{job}").read_text().strip()
+              for name in ("before-stop", "after-stop", "at-end")}
+    assert counts == {"before-stop": "3", "after-stop": "0", "at-end": "3"}, counts
+    print(f"\nbare-host (22.05, cgroup/v1) job {job} on GPU 1: step {step_env}, fibers "
+          f"{fibers[0]['env']}; freezer groups {sorted(f['cgroups']['freezer'] for f in fibers)}")
+    assert ended(confined, blocker) in ("CANCELLED", "COMPLETED")
+    while time.monotonic() < finished + 5 and v1_dirs(confined) != before:
+        time.sleep(0.2)
+    left = [d for d in v1_dirs(confined) if d not in before]
+    assert left == [], left
+    escaped = confined.run("pgrep", "-u", job_user.name, "-f", "^sleep 70[012]$").stdout.split()
+    assert escaped == [], escaped
