@@ -16,7 +16,10 @@ clean shutdown: no new Clone is accepted (``closed``), every fiber and template 
 stopped and waited for, devices and cgroups are released, the socket and the metrics
 textfile are removed, and the audit log records start and stop.
 
-Refusals to start raise ``FiberdRefused`` with one line a person can act on.
+Refusals to start raise ``FiberdRefused`` with one line a person can act on; a root
+fiberd refuses to start unless ``fiber_user`` names whom its templates and fibers run
+as (core/identity.py: an unprivileged account without capabilities, or ``root`` said
+explicitly).
 Before anything is opened, fiberd checks the directories it writes in (state
 dir, socket dir, audit log dir; ``check_dirs``): each must belong to fiberd's
 uid or root and be writable by nobody else, up from "/" (a root-owned sticky
@@ -46,6 +49,7 @@ from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.decisions import GrantBook
+from slurm_fiber.core.identity import IdentityRefused, resolve_fiber_user
 from slurm_fiber.core.metrics_export import (
     ExportRefused,
     MetricsExport,
@@ -196,6 +200,11 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     Raises FiberdRefused when fiberd cannot start.
     """
     state_dir = Path(config.state_dir)
+    try:
+        identity = resolve_fiber_user(config.fiber_user)
+    except IdentityRefused as err:
+        log.error("refusing to start: %s", err)
+        raise FiberdRefused(str(err)) from None
     check_dirs(config)
     try:
         audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock, scope=home.scope())
@@ -217,11 +226,13 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     # cgroup_root none means no cgroup at all: no v1 groups either.
     backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
     cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
+    if identity is not None and not identity.root:
+        cgroups.hand_procs(identity.uid)  # its leaves' cgroup.procs only (core/cgroups.py)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
-                template_timeout=config.template_timeout)
+                template_timeout=config.template_timeout, identity=identity)
     server = ApiServer(core, _server_config(config), clock=clock,
                        audit=_audit_refusal(audit))
     try:
@@ -244,7 +255,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                     cgroups={**cgroups.status.to_json(), "backend": cgroups.mode,
                              "enforced": cgroups.describe()},
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
-                    readiness=readiness)
+                    readiness=readiness,
+                    fiber_user=identity.to_json() if identity is not None else None)
     except AuditWriteFailed as err:
         await export.close()
         await server.close()
