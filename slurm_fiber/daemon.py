@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.config import FiberdConfig
-from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
+from slurm_fiber.core.api.server import ApiServer, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
 from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
@@ -56,6 +56,7 @@ from slurm_fiber.core.metrics_export import (
     scope_labels,
     start_export,
 )
+from slurm_fiber.core.refusal_log import RefusalLog
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
@@ -103,6 +104,7 @@ class Running:
     audit: AuditLog
     socket: Path
     export: MetricsExport
+    refusals: RefusalLog
 
 
 def _trust(config: FiberdConfig) -> TrustStore:
@@ -180,14 +182,6 @@ def _server_config(config: FiberdConfig) -> ServerConfig:
                         mode=0o666 if _shares_socket(config) else 0o600)
 
 
-def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
-    def write(refusal: Refusal) -> None:
-        peer = refusal.peer
-        audit.write(AuditEvent.API_REFUSE, code=refusal.code, reason=refusal.reason, op=refusal.op,
-                    caller_uid=peer.uid if peer else None, caller_pid=peer.pid if peer else None)
-    return write
-
-
 async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
                        cgroup_reason: Callable[[], str],
                        relay: ProblemRelay | None = None) -> Running:
@@ -233,8 +227,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
                 template_timeout=config.template_timeout, identity=identity)
-    server = ApiServer(core, _server_config(config), clock=clock,
-                       audit=_audit_refusal(audit))
+    refusals = RefusalLog(audit, clock)  # rate-limited per caller (core/refusal_log.py)
+    server = ApiServer(core, _server_config(config), clock=clock, audit=refusals.refused)
     try:
         await server.start()
     except SocketPathError as err:
@@ -266,7 +260,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     release_free_heap()
-    return Running(core, server, audit, Path(config.socket), export)
+    return Running(core, server, audit, Path(config.socket), export, refusals)
 
 
 def release_free_heap() -> None:
@@ -286,7 +280,8 @@ async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
     if isinstance(home, LosesScope):
         home.on_scope_lost(core.lose_scope)
     delivery = asyncio.ensure_future(drive(home, core))
-    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain())]
+    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain()),
+                  asyncio.ensure_future(running.refusals.run())]
     stopping = asyncio.ensure_future(stop.wait())
     done, _ = await asyncio.wait([stopping, *background], return_when=asyncio.FIRST_COMPLETED)
     why = "stop requested"
@@ -310,6 +305,7 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str)
         log.warning("%s", failure)
     await running.export.close()  # the textfile goes: a stale one would read as running
     await running.server.close()
+    running.refusals.flush()  # the refusals only counted so far, before the stop record
     try:
         running.audit.write(AuditEvent.STOP, reason=why, pid=os.getpid())
     except AuditWriteFailed as err:

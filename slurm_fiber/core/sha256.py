@@ -31,3 +31,8 @@ def digest(data: bytes) -> bytes:
 def hexdigest(data: bytes) -> str:
     """The SHA-256 digest of ``data`` as 64 lowercase hex digits."""
     return str(_new(data).hexdigest())
+
+
+def hasher() -> Any:
+    """A SHA-256 object to ``update`` piece by piece (``hexdigest`` at the end)."""
+    return _new(b"")

@@ -52,6 +52,7 @@ from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
+from slurm_fiber.hooks.auditkeep import keep_job_audit
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
 
@@ -218,7 +219,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))
-    kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
+    kept = hook.step("audit", lambda: keep_job_audit(hook, paths, config.state_root, job))
     if kept is not None:
         hook.note("audit", f"kept the audit log as {kept}")
     if "audit" in hook.failed and os.path.lexists(paths.state_dir / AUDIT_NAME):
