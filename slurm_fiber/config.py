@@ -36,6 +36,7 @@ the working directory (environment and flags).
 | spares | 2 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
 | spares_idle | 300 | seconds with no Clone before a grant's spares go (0: never) |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
+| fiber_user | (none) | a root fiberd must name the user fibers run as (``root``: keep root) |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
@@ -117,6 +118,7 @@ class FiberdConfig:
     spares: int = 2  # two Clones arriving together (-j2 on two cores) both find one
     spares_idle: float = 300.0  # a grant not cloned for this long holds its template alone
     strict_limits: bool = False
+    fiber_user: str | None = None  # a root fiberd's: whom fibers run as (core/identity.py)
     template_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
@@ -216,6 +218,15 @@ def _condition_type(value: object) -> str:
     text = _text(value)
     if not _CONDITION_TYPE.match(text):
         raise _Refused(f"must be a Kubernetes qualified name like example.com/ready, got {value!r}")
+    return text
+
+
+def _user(value: object) -> str:
+    """A user's name or uid, as written (``core/identity.py`` resolves it when fiberd
+    starts: a config file is read before the host's accounts matter)."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    if not text or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?", text):
+        raise _Refused(f"{text!r} is not a user name or uid")
     return text
 
 
@@ -400,6 +411,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",
            switch=True),
+    Option("fiber_user", _optional(_user),
+           "root fiberd: the unprivileged user (name or uid) templates and fibers run as, "
+           "without capabilities; \"root\" to keep them root (say so explicitly)"),
     Option("template_timeout", _seconds(0.1, 3600),
            "seconds a template may take to answer (or stay stopped) before it is killed "
            "and re-warmed"),

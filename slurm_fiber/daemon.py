@@ -16,7 +16,10 @@ clean shutdown: no new Clone is accepted (``closed``), every fiber and template 
 stopped and waited for, devices and cgroups are released, the socket and the metrics
 textfile are removed, and the audit log records start and stop.
 
-Refusals to start raise ``FiberdRefused`` with one line a person can act on.
+Refusals to start raise ``FiberdRefused`` with one line a person can act on; a root
+fiberd refuses to start unless ``fiber_user`` names whom its templates and fibers run
+as (core/identity.py: an unprivileged account without capabilities, or ``root`` said
+explicitly).
 Before anything is opened, fiberd checks the directories it writes in (state
 dir, socket dir, audit log dir; ``check_dirs``): each must belong to fiberd's
 uid or root and be writable by nobody else, up from "/" (a root-owned sticky
@@ -39,19 +42,21 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.config import FiberdConfig
-from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
+from slurm_fiber.core.api.server import ApiServer, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
 from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.bookstate import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.decisions import GrantBook
+from slurm_fiber.core.identity import IdentityRefused, resolve_fiber_user
 from slurm_fiber.core.metrics_export import (
     ExportRefused,
     MetricsExport,
     scope_labels,
     start_export,
 )
+from slurm_fiber.core.refusal_log import RefusalLog
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.core.seam import Home, LosesScope
 from slurm_fiber.core.tokens import TokenVerifier
@@ -99,6 +104,7 @@ class Running:
     audit: AuditLog
     socket: Path
     export: MetricsExport
+    refusals: RefusalLog
 
 
 def _trust(config: FiberdConfig) -> TrustStore:
@@ -176,14 +182,6 @@ def _server_config(config: FiberdConfig) -> ServerConfig:
                         mode=0o666 if _shares_socket(config) else 0o600)
 
 
-def _audit_refusal(audit: AuditLog) -> Callable[[Refusal], None]:
-    def write(refusal: Refusal) -> None:
-        peer = refusal.peer
-        audit.write(AuditEvent.API_REFUSE, code=refusal.code, reason=refusal.reason, op=refusal.op,
-                    caller_uid=peer.uid if peer else None, caller_pid=peer.pid if peer else None)
-    return write
-
-
 async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audience: str,
                        cgroup_reason: Callable[[], str],
                        relay: ProblemRelay | None = None) -> Running:
@@ -196,6 +194,11 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     Raises FiberdRefused when fiberd cannot start.
     """
     state_dir = Path(config.state_dir)
+    try:
+        identity = resolve_fiber_user(config.fiber_user)
+    except IdentityRefused as err:
+        log.error("refusing to start: %s", err)
+        raise FiberdRefused(str(err)) from None
     check_dirs(config)
     try:
         audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock, scope=home.scope())
@@ -217,13 +220,15 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     # cgroup_root none means no cgroup at all: no v1 groups either.
     backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
     cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
+    if identity is not None and not identity.root:
+        cgroups.hand_procs(identity.uid)  # its leaves' cgroup.procs only (core/cgroups.py)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
-                template_timeout=config.template_timeout)
-    server = ApiServer(core, _server_config(config), clock=clock,
-                       audit=_audit_refusal(audit))
+                 template_timeout=config.template_timeout, identity=identity)
+    refusals = RefusalLog(audit, clock)  # rate-limited per caller (core/refusal_log.py)
+    server = ApiServer(core, _server_config(config), clock=clock, audit=refusals.refused)
     core.on_fiber_end = server.metrics.fiber_ended
     try:
         await server.start()
@@ -245,7 +250,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
                     cgroups={**cgroups.status.to_json(), "backend": cgroups.mode,
                              "enforced": cgroups.describe()},
                     swept=swept.paths(), swept_trees=[t.to_json() for t in swept.trees],
-                    readiness=readiness)
+                    readiness=readiness,
+                    fiber_user=identity.to_json() if identity is not None else None)
     except AuditWriteFailed as err:
         await export.close()
         await server.close()
@@ -255,7 +261,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     release_free_heap()
-    return Running(core, server, audit, Path(config.socket), export)
+    return Running(core, server, audit, Path(config.socket), export, refusals)
 
 
 def release_free_heap() -> None:
@@ -275,7 +281,8 @@ async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
     if isinstance(home, LosesScope):
         home.on_scope_lost(core.lose_scope)
     delivery = asyncio.ensure_future(drive(home, core))
-    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain())]
+    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain()),
+                  asyncio.ensure_future(running.refusals.run())]
     stopping = asyncio.ensure_future(stop.wait())
     done, _ = await asyncio.wait([stopping, *background], return_when=asyncio.FIRST_COMPLETED)
     why = "stop requested"
@@ -299,6 +306,7 @@ async def shutdown(running: Running, tasks: list[asyncio.Future[Any]], why: str)
         log.warning("%s", failure)
     await running.export.close()  # the textfile goes: a stale one would read as running
     await running.server.close()
+    running.refusals.flush()  # the refusals only counted so far, before the stop record
     try:
         running.audit.write(AuditEvent.STOP, reason=why, pid=os.getpid())
     except AuditWriteFailed as err:

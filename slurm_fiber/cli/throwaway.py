@@ -119,6 +119,11 @@ class Site:
             "poll-interval": "0.1", "grace": "1", "cgroup-root": cgroup_root,
             "cgroup-backend": self.backend, "ready-file": "none",
         }
+        if os.geteuid() == 0:
+            # A throwaway site lives in root's private dir with this interpreter, which no
+            # other account may run: its fibers stay root's, said explicitly as a site
+            # would (fiber_user; a real root fiberd names an unprivileged account).
+            options["fiber-user"] = "root"
         return [f"--{k}={v}" for k, v in options.items()]
 
     def start(self, cgroup_root: str = "delegate", within: float = 30.0) -> None:

@@ -25,6 +25,7 @@ from slurm_fiber.core.misses import Miss
 from slurm_fiber.core.runtime import Core
 from slurm_fiber.daemon import Fiberd, FiberdRefused, serve, started
 from slurm_fiber.homes.select import HomeRefused
+from slurm_fiber.record import replace
 
 POLL = 0.02  # seconds between looks while waiting for a condition
 
@@ -94,8 +95,13 @@ async def launched(launch: Launch) -> AsyncIterator[Live]:
     Raises ClauseFailed when fiberd refuses to start or stops for another
     reason than the harness's request.
     """
+    config = launch.config
+    if os.geteuid() == 0 and config.fiber_user is None:
+        # The harness runs fiberd as whoever runs it, its templates too: as root, it says
+        # so (a site's root fiberd names an unprivileged fiber_user, core/identity.py).
+        config = replace(config, fiber_user="root")
     try:
-        async with started(launch.config, launch.environ, build=launch.build) as fiberd:
+        async with started(config, launch.environ, build=launch.build) as fiberd:
             stop = asyncio.Event()
             serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
             try:

@@ -27,25 +27,37 @@ decision (an observation such as a fiber's exit) may be written with
 by the next fsync, that of the next decision or the caller's ``sync()``
 (fiberd's runtime calls it within ``EXIT_SYNC_DELAY``), so a power loss can
 drop only such records of that last moment, never a decision. Thread-safe.
+
+Each record also carries ``prev``: the first 16 hex digits of the SHA-256 of the line
+before it (of the file's last line when a restart continues the log; ``""`` for the
+first line of a file). ``check_chain`` reads a log back and names the first place where
+a line was edited, removed, inserted or cut, where the sequence jumps, and whether the
+log ends with fiberd's stop. What it proves depends on who could write the file: a log
+fiberd's own user can write (a Slurm job's) can be rewritten whole by that user, chain
+and all; the chain then only shows tampering by something that did not recompute it,
+and accidents (docs/design.md, threat model, rule 11).
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import hashlib
 import json
 import os
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, open_file
 
-RESERVED = frozenset({"seq", "time", "event", "scope"})
+RESERVED = frozenset({"seq", "time", "event", "scope", "prev"})
+PREV_HEX = 16  # hex digits of the previous line's SHA-256 each record carries
 _TAIL_CHUNK = 64 * 1024
 
 
@@ -159,6 +171,7 @@ class AuditLog:
         self._unsynced = False
         self._appended = 0  # appends made: an fsync begun after the n-th covers it
         dropped = self._repair_tail()
+        self._prev = ""  # the chain link the next record carries (module doc)
         self._seq = self._last_seq()
         if dropped:
             self.write(AuditEvent.AUDIT_REPAIRED, bytes_dropped=dropped,
@@ -217,18 +230,21 @@ class AuditLog:
             if clash:
                 raise ValueError(f"audit field name {sorted(clash)[0]!r} is reserved")
         with self._lock:
-            lines = []
+            lines: list[bytes] = []
             for n, (event, fields) in enumerate(records, self._seq + 1):
                 record: dict[str, Any] = {
                     "seq": n, "time": round(self._clock.wall(), 6), "event": str(event),
                 }
                 if self._scope:
                     record["scope"] = self._scope
+                record["prev"] = self._prev if not lines else link(lines[-1])
                 record.update(fields)
-                lines.append(json.dumps(record, default=_jsonable, separators=(",", ":")))
+                lines.append(json.dumps(record, default=_jsonable, separators=(",", ":"))
+                             .encode())
             if lines:
-                self._append(("\n".join(lines) + "\n").encode(), durable)
+                self._append(b"\n".join(lines) + b"\n", durable)
                 self._seq += len(lines)
+                self._prev = link(lines[-1])
             return self._seq
 
     def sync(self) -> None:
@@ -308,10 +324,77 @@ class AuditLog:
             for line in reversed(complete):
                 seq = _seq_of(line)
                 if seq is not None:
+                    self._prev = link(line)
                     return seq
             if start == 0:
                 return 0
             want *= 4
+
+
+def link(line: bytes) -> str:
+    """The chain link of ``line`` (without its newline): what the next record's ``prev``
+    holds."""
+    return hashlib.sha256(line).hexdigest()[:PREV_HEX]
+
+
+@record
+class ChainCheck:
+    """What ``check_chain`` found in a log: its lines, the first and last seq, whether it
+    ends with fiberd's stop, and each problem (one line; at most ``MAX_PROBLEMS``)."""
+
+    lines: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    stopped: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    MAX_PROBLEMS = 20
+
+    @property
+    def consistent(self) -> bool:
+        return not self.problems and self.stopped
+
+    def to_json(self) -> dict[str, object]:
+        return {"lines": self.lines, "first_seq": self.first_seq, "last_seq": self.last_seq,
+                "ends_with_stop": self.stopped, "consistent": self.consistent,
+                "problems": list(self.problems)}
+
+
+def check_chain(lines: Iterable[bytes]) -> ChainCheck:
+    """Check audit lines (without newlines, in file order; a torn last line included as
+    read) as ``AuditLog`` writes them: JSON records, each ``seq`` one more than the last
+    and each ``prev`` the link of the line before. Pure; never raises."""
+    out = ChainCheck()
+    before: bytes | None = None
+    for number, line in enumerate(lines, 1):
+        out.lines = number
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        seq = rec.get("seq") if isinstance(rec, dict) else None
+        if not isinstance(rec, dict) or not isinstance(seq, int) or isinstance(seq, bool):
+            _problem(out, f"line {number} is not an audit record")
+            before, out.stopped = line, False
+            continue
+        if out.first_seq is None:
+            out.first_seq = seq
+            if seq != 1:
+                _problem(out, f"the log begins at seq {seq}: the records before it are gone")
+        elif out.last_seq is not None and seq != out.last_seq + 1:
+            _problem(out, f"line {number}: seq {seq} follows {out.last_seq}")
+        if before is not None and rec.get("prev") != link(before):
+            _problem(out, f"line {number} does not chain to the line before it (a line "
+                          "was edited, removed or inserted)")
+        out.last_seq = seq
+        out.stopped = rec.get("event") == AuditEvent.STOP
+        before = line
+    return out
+
+
+def _problem(check: ChainCheck, text: str) -> None:
+    if len(check.problems) < ChainCheck.MAX_PROBLEMS:
+        check.problems.append(text)
 
 
 def _seq_of(line: bytes) -> int | None:

@@ -544,9 +544,35 @@ _PROBE_FILE = {"memory": "limit_in_bytes", "pids": "max", "cpu": "cfs_quota_us",
 
 
 def mkdir(cgroup: Path) -> None:
-    """Create ``cgroup`` and its mirrors (existing ones are fine). Raises OSError."""
+    """Create ``cgroup`` and its mirrors (existing ones are fine); hand their
+    ``cgroup.procs`` to the account fibers run as, where one is set (``hand_procs``).
+    Raises OSError."""
     for path in (cgroup, *mirrors(cgroup)):
         path.mkdir(exist_ok=True)
+    if _PROCS_OWNERS:
+        _hand_procs(cgroup)
+
+
+# Carving root -> (uid, v2 tree) of the account a root fiberd's templates and fibers run
+# as (core/identity.py). That account may write only the ``cgroup.procs`` of its grants'
+# leaves (template, slots) and, in a v2 tree, of the grant's own group (a move between
+# two leaves needs write access at their common ancestor): it moves between its grant's
+# groups, never out of its grant, and writes no limit or device rule.
+_PROCS_OWNERS: dict[Path, tuple[int, bool]] = {}
+
+
+def _hand_procs(cgroup: Path) -> None:
+    text = str(cgroup)
+    for root, (uid, v2) in _PROCS_OWNERS.items():
+        if not text.startswith(str(root) + "/"):
+            continue
+        parts = text[len(str(root)) + 1:].split("/")
+        if len(parts) == 1 and v2:
+            os.chown(cgroup / "cgroup.procs", uid, -1)
+        elif len(parts) > 1 and (parts[-1] == "template" or parts[-1].startswith("slot-")):
+            for path in (cgroup, *mirrors(cgroup)):
+                os.chown(path / "cgroup.procs", uid, -1)
+        return
 
 
 def mkdir_group(group: Path) -> None:
@@ -871,6 +897,13 @@ class CgroupManager:
         self.status = CgroupStatus(True, f"{self.status.reason}; {backend}: v1 groups in "
                                          f"{where}", self.root)
 
+    def hand_procs(self, uid: int) -> None:
+        """Let ``uid`` (the account a root fiberd's fibers run as) move its processes
+        between its grants' leaves: the ``cgroup.procs`` of each leaf made from now on
+        (and of each grant's group in a v2 tree) is chowned to it. Nothing else is."""
+        if self.root is not None and self.carved:
+            _PROCS_OWNERS[self.root] = (uid, self.mode != "v1")
+
     def describe(self) -> str:
         """One line for people: the backend and where stop, emptiness, limits and devices
         live (``fiberctl status``, the quickstart)."""
@@ -1021,6 +1054,7 @@ class CgroupManager:
         failures = []
         if self.root is not None:
             _MIRRORS.pop(self.root, None)
+            _PROCS_OWNERS.pop(self.root, None)
             _mirrors_changed()
         roots = [*self.v1_roots.values(), *([self.root] if self.mode == "v1" and self.root
                                             else [])]

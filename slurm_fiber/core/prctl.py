@@ -1,4 +1,5 @@
-"""Tie a process's life to its parent: PR_SET_PDEATHSIG with the race closed.
+"""Tie a process's life to its parent (PR_SET_PDEATHSIG with the race closed), and
+give up gaining privileges (PR_SET_NO_NEW_PRIVS).
 
 Used first thing in a template (parent: fiberd; SIGTERM, which the template
 turns into a kill of all its fibers) and in a fiber right after fork
@@ -32,3 +33,14 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL, exit_code: 
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != expected_parent:
         os._exit(exit_code)
+
+
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def no_new_privs() -> None:
+    """Set ``no_new_privs`` on this process (inherited by every child, never cleared):
+    exec of a setuid or file-capability program gives it nothing. Raises OSError."""
+    if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")

@@ -69,6 +69,7 @@ from slurm_fiber.core.enforcement import (
 from slurm_fiber.core.fibers import DeadlineTimer, Fiber, FiberEnd
 from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.handles import FiberView
+from slurm_fiber.core.identity import FiberIdentity
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.seam import Home, ReleaseDevices
 from slurm_fiber.core.templates import (
@@ -171,8 +172,10 @@ class Core:
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
                  spares: int = 1, spares_idle: float | None = None,
                  template_timeout: float = DEFAULT_TIMEOUT, python: str = sys.executable,
-                 prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False) -> None:
+                 prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False,
+                 identity: FiberIdentity | None = None) -> None:
         self.home = home
+        self.identity = identity  # whom templates and fibers run as (core/identity.py)
         self.book = book
         self.verifier = verifier
         self.audit = audit
@@ -485,7 +488,8 @@ class Core:
                 "mode": "carved" if cgroups["carved"] else "uncarved",
                 "enforcement": self.enforcement_status(),
                 "scope": {c.key: c.value for c in self.home.scope()},
-                "audit_path": str(self.audit.path), "audit_seq": self.audit.seq}
+                "audit_path": str(self.audit.path), "audit_seq": self.audit.seq,
+                "fiber_user": self.identity.to_json() if self.identity else None}
 
     def enforcement_status(self) -> JsonMap:
         """What is enforced here: ``strict_limits``; ``host``, what a grant asking for every
@@ -598,7 +602,7 @@ class Core:
         return await Template.start(uid, spec.template, env, cgroup, state_dir=self.state_dir,
                                     clock=self.clock, python=self.python, spares=self.spares,
                                     timeout=self.template_timeout, spares_once_cloned=True,
-                                    spares_idle=self.spares_idle)
+                                    spares_idle=self.spares_idle, identity=self.identity)
 
     def _enforced(self, uid: str, cgroup: GrantCgroup | None, limits: Limits) -> Enforcement:
         """The record of what carving wrote; audited (``enforcement``) when it differs from

@@ -107,7 +107,7 @@ from slurm_fiber.core.fiber_setup import (
 )
 from slurm_fiber.core.held_files import HeldFiles
 from slurm_fiber.core.lean_fork import LeanFork
-from slurm_fiber.core.prctl import die_with_parent
+from slurm_fiber.core.prctl import die_with_parent, no_new_privs
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -493,7 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm_fiber.core.template_main")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--no-new-privs", action="store_true")
     opts = parser.parse_args(argv)
+    if opts.no_new_privs:  # a root fiberd's (core/identity.py): before any grant code
+        no_new_privs()
     safe_sys_path()
     die_with_parent(opts.parent, signal.SIGTERM)
     os.setsid()

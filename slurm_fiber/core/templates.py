@@ -105,6 +105,7 @@ from slurm_fiber.core.dirtrust import safe_path_entry
 from slurm_fiber.core.ends import LateReports
 from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
 from slurm_fiber.core.grant import TemplateSpec
+from slurm_fiber.core.identity import FiberIdentity
 from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
 from slurm_fiber.core.lifecycle import (
     Action,
@@ -192,9 +193,11 @@ def template_env(base: Mapping[str, str], spec: TemplateSpec,
 
 
 def template_command(python: str, env: Mapping[str, str], fd: int,
-                     parent: int) -> tuple[list[str], dict[str, str], list[str]]:
+                     parent: int, no_new_privs: bool = False
+                     ) -> tuple[list[str], dict[str, str], list[str]]:
     """The argv and env that start a template (``template_main``), and the PYTHONPATH entries
-    left out as unsafe (one line each, for fiberd's log)."""
+    left out as unsafe (one line each, for fiberd's log). ``no_new_privs``: the template
+    sets it first thing (a root fiberd's, core/identity.py)."""
     env = dict(env)
     dropped = []
     if env.get("PYTHONPATH"):
@@ -207,7 +210,7 @@ def template_command(python: str, env: Mapping[str, str], fd: int,
                 dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
         env["PYTHONPATH"] = os.pathsep.join(kept)
     argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
-            "--parent", str(parent)]
+            "--parent", str(parent), *(["--no-new-privs"] if no_new_privs else [])]
     return argv, env, dropped
 
 
@@ -227,8 +230,10 @@ class Template:
                  python: str = sys.executable, backoff: Backoff | None = None,
                  spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
                  exec_spawn: ExecSpawn = "hot", spares_once_cloned: bool = False,
-                 spares_idle: float | None = None) -> None:
+                 spares_idle: float | None = None,
+                 identity: FiberIdentity | None = None) -> None:
         self.uid = uid
+        self.identity = identity  # who it runs as (a root fiberd's fiber_user), else fiberd's
         self.spec = spec
         self.env = dict(env)
         self.cgroup = cgroup
@@ -266,18 +271,20 @@ class Template:
                     python: str = sys.executable, backoff: Backoff | None = None,
                     spares: int = 1, timeout: float = DEFAULT_TIMEOUT,
                     exec_spawn: ExecSpawn = "hot", spares_once_cloned: bool = False,
-                    spares_idle: float | None = None) -> Template:
+                    spares_idle: float | None = None,
+                    identity: FiberIdentity | None = None) -> Template:
         """Spawn the template and return at once, ``warming``; once ready it keeps
         ``spares`` spare processes (with ``spares_once_cloned``, from its first fiber on)
         until ``spares_idle`` clock seconds pass with no fork
         (``shed_idle_spares``; None: never); ``exec_spawn``: when an exec fiber is
         spawned rather than handed a spare (module doc). ``timeout``: seconds it and
-        its spares may take to answer (module doc). Raises OSError if the process
-        cannot be started (e.g. ``state_dir`` not writable)."""
+        its spares may take to answer (module doc). ``identity``: the account it and
+        its fibers run as (core/identity.py; None: fiberd's own). Raises OSError if the
+        process cannot be started (e.g. ``state_dir`` not writable)."""
         template = cls(uid, spec, env, cgroup, state_dir=state_dir, clock=clock,
                        python=python, backoff=backoff, spares=spares, timeout=timeout,
                        exec_spawn=exec_spawn, spares_once_cloned=spares_once_cloned,
-                       spares_idle=spares_idle)
+                       spares_idle=spares_idle, identity=identity)
         (state_dir / "fibers").mkdir(mode=0o700, parents=True, exist_ok=True)
         template._spawn()
         return template
@@ -516,11 +523,13 @@ class Template:
                 s.request.id == request.id for s in self._spawning.values()):
             raise ForkFailed(f"fiber id {request.id} is in use")
         pool = self._pools[Kind.SPAWN]
+        order, fds, opened = self._order_fds(request)
         try:
-            spare = await self._ask(pool, None, {"order": self._order(request)},
-                                    [fd for fd in request.stdio if fd is not None])
+            spare = await self._ask(pool, None, {"order": order}, fds)
         except _NoAnswer:
             raise self._not_ready() from None
+        finally:
+            _close_all(opened)
         spawn = self._spawning[spare.id] = _Spawn(request)
         try:
             await asyncio.shield(spare.spared)
@@ -585,15 +594,17 @@ class Template:
         """Send ``spare`` its order; the fiber it becomes (its result comes back on the
         same channel). Raises _SpareGone if it died."""
         pool = self._pools[spare.kind]
+        order, fds, opened = self._order_fds(request)
         try:
-            await _send(spare.orders, self._order(request),
-                        [fd for fd in request.stdio if fd is not None],
-                        "the spare fiber process", self.clock, self.timeout)
+            await _send(spare.orders, order, fds, "the spare fiber process", self.clock,
+                        self.timeout)
         except BaseException as err:
             self._bury(pool, spare)
             if isinstance(err, ForkFailed):
                 raise _SpareGone(str(err)) from None
             raise
+        finally:
+            _close_all(opened)
         return self._become(pool, spare, request)
 
     def _become(self, pool: SparePool, spare: Spare, request: FiberRequest) -> Fiber:
@@ -662,15 +673,21 @@ class Template:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path = self.state_dir / f"template-{safe_name(self.uid)}.log"
+        identity = self.identity
         argv, env, dropped = template_command(self.python, self.env, theirs.fileno(),
-                                                   os.getpid())
+                                              os.getpid(), no_new_privs=identity is not None)
         for line in dropped:
             log.warning("template of %s: %s", self.uid, line)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         with theirs, open(os.open(log_path, flags, 0o600), "ab") as log_file:
+            # Another account starts in "/": fiberd's state dir is not its to read.
             proc = subprocess.Popen(
                 argv, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                stdout=log_file, stderr=log_file, cwd=self.state_dir)
+                stdout=log_file, stderr=log_file,
+                cwd="/" if self._other_account else self.state_dir,
+                **(identity.spawn_args() if identity is not None else {}))
+        if self._other_account and self.cgroup is not None:
+            self._place(proc)
         ours.setblocking(False)
         self._sock = ours
         self._pidfd = os.pidfd_open(proc.pid)
@@ -682,6 +699,20 @@ class Template:
         ours.send(wire.encode(order))
         self._on(Event.SPAWNED)
         self._task = asyncio.ensure_future(self._watch(ours, proc, self._pidfd))
+
+    def _place(self, proc: subprocess.Popen[bytes]) -> None:
+        """Move a template of another account into its leaf (and v1 mirrors) before it
+        is told to warm: its own join from fiberd's cgroup would need write access
+        where only root has it. Its join then finds it there. A failed move is left to
+        that join, which reports it as the warm's failure."""
+        assert self.cgroup is not None
+        for group in (*cgroups.mirrors(self.cgroup.template), self.cgroup.template):
+            try:
+                cgroups.join(group, proc.pid)
+            except OSError as err:
+                log.warning("template of %s: cannot place it in %s: %s", self.uid, group,
+                            err.strerror)
+                return
 
     async def _watch(self, sock: socket.socket, proc: subprocess.Popen[bytes],
                      pidfd: int) -> None:
@@ -876,6 +907,34 @@ class Template:
         """Where the fiber's stdout (``.out``) or stderr (``.err``) goes when not passed."""
         return self._out_dir / f"fiber-{request.id}{suffix}"
 
+    @property
+    def _other_account(self) -> bool:
+        """Whether the template runs as an account other than fiberd's (fiber_user)."""
+        return self.identity is not None and self.identity.uid != os.geteuid()
+
+    def _order_fds(self, request: FiberRequest) -> tuple[dict[str, object], list[int],
+                                                         list[int]]:
+        """The run order for ``request``, the fds that go with it, and those of them fiberd
+        opened here (the caller closes them once sent). A fiber of another account
+        (fiber_user) cannot reach fiberd's state dir: fiberd opens its output files itself
+        and passes them, so the files are where they always are, and fiberd's."""
+        stdio = list(request.stdio)
+        opened: list[int] = []
+        if self._other_account:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                for target, suffix in ((1, ".out"), (2, ".err")):
+                    if stdio[target] is None:
+                        fd = os.open(self._out_file(request, suffix), flags, 0o600)
+                        opened.append(fd)
+                        stdio[target] = fd
+            except OSError as err:
+                _close_all(opened)
+                raise ForkFailed(f"cannot open the fiber's output file: {err}") from None
+        order = self._order(request)
+        order["stdio"] = [fd is not None for fd in stdio]
+        return order, [fd for fd in stdio if fd is not None], opened
+
     def _order(self, request: FiberRequest) -> dict[str, object]:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}
         return {"t": "run", "id": request.id, "mode": request.mode, "target": request.target,
@@ -884,6 +943,12 @@ class Template:
                 "argv": list(request.argv), "env": env, "cwd": request.cwd,
                 "stdio": [fd is not None for fd in request.stdio],
                 "out_dir": self._out_text}
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[int],

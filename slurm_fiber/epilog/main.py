@@ -53,6 +53,7 @@ from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_e
 from slurm_fiber.homes.slurm.nodemetrics import remove_job_textfile
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
+from slurm_fiber.hooks.auditkeep import keep_job_audit
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
 
@@ -223,7 +224,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
 
     hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * WAIT_SHARE))
     hook.step("metrics", lambda: remove_job_textfile(config.state_root, job.node, job.job_id))
-    kept = hook.step("audit", lambda: keep_audit(paths, config.state_root, job))
+    kept = hook.step("audit", lambda: keep_job_audit(hook, paths, config.state_root, job))
     if kept is not None:
         hook.note("audit", f"kept the audit log as {kept}")
     if "audit" in hook.failed and os.path.lexists(paths.state_dir / AUDIT_NAME):

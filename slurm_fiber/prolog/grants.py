@@ -135,7 +135,7 @@ def _judge_all(config: SiteConfig, job: SlurmJob, clock: Clock, where: Path,
     from slurm_fiber.core.tokens import TokenVerifier
     from slurm_fiber.core.trust import TrustStore
 
-    names = sorted(os.listdir(dir_fd))
+    names = sorted(n for n in os.listdir(dir_fd) if not n.startswith("."))  # not temp files
     problems: list[str] = []
     trust = TrustStore(config.trust, on_problem=problems.append)
     verifier = TokenVerifier(trust, job_audience(job), clock)

@@ -28,13 +28,18 @@ BIN = Path(sys.executable).parent
 # template, its two spares and the fiber (spawned: it took none).
 PROCESSES = 4
 
+# A root fiberd names whom fibers run as (fiber_user); on this test host, root, said so.
+ROOT_FIBER_USER = {"fiber-user": "root"} if os.geteuid() == 0 else {}
+ROOT_OPT_IN = [f"--{k}={v}" for k, v in ROOT_FIBER_USER.items()]
+
 
 def flags(site: Site, **over: str | None) -> list[str]:
     """fiberd's flags for ``site``; ``over`` adds or replaces options (value None: a bare
     switch such as ``strict-limits``)."""
     options = {"state-dir": str(site.state), "trust": f"site={site.jwks}",
                "audience": AUDIENCE, "poll-interval": "0.05", "grace": "0.3",
-               "cgroup-root": "none", "audit-fsync": "never", **over}
+               "cgroup-root": "none", "audit-fsync": "never",
+               **ROOT_FIBER_USER, **over}
     return [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
 
 

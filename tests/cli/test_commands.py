@@ -8,6 +8,7 @@ import subprocess
 from tests.cli.commandkit import (
     BIN,
     PROCESSES,
+    ROOT_OPT_IN,
     env,
     fiberd,
     flags,
@@ -20,7 +21,8 @@ from tests.core.runtime.fiberdkit import Site
 
 
 def test_fiberd_refuses_to_start_without_trust_in_one_line(site: Site) -> None:
-    out = subprocess.run([str(BIN / "fiberd"), f"--state-dir={site.state}"], env=env(),
+    out = subprocess.run([str(BIN / "fiberd"), f"--state-dir={site.state}", *ROOT_OPT_IN],
+                         env=env(),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "no issuer is trusted" in out.stderr
