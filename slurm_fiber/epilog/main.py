@@ -5,8 +5,10 @@ processes are gone, with no PATH and no HOME. It reads the job from its
 environment and the site config, like the prolog. Steps, each bounded by
 ``step_seconds`` and reported as one line (stderr and syslog) when it fails:
 
-1. ``grants``: remove the job's grantdir, so a fiberd still running sees its
-   grants go.
+1. ``grants``: move the job's state dir into the node's retired area
+   (epilog/statedir: the job id's name is free at once, and root reads the
+   job's files only through its own 0700 area from then on) and remove the
+   grantdir, so a fiberd still running sees its grants go.
 2. ``processes``: SIGKILL every process of the job that survived: the
    delegated cgroup, the job's groups in Slurm's cgroup v1 hierarchies
    (homes.slurm.cgroup_v1: a dead fiberd's groups below its step, which
@@ -21,7 +23,9 @@ environment and the site config, like the prolog. Steps, each bounded by
    the job's own group, which Slurm could not remove while they had children).
 5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
-6. ``state_dir``: remove the job's state dir.
+6. ``state_dir``: remove the job's retired state dir, then what earlier
+   epilogs left in the retired area, within the step's bound (what is left
+   waits for the next epilog; it blocks no job).
 
 Every step copes with a missing piece (a half-done prolog, a crashed
 fiberd, a second run), so the epilog is idempotent. It exits 1, which
@@ -38,20 +42,17 @@ where the site delegates cgroups or a fiberd record names a cgroup root.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_fiber import safefs
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import survivors
+from slurm_fiber.epilog.statedir import keep_retired, remove_retired, retire_state_dir
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.nodemetrics import remove_job_textfile
-from slurm_fiber.homes.slurm.paths import JobPaths, job_paths, node_dir
+from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
 from slurm_fiber.hooks.auditkeep import keep_job_audit
 from slurm_fiber.hooks.cli import hook_main
@@ -60,59 +61,10 @@ from slurm_fiber.hooks.hook import Hook
 NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"
 WAIT_SHARE = 0.6  # of a step's time bound, spent waiting for killed processes to go
+WORK_SHARE = 0.8  # of a step's time bound, spent removing files (the rest is margin)
 
 
-def remove_path(path: Path) -> bool:
-    """Remove ``path`` whatever it is (a link is unlinked, never followed); False if absent."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-    return True
-
-
-def keep_audit(paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
-    """Move the job's audit log out of its state dir; where it went (None: there was none).
-
-    The job user owns the state dir, so what is moved is checked after the
-    move, through a descriptor that never follows a link: only a regular
-    file with one link is kept (root's, mode 0600); anything else is
-    dropped. A later run for the same job gets a numbered name. Raises
-    OSError when it cannot be moved.
-    """
-    source = paths.state_dir / AUDIT_NAME
-    if not os.path.lexists(source):
-        return None
-    audit_dir = node_dir(state_root, job.node) / "audit"
-    audit_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = audit_dir / f"job-{job.job_id}.jsonl"
-    n = 0
-    while os.path.lexists(target):
-        n += 1
-        target = audit_dir / f"job-{job.job_id}.{n}.jsonl"
-    os.rename(source, target)
-    dir_fd = os.open(audit_dir, safefs.DIR_FLAGS)
-    try:
-        fd = safefs.open_file(dir_fd, target.name, os.O_RDONLY)
-    except OSError as err:  # a link, a FIFO, a file of several links: never kept
-        os.unlink(target.name, dir_fd=dir_fd)
-        raise OSError(errno.EINVAL, f"not a regular file of one link; dropped ({err})",
-                      str(source)) from None
-    finally:
-        os.close(dir_fd)
-    try:
-        os.fchown(fd, 0, 0)
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    return target
-
-
-def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
+def _processes(hook: Hook, config: SiteConfig, state_dir: Path | None, job: SlurmJob,
                environ: Mapping[str, str], delegated: Path | None,
                v1_groups: list[Path]) -> list[str]:
     """Stop the job's surviving processes; descriptions of those that outlived SIGKILL.
@@ -121,7 +73,7 @@ def _processes(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob,
     huge or junk file) is only a missing record (read_record never blocks),
     and the kill passes over the job's environment and cgroup still run.
     """
-    record, why = read_record(paths.state_dir, job.uid)
+    record, why = (None, None) if state_dir is None else read_record(state_dir, job.uid)
     if record is None and why is not None and not why.endswith("No such file or directory"):
         hook.warn("processes", f"fiberd record ignored: {why}")
     roots = ([delegated] if delegated is not None else []) + v1_groups
@@ -210,8 +162,9 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
 
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
     v1_groups = hook.step("cgroup_v1", lambda: _v1_groups(environ, job)) or []
-    hook.step("grants", lambda: remove_path(paths.grantdir))
-    alive = hook.step("processes", lambda: _processes(hook, config, paths, job, environ,
+    work_s = config.step_seconds * WORK_SHARE
+    retired = hook.step("grants", lambda: retire_state_dir(paths, job.job_id, work_s))
+    alive = hook.step("processes", lambda: _processes(hook, config, retired, job, environ,
                                                       delegated, v1_groups))
     hook.step("leases", lambda: _leases(hook, config, paths, job))
     if delegated is not None:
@@ -224,12 +177,19 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
 
     hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * WAIT_SHARE))
     hook.step("metrics", lambda: remove_job_textfile(config.state_root, job.node, job.job_id))
-    kept = hook.step("audit", lambda: keep_job_audit(hook, paths, config.state_root, job))
-    if kept is not None:
+    kept = retired and hook.step(
+        "audit", lambda: keep_job_audit(hook, retired, config.state_root, job))
+    if kept:
         hook.note("audit", f"kept the audit log as {kept}")
-    if "audit" in hook.failed and os.path.lexists(paths.state_dir / AUDIT_NAME):
-        hook.report("state_dir", f"kept {paths.state_dir}: its audit log could not be moved")
-    elif hook.step("state_dir", lambda: remove_path(paths.state_dir)):
+    first = None if retired is None else retired.name
+    if retired is not None and "audit" in hook.failed and os.path.lexists(retired / AUDIT_NAME):
+        kept_dir = hook.step("state_dir", lambda: keep_retired(retired))
+        hook.report("state_dir", f"kept {kept_dir or retired}: its audit log could not be moved")
+        first = None
+    gone = hook.step("state_dir", lambda: remove_retired(paths, first, work_s))
+    if gone is False:
+        hook.warn("state_dir", f"{retired} is not removed yet: later epilogs go on with it")
+    elif gone and retired is not None:
         hook.note("state_dir", f"removed {paths.state_dir}")
     if alive:
         hook.report("processes", "survived SIGKILL: " + "; ".join(alive))

@@ -35,7 +35,7 @@ from pathlib import Path
 from slurm_fiber import safefs
 from slurm_fiber.core.audit import ChainCheck, check_chain
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
-from slurm_fiber.homes.slurm.paths import JobPaths, node_dir
+from slurm_fiber.homes.slurm.paths import node_dir
 from slurm_fiber.hooks.hook import Hook
 
 AUDIT_NAME = "audit.jsonl"
@@ -43,13 +43,13 @@ KEEP_MAX_BYTES = 64 << 20
 _CHUNK = 1 << 20
 
 
-def keep_job_audit(hook: Hook, paths: JobPaths, state_root: Path, job: SlurmJob) -> Path | None:
+def keep_job_audit(hook: Hook, state_dir: Path, state_root: Path, job: SlurmJob) -> Path | None:
     """Keep a checked copy of the job's audit log (module doc); where it went, None when
     there was none. An inconsistent log is kept and warned of through ``hook``. Raises
     OSError (one line) when it cannot be kept: the entry was not a regular file of one
     link owned by the job user ("dropped"), or root's audit dir is unusable."""
     try:
-        state_fd = safefs.open_dir(paths.state_dir, trusted_owners=(job.uid,))
+        state_fd = safefs.open_dir(state_dir, trusted_owners=(job.uid,))
     except FileNotFoundError:
         return None
     try:
@@ -65,9 +65,9 @@ def keep_job_audit(hook: Hook, paths: JobPaths, state_root: Path, job: SlurmJob)
             except safefs.UnsafePath as err:
                 _take_aside(state_fd)
                 raise OSError(errno.EINVAL, f"not the job user's regular file of one link; "
-                              f"dropped ({err})", str(paths.state_dir / AUDIT_NAME)) from None
+                              f"dropped ({err})", str(state_dir / AUDIT_NAME)) from None
             try:
-                return _keep(hook, src, dir_fd, audit_dir, paths, job)
+                return _keep(hook, src, dir_fd, audit_dir, state_dir, job)
             finally:
                 os.close(src)
         finally:
@@ -84,7 +84,7 @@ def _take_aside(state_fd: int) -> None:
                   src_dir_fd=state_fd, dst_dir_fd=state_fd)
 
 
-def _keep(hook: Hook, src: int, dir_fd: int, audit_dir: Path, paths: JobPaths,
+def _keep(hook: Hook, src: int, dir_fd: int, audit_dir: Path, state_dir: Path,
           job: SlurmJob) -> Path:
     name = _free_name(dir_fd, job.job_id)
     tmp = f".{name}.{os.urandom(6).hex()}.tmp"
@@ -103,7 +103,7 @@ def _keep(hook: Hook, src: int, dir_fd: int, audit_dir: Path, paths: JobPaths,
             os.unlink(tmp, dir_fd=dir_fd)
         raise
     record = {
-        "job": job.job_id, "node": job.node, "source": str(paths.state_dir / AUDIT_NAME),
+        "job": job.job_id, "node": job.node, "source": str(state_dir / AUDIT_NAME),
         "kept_as": name, "kept_at": round(time.time(), 6), "bytes": size,
         "sha256": digest, "cut_at": KEEP_MAX_BYTES if cut else None,
         "written_by": {"uid": job.uid, "user": job.user,

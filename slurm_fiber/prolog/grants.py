@@ -15,7 +15,9 @@
   replaces the minted one.
 
 Everything here is a pure function of the config, the job and the clock,
-except reading the key and the spool (small, bounded, link-free reads).
+except reading the key and the spool (small, bounded, link-free reads; every
+directory from "/" to the job's spool dir must be root's or the spool's owner's
+and writable by no one else, safefs.open_dir).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.record import record
-from slurm_fiber.safefs import DIR_FLAGS, read_file
+from slurm_fiber.safefs import open_dir, read_file
 
 if TYPE_CHECKING:
     from slurm_fiber.core.tokens import TokenVerifier
@@ -119,8 +121,8 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
     where = spool_dir(config, job)
     if where is None:
         return [], []
-    try:
-        dir_fd = os.open(where, DIR_FLAGS)
+    try:  # the spool's own owner (root or the control plane's account) and root, no one else
+        dir_fd = open_dir(where, trusted_owners=(os.stat(where.parents[1]).st_uid,))
     except FileNotFoundError:
         return [], []
     try:

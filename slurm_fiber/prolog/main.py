@@ -7,19 +7,23 @@ slurmctld calls) and the site config (siteconfig). Steps, each bounded by
 
 1. ``config``: load the site config; a broken one stops the prolog here.
 2. ``job``: the job from the environment (jobenv).
-3. ``state_dir``: the job's state dir and grantdir, owned by the job user,
-   mode 0700 (statedir); the steps below need it.
+3. ``state_dir``: the job's state dir and grantdir, new and root's (statedir;
+   whatever an earlier run left at the name is moved aside first); the steps
+   below write into them through root's directory fds.
 4. ``tokens``: mint the job's token with the site key (grants).
 5. ``spool``: import the job's spooled tokens that verify (grants).
 6. ``cgroup``: with ``delegate_cgroup``, a cgroup subtree delegated to the
    job user, recorded in the state dir (cgroup).
-7. ``leases``: make the node's lease area root-only (moving aside, in one
+7. ``state_dir`` again (the hand-over): the grantdir, then the state dir,
+   become the job user's, mode 0700. Root writes nothing below them after
+   this (the threat model's rule 1).
+8. ``leases``: make the node's lease area root-only (moving aside, in one
    line, what a job user planted there), then grant the job's GPUs on this
    node to the job and claim them in its name (homes/slurm/leases).
 
 Exit status: 0, unless a failed step is one the site lists in ``fatal``
-(then 1, and slurmd drains the node). Running it again for the same job is
-harmless (idempotent).
+(then 1, and slurmd drains the node). Running it again for the same job
+gives the job new dirs (the earlier ones are moved aside, never reused).
 
 The prolog delays every job start, so what only some jobs need is imported
 inside its step: the cgroup code with ``delegate_cgroup``, the lease package
@@ -43,42 +47,52 @@ from slurm_fiber.homes.slurm.siteconfig import (
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
-from slurm_fiber.prolog.statedir import check_parent, make_job_dirs, write_file
+from slurm_fiber.prolog.statedir import (
+    JobDirs,
+    check_parent,
+    hand_over,
+    make_job_dirs,
+    write_file,
+)
 
 NAME = "slurm-fiber-prolog"
 GRANT_FILE_MODE = 0o600
 RECORD_FILE_MODE = 0o644
 
 
-def _place(hook: Hook, paths: JobPaths, job: SlurmJob, files: list[TokenFile]) -> None:
+def _place(hook: Hook, paths: JobPaths, dirs: JobDirs, job: SlurmJob,
+           files: list[TokenFile]) -> None:
     for token in files:
-        write_file(paths.grantdir, token.name, token.data, dir_owner=job.uid, uid=job.uid,
-                   gid=job.gid, mode=GRANT_FILE_MODE)
+        write_file(dirs.grant_fd, token.name, token.data, uid=job.uid, gid=job.gid,
+                   mode=GRANT_FILE_MODE)
         hook.note("tokens", f"placed {paths.grantdir / token.name}")
 
 
-def _mint(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    _place(hook, paths, job, [mint_job_token(config, job, SystemClock())])
+def _mint(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
+          job: SlurmJob) -> bool:
+    _place(hook, paths, dirs, job, [mint_job_token(config, job, SystemClock())])
     return True
 
 
-def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
+           job: SlurmJob) -> bool:
     found, problems = spooled_tokens(config, job, SystemClock())
     for problem in problems:
         hook.warn("spool", problem)
-    _place(hook, paths, job, found)
+    _place(hook, paths, dirs, job, found)
     return True
 
 
-def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
+def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
+            job: SlurmJob) -> bool:
     from slurm_fiber.hooks.cgroup import delegate, job_cgroup  # only where the site delegates
 
     path = job_cgroup(config, job.node, job.job_id)
     if path is None:
         raise OSError(2, "no cgroup2 mount on this node to delegate from")
     delegate(path, job.uid, job.gid)
-    write_file(paths.state_dir, paths.cgroup_file.name, f"{path}\n".encode(),
-               dir_owner=job.uid, uid=0, gid=0, mode=RECORD_FILE_MODE)
+    write_file(dirs.state_fd, paths.cgroup_file.name, f"{path}\n".encode(), uid=0, gid=0,
+               mode=RECORD_FILE_MODE)
     hook.note("cgroup", f"delegated {path} to uid {job.uid}")
     return True
 
@@ -126,17 +140,21 @@ def run_prolog(environ: Mapping[str, str], hook: Hook) -> int:
     hook.job = job.job_id
     paths = job_paths(config.state_root, job.node, job.job_id)
 
-    def state_dir() -> bool:
-        make_job_dirs(paths, job.uid, job.gid)
-        return True
-
-    if hook.step("state_dir", state_dir):
-        if config.issuer_key is not None:
-            hook.step("tokens", lambda: _mint(hook, config, paths, job))
-        if config.spool_dir is not None:
-            hook.step("spool", lambda: _spool(hook, config, paths, job))
-        if config.delegate_cgroup:
-            hook.step("cgroup", lambda: _cgroup(hook, config, paths, job))
+    dirs = hook.step("state_dir", lambda: make_job_dirs(paths, job.job_id))
+    if dirs is not None:
+        try:
+            if dirs.retired is not None:
+                hook.warn("state_dir", f"moved what was left at {paths.state_dir} aside "
+                          f"(retired/{dirs.retired}); the job starts with new dirs")
+            if config.issuer_key is not None:
+                hook.step("tokens", lambda: _mint(hook, config, paths, dirs, job))
+            if config.spool_dir is not None:
+                hook.step("spool", lambda: _spool(hook, config, paths, dirs, job))
+            if config.delegate_cgroup:
+                hook.step("cgroup", lambda: _cgroup(hook, config, paths, dirs, job))
+            hook.step("state_dir", lambda: hand_over(dirs, job.uid, job.gid))
+        finally:
+            dirs.close()
     if job.gpus:
         hook.step("leases", lambda: _leases(hook, config, paths, job))
     return 1 if any(config.is_fatal(step) for step in hook.failed) else 0

@@ -1,15 +1,18 @@
-"""The job's state dir and grantdir, made by root for the job user without following links.
+"""The job's state dir and grantdir: made and filled by root, handed to the job user last.
 
 The state root and the per-node directories above a job's state dir belong
 to root and must not be writable by anyone else (``check_parent``, which
 walks the whole path with safefs.open_dir), so no job user can swap a path
-component. The job's own directories (``paths.job_paths``: state dir and
-grantdir) are created, or taken over when a previous prolog of the job
-made them, through directory file descriptors opened with O_NOFOLLOW, then
-given to the job user with mode 0700 (not readable, let alone writable, by
-others): a symlink planted by a user is refused, never followed. Files are
-written with safefs.write_atomic relative to a directory fd checked to be
-the job user's or root's (``write_file``). Blocking file I/O; errors are
+component. Below them the rule is: root never creates, opens or writes
+below a directory a job user owns or has owned. So ``make_job_dirs`` first
+moves whatever a job id's name holds (a previous run's dirs, another user's
+leftovers) into the node's retired area (hooks.retire), then creates the
+state dir and grantdir as root's, mode 0700, and keeps directory fds of
+both (``JobDirs``). Every file the prolog places (tokens, the cgroup record)
+is written through those fds while they are still root's
+(safefs.write_atomic), and ``hand_over`` gives both to the job user last
+(fchown/fchmod on the fds, the grantdir first). A job user can act on the
+directories only once root is done with them. Blocking file I/O; errors are
 OSError (UnsafePath) with the path in the message.
 """
 
@@ -17,17 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from pathlib import Path
 
 from slurm_fiber import safefs
 from slurm_fiber.homes.slurm.paths import JobPaths
+from slurm_fiber.hooks.retire import open_area, retire
+from slurm_fiber.record import record
 from slurm_fiber.safefs import DIR_FLAGS, UnsafePath
 
 JOB_DIR_MODE = 0o700
 ROOT_DIR_MODE = 0o755
 
-__all__ = ["UnsafePath", "check_parent", "clear_foreign", "make_job_dirs", "own_dir",
+__all__ = ["JobDirs", "UnsafePath", "check_parent", "hand_over", "make_job_dirs",
            "write_file"]
 
 
@@ -43,74 +47,80 @@ def check_parent(path: Path) -> int:
     return safefs.open_dir(path, trusted_owners=(os.geteuid(),))
 
 
-def own_dir(parent_fd: int, name: str, uid: int, gid: int) -> int:
-    """Create or take over directory ``name`` in ``parent_fd`` for uid:gid, mode 0700.
+@record
+class JobDirs:
+    """Root's fds of a job's new state dir and grantdir (root's until ``hand_over``), and
+    what ``make_job_dirs`` moved aside (the retired name, or None)."""
 
-    Returns an fd of the directory (the caller closes it). Raises UnsafePath
-    when ``name`` is a symlink or not a directory.
-    """
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, JOB_DIR_MODE, dir_fd=parent_fd)
+    state_fd: int
+    grant_fd: int
+    retired: str | None = None
+
+    def close(self) -> None:
+        """Close both fds (idempotent)."""
+        for fd in (self.state_fd, self.grant_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.state_fd = self.grant_fd = -1
+
+
+def _root_dir(parent_fd: int, name: str) -> int:
+    """Make directory ``name`` in ``parent_fd`` (root's, 0700; it must not exist); its fd."""
+    os.mkdir(name, JOB_DIR_MODE, dir_fd=parent_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as err:
-        raise UnsafePath(f"{name}: not a directory the prolog can use ({err.strerror})") from None
-    try:
-        os.fchown(fd, uid, gid)
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise UnsafePath(f"{safefs.fd_path(fd)}: replaced while being made")
         os.fchmod(fd, JOB_DIR_MODE)
-    except OSError:
+    except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def clear_foreign(parent_fd: int, name: str, uid: int) -> bool:
-    """Remove ``name`` in ``parent_fd`` unless it is a directory of ``uid`` (or root's, a
-    prolog's first step): another user's leftovers under a reused job id. True if removed."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0):
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        import shutil  # rare (a reused job id): shutil imports bz2, lzma and zlib
+def make_job_dirs(paths: JobPaths, job_id: int) -> JobDirs:
+    """Create the job's state dir and grantdir, both root's (0700), after moving whatever
+    was at the state dir's name into the node's retired area. The caller hands them over
+    (``hand_over``) and closes them.
 
-        shutil.rmtree(name, dir_fd=parent_fd)
-    else:
-        os.unlink(name, dir_fd=parent_fd)
-    return True
-
-
-def make_job_dirs(paths: JobPaths, uid: int, gid: int) -> None:
-    """Create the job's state dir and grantdir owned by uid:gid (0700). Idempotent.
-
-    A state dir left by another user under the same job id (an epilog that
-    never ran) is removed first, so none of its grants can reach this job.
+    A state dir left by an earlier run for the same job id (of this user or another, an
+    epilog that never ran, this prolog run twice) is never reused: nothing of it can
+    reach this job, and root never writes below a directory a user had.
     """
-    jobs_fd = check_parent(paths.state_dir.parent)
+    node_fd = check_parent(paths.state_dir.parent.parent)
     try:
-        clear_foreign(jobs_fd, paths.state_dir.name, uid)
-        state_fd = own_dir(jobs_fd, paths.state_dir.name, uid, gid)
+        jobs_fd = check_parent(paths.state_dir.parent)
         try:
-            os.close(own_dir(state_fd, paths.grantdir.name, uid, gid))
+            area_fd = open_area(node_fd)
+            try:
+                retired = retire(jobs_fd, paths.state_dir.name, area_fd, f"job-{job_id}")
+            finally:
+                os.close(area_fd)
+            state_fd = _root_dir(jobs_fd, paths.state_dir.name)
+            try:
+                grant_fd = _root_dir(state_fd, paths.grantdir.name)
+            except BaseException:
+                os.close(state_fd)
+                raise
+            return JobDirs(state_fd, grant_fd, retired)
         finally:
-            os.close(state_fd)
+            os.close(jobs_fd)
     finally:
-        os.close(jobs_fd)
+        os.close(node_fd)
 
 
-def write_file(directory: Path, name: str, data: bytes, *, dir_owner: int, uid: int, gid: int,
-               mode: int) -> None:
-    """Replace ``directory``/``name`` with ``data`` atomically, owned by uid:gid with ``mode``.
+def hand_over(dirs: JobDirs, uid: int, gid: int) -> None:
+    """Give the grantdir, then the state dir, to uid:gid (mode 0700), through their fds."""
+    for fd in (dirs.grant_fd, dirs.state_fd):
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, JOB_DIR_MODE)
 
-    ``directory`` must be root's or ``dir_owner``'s all the way from "/" and
-    writable by no one else (safefs.open_dir); whatever ``name`` is (a
-    planted link, a FIFO) is replaced, never followed. Raises OSError
-    (UnsafePath for a directory that cannot be trusted).
-    """
-    dir_fd = safefs.open_dir(directory, trusted_owners=(dir_owner,))
-    try:
-        safefs.write_atomic(dir_fd, name, data, mode=mode, uid=uid, gid=gid)
-    finally:
-        os.close(dir_fd)
+
+def write_file(dir_fd: int, name: str, data: bytes, *, uid: int, gid: int, mode: int) -> None:
+    """Replace ``name`` in root's directory ``dir_fd`` with ``data`` atomically, owned by
+    uid:gid with ``mode``. Refuses (UnsafePath) a directory root no longer owns: it may
+    already be the job user's."""
+    if os.fstat(dir_fd).st_uid != os.geteuid():
+        raise UnsafePath(f"{safefs.fd_path(dir_fd)} is no longer root's; nothing is "
+                         "written below a directory a job user owns")
+    safefs.write_atomic(dir_fd, name, data, mode=mode, uid=uid, gid=gid)

@@ -176,7 +176,8 @@ def test_a_state_dir_with_an_unmovable_audit_log_is_kept(site: Site,
     (site.state_root / "nodes" / "n1" / "audit").write_text("a file, not a directory")
     out = run_hook("epilog", env)
     assert out.returncode == 0 and "job 68: audit: " in out.stderr
-    assert "kept" in out.stderr and (paths.state_dir / "audit.jsonl").exists()
+    kept = list((site.state_root / "nodes" / "n1" / "retired").glob("kept-job-68.*/audit.jsonl"))
+    assert "kept" in out.stderr and len(kept) == 1 and not paths.state_dir.exists()
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")

@@ -162,9 +162,11 @@ def test_a_planted_symlink_is_refused_not_followed(site: Site, test_user: JobUse
         token.unlink()
     paths.grantdir.rmdir()
     paths.grantdir.symlink_to(target)  # what the job user could do to its own state dir
-    out = run_hook("prolog", env)
-    assert out.returncode == 0 and "job 48: state_dir: grants: not a directory" in out.stderr
+    out = run_hook("prolog", env)  # a second run never reuses what the user had
+    assert out.returncode == 0 and "job 48: state_dir: moved what was left at" in out.stderr
     assert list(target.iterdir()) == [] and owned(target, 0, 0o700)
+    assert not paths.grantdir.is_symlink() and owned(paths.grantdir, test_user.uid, 0o700)
+    assert [p.name for p in paths.grantdir.iterdir()] == ["job-48.jwt"]
 
 
 def test_a_blocked_step_is_bounded_in_time(site: Site, test_user: JobUser) -> None:
@@ -243,8 +245,9 @@ def test_another_users_leftovers_under_a_reused_job_id_are_cleared(site: Site,
     assert sorted(p.name for p in paths.grantdir.iterdir()) == ["job-51.jwt"]
     assert owned(paths.state_dir, test_user.uid, 0o700)
     (paths.state_dir / "keep").write_text("the job's own")
-    assert run_hook("prolog", env).returncode == 0  # its own dir: kept
-    assert (paths.state_dir / "keep").exists()
+    assert run_hook("prolog", env).returncode == 0  # its own dir too: moved aside, never reused
+    assert not (paths.state_dir / "keep").exists() and owned(paths.state_dir, test_user.uid, 0o700)
+    assert sorted(p.name for p in paths.grantdir.iterdir()) == ["job-51.jwt"]
 
 
 def test_a_strict_umask_still_lets_the_job_user_reach_its_dirs(site: Site,
