@@ -63,7 +63,7 @@ from slurm_fiber.hooks.hook import Hook
 NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"
 BUDGET_SHARE = 0.8  # of a step's time bound, spent finding, killing and waiting for processes
-WORK_SHARE = 0.8  # of a step's time bound, spent removing files (the rest is margin)
+WORK_SHARE = 0.6  # of a step's time bound, spent removing files (the rest: a slow syscall)
 
 
 def keep_audit(state_dir: Path, state_root: Path, job: SlurmJob) -> Path | None:

@@ -34,7 +34,7 @@ STAT_BYTES = 4096
 STATUS_BYTES = 1024
 ENV_PART = 8192
 CMD_BYTES = 120
-CHECK_EVERY = 64  # /proc entries between two looks at the clock
+CHECK_EVERY = 16  # /proc entries between two looks at the clock
 PROC = Path("/proc")
 
 
