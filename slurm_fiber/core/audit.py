@@ -35,7 +35,7 @@ a line was edited, removed, inserted or cut, where the sequence jumps, and wheth
 log ends with fiberd's stop. What it proves depends on who could write the file: a log
 fiberd's own user can write (a Slurm job's) can be rewritten whole by that user, chain
 and all; the chain then only shows tampering by something that did not recompute it,
-and accidents (docs/design.md, threat model, rule 11).
+and accidents (docs/design.md, threat model, rule 12).
 """
 
 from __future__ import annotations

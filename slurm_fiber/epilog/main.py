@@ -9,12 +9,14 @@ environment and the site config, like the prolog. Steps, each bounded by
    (epilog/statedir: the job id's name is free at once, and root reads the
    job's files only through its own 0700 area from then on) and remove the
    grantdir, so a fiberd still running sees its grants go.
-2. ``processes``: SIGKILL every process of the job that survived: the
-   delegated cgroup, the job's groups in Slurm's cgroup v1 hierarchies
-   (homes.slurm.cgroup_v1: a dead fiberd's groups below its step, which
-   Slurm neither signals nor removes), the fiberd of the record and its
-   descendants, orphans whose environment names the job (epilog/survivors);
-   never "all processes of the user".
+2. ``processes``: SIGKILL every process of the job that survived: everything
+   in the delegated cgroup and in the job's groups of Slurm's cgroup v1
+   hierarchies (homes.slurm.cgroup_v1: a dead fiberd's groups below its step,
+   which Slurm neither signals nor removes), thawing whatever the job froze
+   there (epilog/cgkill); the fiberd of the record and its descendants, and
+   orphans whose environment names the job (epilog/procscan, a bounded read
+   per process); never "all processes of the user", and never a cgroup a
+   user-written file names.
 3. ``leases``: release the job's GPU leases and drop its unclaimed grants
    (first making the node's lease area root's, as the prolog does, when an
    older version left it shared).
@@ -47,7 +49,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.epilog import survivors
+from slurm_fiber.epilog import procscan, survivors
 from slurm_fiber.epilog.statedir import keep_retired, remove_retired, retire_state_dir
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
@@ -60,8 +62,8 @@ from slurm_fiber.hooks.hook import Hook
 
 NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"
-WAIT_SHARE = 0.6  # of a step's time bound, spent waiting for killed processes to go
-WORK_SHARE = 0.8  # of a step's time bound, spent removing files (the rest is margin)
+BUDGET_SHARE = 0.8  # of a step's time bound, spent finding, killing and waiting for processes
+WORK_SHARE = 0.6  # of a step's time bound, spent removing files (the rest: a slow syscall)
 
 
 def _processes(hook: Hook, config: SiteConfig, state_dir: Path | None, job: SlurmJob,
@@ -71,35 +73,26 @@ def _processes(hook: Hook, config: SiteConfig, state_dir: Path | None, job: Slur
 
     The record is the job user's: whatever is at its name (a FIFO, a link, a
     huge or junk file) is only a missing record (read_record never blocks),
-    and the kill passes over the job's environment and cgroup still run.
+    and the kill passes over the job's environment and cgroups still run. Its
+    cgroup root is never used: the cgroups killed are those root derived.
     """
     record, why = (None, None) if state_dir is None else read_record(state_dir, job.uid)
     if record is None and why is not None and not why.endswith("No such file or directory"):
         hook.warn("processes", f"fiberd record ignored: {why}")
-    roots = ([delegated] if delegated is not None else []) + v1_groups
-    if record is not None:
-        from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
-
-        try:
-            mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
-            root = survivors.trusted_root(record, delegated, mount, job.job_id)
-        except (OSError, ValueError) as err:
-            hook.warn("processes", f"fiberd record's cgroup ignored: {err}")
-            root = None
-        if root is not None and root not in roots:
-            roots.append(root)
+    trees = ([delegated] if delegated is not None else []) + v1_groups
     slurm_conf = environ.get("SLURM_CONF") or None
 
-    def discover() -> list[survivors.JobProcess]:
-        found = survivors.environ_members(job, slurm_conf)
-        return found + (survivors.record_tree(record, job) if record is not None else [])
+    def discover(deadline: float) -> tuple[list[procscan.Found], bool]:
+        return procscan.scan(job, slurm_conf, record, deadline)
 
-    killed, alive = survivors.stop_job_processes(discover, roots,
-                                                 config.step_seconds * WAIT_SHARE)
-    if killed:
-        hook.warn("processes", f"killed {len(killed)} leftover process(es): "
-                  + "; ".join(survivors.describe(p) for p in killed[:5]))
-    return [survivors.describe(p) for p in alive]
+    out = survivors.stop_job_processes(discover, trees, config.step_seconds * BUDGET_SHARE)
+    if out.killed:
+        hook.warn("processes", f"killed {out.killed} leftover process(es): "
+                  + "; ".join(out.named))
+    if not out.complete:
+        hook.warn("processes", "the job's processes outnumber what one pass over /proc "
+                  "can look at within the step's bound; its cgroups were killed whole")
+    return out.alive
 
 
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:

@@ -17,7 +17,7 @@ removes the rest) and reported; nothing of it reaches root's directory.
 What it cannot do: tell the job user's forgery from fiberd's record. The copy is the
 job user's testimony, made root's only so that nobody changes it after the job; a
 consistent chain shows only that nothing which did not rewrite the whole chain
-changed it (docs/design.md, threat model, rule 11). Bounded: at most
+changed it (docs/design.md, threat model, rule 12). Bounded: at most
 ``KEEP_MAX_BYTES`` read, and a temporary file never outlives a failed or timed-out
 step.
 """

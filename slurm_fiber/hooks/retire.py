@@ -31,7 +31,6 @@ AREA_NAME = "retired"
 KEPT_PREFIX = "kept-"  # entries an admin must look at (an audit log that could not be moved)
 AREA_MODE = 0o700
 MAX_DEPTH = 32  # directory fds held at once while removing one tree
-CHECK_EVERY = 64  # entries removed between two looks at the clock
 
 
 def open_area(node_fd: int) -> int:
@@ -72,16 +71,21 @@ def retire(parent_fd: int, name: str, area_fd: int, label: str) -> str | None:
 def remove_some(area_fd: int, deadline: float, first: str | None = None) -> bool:
     """Remove entries of the area (``first`` before the others; never one named
     ``kept-*``) until ``deadline`` (time.monotonic()); whether nothing else is left. Never
-    raises for what an entry holds: what cannot be removed now is left for a later call."""
-    names = [first] if first is not None else []
-    with os.scandir(area_fd) as entries:
-        names += sorted(e.name for e in entries
-                        if e.name != first and not e.name.startswith(KEPT_PREFIX))
-    for name in names:
-        if time.monotonic() >= deadline:
-            return False
-        with contextlib.suppress(OSError):
-            remove_entry(area_fd, name, deadline)
+    raises for what an entry holds: what cannot be removed now is left for a later call.
+    Entries made meanwhile (a deep directory moved up) are taken in the next round."""
+    while time.monotonic() < deadline:
+        with os.scandir(area_fd) as entries:
+            names = sorted(e.name for e in entries if not e.name.startswith(KEPT_PREFIX))
+        if not names:
+            return True
+        if first in names:
+            names.remove(first)
+            names.insert(0, first)
+        for name in names:
+            if time.monotonic() >= deadline:
+                break
+            with contextlib.suppress(OSError):
+                remove_entry(area_fd, name, deadline)
     with os.scandir(area_fd) as entries:
         return all(e.name.startswith(KEPT_PREFIX) for e in entries)
 
@@ -127,11 +131,9 @@ def _empty_some(dir_fd: int, area_fd: int, depth: int, deadline: float) -> str |
     """Unlink the non-directories of ``dir_fd``; the first sub-directory to descend into
     (None when none is left, or at the deadline). Below MAX_DEPTH a sub-directory is
     renamed up into the area instead, to be removed as an entry of its own."""
-    count = 0
     with os.scandir(dir_fd) as entries:
         for entry in entries:
-            count += 1
-            if count % CHECK_EVERY == 0 and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:  # an unlink can take milliseconds under load
                 return None
             try:
                 os.unlink(entry.name, dir_fd=dir_fd)

@@ -234,7 +234,7 @@ def test_an_audit_log_swapped_for_a_link_is_dropped_not_followed(site: Site,
 
 
 def test_environ_matching_is_exact() -> None:
-    from slurm_fiber.epilog.survivors import environ_names_job
+    from slurm_fiber.epilog.procscan import environ_names_job
     from slurm_fiber.homes.slurm.jobenv import SlurmJob
 
     job = SlurmJob(job_id=7, uid=0, gid=0, user="root", partition="p", node="n1", cluster="c")
@@ -244,25 +244,6 @@ def test_environ_matching_is_exact() -> None:
     assert not environ_names_job(env.replace(b"JOB_ID=7", b"JOB_ID=77"), job, "/s")
     assert not environ_names_job(env.replace(b"SLURM_CONF=/s\0", b""), job, "/s")
     assert not environ_names_job(b"\xff\0garbage", job, None)
-
-
-def test_only_a_cgroup_root_of_this_job_is_trusted(tmp_path: Path) -> None:
-    from slurm_fiber.epilog.survivors import trusted_root
-
-    mount = tmp_path / "cg"
-    delegated = mount / "slurm-fiber" / "n1" / "job_7"
-    slurm = mount / "system.slice" / "slurmstepd.scope"
-
-    def root_of(path: Path | str | None) -> Path | None:
-        record = FiberdRecord(1, 0.0, "s", None if path is None else str(path), 0)
-        return trusted_root(record, delegated, mount, 7)
-
-    assert root_of(delegated / "fiberd") == delegated / "fiberd"
-    assert root_of(slurm / "job_7" / "step_0" / "user" / "task_0") is not None
-    assert root_of(slurm / "job_8" / "step_0") is None  # another job's
-    assert root_of(mount / "slurm-fiber" / "n1" / "job_8") is None  # another delegation
-    assert root_of(mount) is None and root_of("/") is None and root_of(None) is None
-    assert root_of(delegated / ".." / "job_8") is None  # no climbing out
 
 
 def test_the_caller_and_its_ancestors_are_protected(tmp_path: Path) -> None:
