@@ -216,8 +216,10 @@ class Core:
         try:
             return self.verifier.verify(raw)
         except TokenRefused as err:
-            self._write(AuditEvent.REFUSE, code=MissCode.INVALID_TOKEN.value,
-                        reason=err.reason.value, detail=err.detail)
+            # As every refusal and miss: reason for a person, detail the machine code.
+            miss = invalid_token_miss(err)
+            self._write(AuditEvent.REFUSE, code=miss.code.value, reason=miss.reason,
+                        detail=miss.detail)
             raise
 
     def lift(self, uid: str) -> bool:
