@@ -103,7 +103,13 @@ class AdmitRefused(Exception):
 
 
 class CloneFailed(Exception):
-    """A Clone the book allowed but the template could not start (one line; audited)."""
+    """A Clone the book allowed but the template could not start (one line; audited).
+    ``errno``: the cause's, when it was an OSError (EMFILE/ENFILE: the API answers
+    ``busy``, docs/socket-protocol.md)."""
+
+    def __init__(self, reason: str, errno: int | None = None) -> None:
+        super().__init__(reason)
+        self.errno = errno
 
 
 @record
@@ -784,7 +790,7 @@ class Core:
         except ForkFailed as err:
             self._write(AuditEvent.CLONE_FAILED, uid=grant.uid, fiber=fiber_id, reason=str(err),
                         **caller)
-            raise CloneFailed(str(err)) from None
+            raise CloneFailed(str(err), err.errno) from None
         finally:
             self._starting[grant.uid] -= 1
             if not self._starting[grant.uid]:

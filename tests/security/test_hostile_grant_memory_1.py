@@ -36,6 +36,7 @@ def cgroup_dir() -> Iterator[Path]:
     root.mkdir()
     yield root
     cgroups.kill(root)
+    asyncio.run(cgroups.wait_empty(root))
     cgroups.remove_tree(root)
 
 
