@@ -215,7 +215,7 @@ def _from_json(doc: Any) -> BookState:
                 raise TypeError("token jti/iss must be strings")
             tokens[uid][t["jti"]] = HeldToken(
                 t["jti"], t["iss"], _num(t["iat"]), _horizon(t["expiry"]),
-                parse_fiber_spec(t["fiber"]),
+                parse_fiber_spec(t["fiber"], floors=False),
             )
     return BookState(
         epoch=epoch,

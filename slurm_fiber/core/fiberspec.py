@@ -37,19 +37,34 @@ LIMIT_RANGES: dict[str, int] = {
 }
 
 
+# The least each limit may be where a template must start under it: a grant below it
+# could never warm (a ``memory`` of 1 byte answered ``cold`` for ever, its cgroup kept).
+# CPython and the template's own modules take about 15 MB; page cache is charged too.
+LIMIT_FLOORS: dict[str, int] = {
+    "memory": 32 << 20,
+    "pids": 2,  # the template and one fiber
+}
+
+
 class BadFiberClaim(ValueError):
     """The ``fiber`` claim is not a valid grant; ``str(err)`` is a one-line reason."""
 
 
-def parse_fiber_spec(obj: object) -> FiberSpec:
-    """Parse a decoded ``fiber`` claim. Pure; raises BadFiberClaim on any defect."""
+def parse_fiber_spec(obj: object, *, floors: bool = True) -> FiberSpec:
+    """Parse a decoded ``fiber`` claim. Pure; raises BadFiberClaim on any defect, and on
+    a limit below its floor (``LIMIT_FLOORS``) unless ``floors`` is off (a saved state
+    admitted before the floors: it is read, not judged again)."""
     top = _object(obj, "fiber", {"template", "limits", "devices"})
     devices = _str_list(top.get("devices", []), "fiber.devices", _DEVICE_KIND, "a device kind")
-    return FiberSpec(
-        template=_template(top.get("template", {})),
-        limits=_limits(top.get("limits", {})),
-        devices=devices,
-    )
+    limits = _limits(top.get("limits", {}))
+    if floors:
+        for name, low in LIMIT_FLOORS.items():
+            value = getattr(limits, name)
+            if value is not None and value < low:
+                raise BadFiberClaim(f"fiber.limits.{name} is {value}, below {low}: a "
+                                    "template cannot start under less; ask for more")
+    return FiberSpec(template=_template(top.get("template", {})), limits=limits,
+                     devices=devices)
 
 
 def fiber_spec_to_json(spec: FiberSpec) -> dict[str, Any]:

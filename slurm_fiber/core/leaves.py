@@ -37,7 +37,11 @@ log = logging.getLogger(__name__)
 
 
 class LeafCreateFailed(Exception):
-    """A slot leaf could not be made (one line: the path and why)."""
+    """A slot leaf could not be made (one line: the path and why; ``errno`` the cause's)."""
+
+    def __init__(self, reason: str, errno: int | None = None) -> None:
+        super().__init__(reason)
+        self.errno = errno
 
 
 class LeafPool:
@@ -84,7 +88,8 @@ class LeafPool:
             if made.done() and made.exception() is not None:
                 self._groups.pop(group, None)  # the next leaf tries again
             self._remove([leaf])  # nothing, or a group left empty
-            raise LeafCreateFailed(f"cannot create cgroup {leaf}: {e.strerror}") from None
+            raise LeafCreateFailed(f"cannot create cgroup {leaf}: {e.strerror}",
+                                   e.errno) from None
         return leaf
 
     def give_back(self, leaf: Path, peak: int | None, oom_kills: int | None, *, keep: bool,

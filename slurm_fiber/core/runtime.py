@@ -103,7 +103,13 @@ class AdmitRefused(Exception):
 
 
 class CloneFailed(Exception):
-    """A Clone the book allowed but the template could not start (one line; audited)."""
+    """A Clone the book allowed but the template could not start (one line; audited).
+    ``errno``: the cause's, when it was an OSError (EMFILE/ENFILE: the API answers
+    ``busy``, docs/socket-protocol.md)."""
+
+    def __init__(self, reason: str, errno: int | None = None) -> None:
+        super().__init__(reason)
+        self.errno = errno
 
 
 @record
@@ -218,8 +224,10 @@ class Core:
         try:
             return self.verifier.verify(raw)
         except TokenRefused as err:
-            self._write(AuditEvent.REFUSE, code=MissCode.INVALID_TOKEN.value,
-                        reason=err.reason.value, detail=err.detail)
+            # As every refusal and miss: reason for a person, detail the machine code.
+            miss = invalid_token_miss(err)
+            self._write(AuditEvent.REFUSE, code=miss.code.value, reason=miss.reason,
+                        detail=miss.detail)
             raise
 
     def lift(self, uid: str) -> bool:
@@ -785,7 +793,7 @@ class Core:
         except ForkFailed as err:
             self._write(AuditEvent.CLONE_FAILED, uid=grant.uid, fiber=fiber_id, reason=str(err),
                         **caller)
-            raise CloneFailed(str(err)) from None
+            raise CloneFailed(str(err), err.errno) from None
         finally:
             self._starting[grant.uid] -= 1
             if not self._starting[grant.uid]:

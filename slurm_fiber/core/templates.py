@@ -141,7 +141,12 @@ class TemplateNotReady(Exception):
 
 
 class ForkFailed(Exception):
-    """The template could not start the fiber (one-line reason)."""
+    """The template could not start the fiber (one-line reason; ``errno`` the cause's,
+    when an OSError was: EMFILE/ENFILE make the Clone's answer ``busy``)."""
+
+    def __init__(self, reason: str, errno: int | None = None) -> None:
+        super().__init__(reason)
+        self.errno = errno
 
 
 @record(frozen=True)
@@ -487,7 +492,7 @@ class Template:
         try:
             leaf = await self._leaves.take(spare_id)
         except LeafCreateFailed as err:
-            raise ForkFailed(str(err)) from None
+            raise ForkFailed(str(err), err.errno) from None
         spare = Spare(spare_id, pool.kind, leaf, orders,
                       asyncio.get_running_loop().create_future(), asked=self.clock.mono())
         pool.asked(spare)
@@ -930,7 +935,8 @@ class Template:
                         stdio[target] = fd
             except OSError as err:
                 _close_all(opened)
-                raise ForkFailed(f"cannot open the fiber's output file: {err}") from None
+                raise ForkFailed(f"cannot open the fiber's output file: {err}",
+                                 err.errno) from None
         order = self._order(request)
         order["stdio"] = [fd is not None for fd in stdio]
         return order, [fd for fd in stdio if fd is not None], opened
@@ -973,7 +979,7 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
             finally:
                 loop.remove_writer(sock.fileno())
         except OSError as e:
-            raise ForkFailed(f"cannot reach {peer}: {e.strerror}") from None
+            raise ForkFailed(f"cannot reach {peer}: {e.strerror}", e.errno) from None
 
 
 @record

@@ -23,7 +23,8 @@ keeps holding the UID of its last good token (a rewrite caught half-way
 revokes nothing); deleting the file is how a grant is withdrawn. Names
 starting with "." are never read, so a writer can write ``.name.tmp`` and
 rename it into place. A directory writable by group or others, or owned by
-someone other than the expected owner or root, is refused.
+someone other than the expected owner or root, or below a directory (or a symlink)
+another user could change, is refused.
 
 A directory that is missing (or cannot be read) is not a refusal but an
 outage of the grant source: it is reported once, the home's ``SourceHealth``
@@ -62,7 +63,7 @@ from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.core.tokens import TokenRefused, decode_unverified
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.record import record
-from slurm_fiber.safefs import read_upto
+from slurm_fiber.safefs import UnsafePath, open_dir, read_upto
 
 MAX_TOKEN_BYTES = 64 * 1024
 GRANT_SUFFIX = ".jwt"
@@ -210,8 +211,10 @@ class GrantDir:
         """
         try:
             st = os.stat(self.path)
-        except OSError as err:
+        except (FileNotFoundError, NotADirectoryError) as err:
             raise GrantDirRefused(MISSING, f"grantdir {self.path}: {err.strerror}") from None
+        except OSError:
+            pass  # e.g. not readable: the listing says so, as for any directory
         if not stat.S_ISDIR(st.st_mode):
             raise GrantDirRefused("grantdir_not_dir", f"grantdir {self.path} is not a directory")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
@@ -228,6 +231,25 @@ class GrantDir:
                 f"grantdir {self.path} is owned by uid {st.st_uid}, not {self.owner} or root; "
                 f"run: chown {self.owner} {self.path}",
             )
+        if not self.secret_volume:  # a kubelet's volume: its mount is checked above
+            self._check_path()
+
+    def _check_path(self) -> None:
+        """Refuse a directory whose path another user could change: every component from
+        "/" (a symlink included) must be the owner's or root's and writable by nobody
+        else (a root-owned sticky dir such as /tmp may be an ancestor; safefs.open_dir).
+        Otherwise that user could swap the directory between two polls."""
+        try:
+            os.close(open_dir(os.path.abspath(self.path), trusted_owners=(self.owner,)))
+        except UnsafePath as err:
+            raise GrantDirRefused("grantdir_path",
+                                  f"grantdir {self.path}: {err}; use a directory whose "
+                                  f"every parent only uid {self.owner} or root can change"
+                                  ) from None
+        except (FileNotFoundError, NotADirectoryError) as err:
+            raise GrantDirRefused(MISSING, f"grantdir {self.path}: {err.strerror}") from None
+        except OSError:
+            pass  # e.g. not readable: the listing says so, as for any directory
 
     def check_at_start(self) -> None:
         """The check before delivery starts: raise GrantDirRefused for a directory that

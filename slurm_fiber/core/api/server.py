@@ -104,6 +104,12 @@ _ANC_SIZE = socket.CMSG_SPACE((MAX_BATCH_FDS + 1) * array.array("i").itemsize)  
 # see "too many" (each descriptor received is closed unless its frame may carry it)
 _PEERCRED = struct.Struct("3i")
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+
+
+def _out_of_fds(err: BaseException) -> bool:
+    """Whether ``err`` failed for want of descriptors: an OSError, or an error that
+    carries its cause's ``errno`` (a failed fork, core/templates.py)."""
+    return getattr(err, "errno", None) in _OUT_OF_FDS
 _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
 LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors
 
@@ -418,8 +424,9 @@ class _Connection:
         except FiberNotFound as e:
             await self.refuse(rid, op_name, ApiError(ErrorCode.NOT_FOUND, str(e)))
         except Exception as e:
-            if isinstance(e, OSError) and e.errno in _OUT_OF_FDS:  # not a defect: retryable
-                reason = f"fiberd is out of file descriptors ({e.strerror}); retry later"
+            if _out_of_fds(e):  # not a defect: retryable (an OSError, or a failed fork's)
+                why = e.strerror if isinstance(e, OSError) else str(e)
+                reason = f"fiberd is out of file descriptors ({why}); retry later"
                 self.server.fd_log.warn(f"op {op_name} from {self.peer} failed: {reason}")
                 await self.refuse(rid, op_name, ApiError(ErrorCode.BUSY, reason))
                 return
@@ -568,6 +575,10 @@ class _Connection:
         if isinstance(outcome, Miss):
             metrics.clone_missed(outcome.code, elapsed)
             return {"key": key, "ok": False, "miss": outcome.to_json()}
+        if isinstance(outcome, Exception) and _out_of_fds(outcome):
+            reason = f"fiberd is out of file descriptors ({outcome}); retry later"
+            self.server.fd_log.warn(f"a clone_batch item from {self.peer} failed: {reason}")
+            return self.refused_item(rid, key, ApiError(ErrorCode.BUSY, reason))
         if isinstance(outcome, Exception):
             error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
                              f"{type(outcome).__name__}: {outcome}")
