@@ -473,14 +473,15 @@ class Map:
              stdout: bytes, stderr: bytes) -> None:
         """Print one finished task's output (with -k: once every one before it has been
         printed or will never be), log it, keep its results (lock held)."""
-        if self.opts.tag:
-            stdout, stderr = _tag(stdout, arg), _tag(stderr, arg)
+        shown_out, shown_err = stdout, stderr  # --tag marks what is printed, as parallel's
+        if self.opts.tag:  # (the joblog's Receive and --results keep the task's own)
+            shown_out, shown_err = _tag(stdout, arg), _tag(stderr, arg)
         if self.progress:
             sys.stderr.write("\r\033[K")
         if self.order is None:
-            self.write(stdout, stderr)
+            self.write(shown_out, shown_err)
         else:
-            self.kept[seq] = (stdout, stderr)
+            self.kept[seq] = (shown_out, shown_err)
             while self.turn is not None and self.turn in self.kept:
                 self.write(*self.kept.pop(self.turn))
                 self.turn = next(self.order, None)

@@ -118,8 +118,9 @@ def test_results_dir_and_tag(site: Site, tmp_path: Path) -> None:
                                                "x/y\ttwo"]
     assert sorted(out.stderr.splitlines()) == ["a b\toops", "x/y\toops"]
     place = res / "1" / "a b"
-    assert (place / "stdout").read_text() == "a b\tone a b\na b\ttwo\n"
-    assert (place / "stderr").read_text() == "a b\toops\n"
+    # as GNU parallel's: the files hold the task's own output, --tag marks only what prints
+    assert (place / "stdout").read_text() == "one a b\ntwo\n"
+    assert (place / "stderr").read_text() == "oops\n"
     assert (place / "seq").read_text() == "1\n"
     assert (res / "1" / "x\\_y" / "seq").read_text() == "2\n"
 
@@ -320,3 +321,35 @@ def test_the_help_is_wrapped_to_the_terminals_width(columns: int) -> None:
     options = out.stdout[out.stdout.index("options:"):].splitlines()
     assert max(len(line) for line in options) <= columns - 2
     assert max(len(line) for line in options) > columns - 20
+
+
+SCORE = """#!/bin/sh
+if [ $# -gt 0 ]; then echo "score $1"; else read -r line; echo "score $line"; fi
+"""
+
+
+def test_the_readme_map_example_runs_verbatim(site: Site, tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S)
+                 if "fiberctl map" in b)
+    (tmp_path / "score.sh").write_text(SCORE)
+    (tmp_path / "score.sh").chmod(0o755)
+    (tmp_path / "inputs.txt").write_text("x\ny\n")
+    (tmp_path / "ids.txt").write_text("3\n4\n")
+    (tmp_path / "sim.py").write_text("import sys\nprint('seed', sys.argv[2])\n")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "tasks.py").write_text("def score(x):\n    return int(x) ** 2\n")
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           "HOME": os.environ.get("HOME", "/root"), "FIBERD_SOCKET": str(site.socket)}
+    out = subprocess.run(["/bin/sh", "-ec", block], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sorted(lines[:2]) == ["score x", "score y"]
+    assert lines[2:6] == ["score a-1", "score a-2", "score b-1", "score b-2"]
+    assert sorted(lines[6:106]) == sorted(f"seed {i}" for i in range(1, 101))
+    assert sorted(lines[106:]) == ["3\t9", "4\t16"]  # --tag: the argument, a TAB, JSON
+    assert (tmp_path / "out" / "1" / "4" / "stdout").read_text() == "16\n"
