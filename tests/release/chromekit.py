@@ -6,6 +6,7 @@ the flags keep it off the network and out of any profile."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -121,7 +122,5 @@ class Chromium:
 
 
 def with_suppress(fn: Any) -> None:
-    try:
+    with contextlib.suppress(OSError, AssertionError):
         fn()
-    except (OSError, AssertionError):
-        pass
