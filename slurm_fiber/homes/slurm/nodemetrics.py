@@ -194,9 +194,9 @@ def relabel(text: str, job_id: int, node: str) -> str:
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(PREFIX) or family.name.startswith(PREFIX + "relay"):
             continue
-        samples = family.samples[:max(0, MAX_SAMPLES - kept)]
-        if not samples:
+        if kept >= MAX_SAMPLES:
             break
+        samples = family.samples[:MAX_SAMPLES - kept]
         kept += len(samples)
         family.samples = [Sample(s.name, {**s.labels, "home": "slurm", "job_id": str(job_id),
                                           "node": node}, s.value) for s in samples]

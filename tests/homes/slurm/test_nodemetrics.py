@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
     WorkDir = Callable[[JobUser], Path]
 
-FORGED = """# TYPE slurm_fiber_fibers_running gauge
+FORGED = """# TYPE slurm_fiber_api_refusals counter
+# TYPE slurm_fiber_fibers_running gauge
 slurm_fiber_fibers_running{job_id="999",node="other",home="k"} 5
 # TYPE node_load1 gauge
 node_load1 42
