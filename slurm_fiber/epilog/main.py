@@ -168,7 +168,7 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
                   + ", ".join(str(g) for g in v1_groups))
     from slurm_fiber.epilog import cgroup_v2  # what a fiberd carved below Slurm's v2 steps
 
-    hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * WAIT_SHARE))
+    hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * BUDGET_SHARE))
     hook.step("metrics", lambda: remove_job_textfile(config.state_root, job.node, job.job_id))
     kept = retired and hook.step(
         "audit", lambda: keep_job_audit(hook, retired, config.state_root, job))
