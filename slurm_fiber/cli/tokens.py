@@ -33,6 +33,7 @@ from slurm_fiber.core.tokens import (
     decode_unverified,
 )
 from slurm_fiber.core.trust import TrustStore, public_jwk
+from slurm_fiber.safefs import UnsafePath, open_dir
 
 EXIT_CODES = "Exit codes: 0 success / valid; 1 refused or failed (one line says why); 2 usage."
 keys_app = typer.Typer(help=f"Issuer signing keys and their JWKS.\n\n{EXIT_CODES}",
@@ -75,8 +76,10 @@ def _read_token(token: str) -> bytes:
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` of exactly ``mode``, whatever the umask."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
@@ -87,11 +90,17 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
 @keys_app.command("gen")
 def keys_gen(
     issuer: str = typer.Option(..., help="Issuer name; tokens carry it as 'iss'."),
-    out: Path = typer.Option(..., help="Directory for the key and the JWKS (created 0700)."),
+    out: Path = typer.Option(..., help="Directory for the key and the JWKS (created 0755: "
+                                       "every job's fiberd reads the JWKS; the key is 0600)."),
     alg: str = typer.Option("EdDSA", help="EdDSA (Ed25519) or ES256 (P-256)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Create a signing key (OUT/ISSUER-KID.key, mode 0600) and add it to OUT/ISSUER.jwks.json.
+
+    OUT is made 0755 (its missing parents too): the JWKS in it (0644) is what every
+    job's fiberd, running as the job user, must read; the private key's own 0600
+    keeps it root's. An OUT whose path anyone but this user or root could change
+    (an owner or a parent writable by others) is refused: they could swap the key.
 
     An existing JWKS keeps its keys, so running this again rotates: mint with
     the new key file, and remove the old key from the JWKS once its tokens
@@ -102,7 +111,10 @@ def keys_gen(
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", issuer):
         _fail(f"--issuer {issuer!r} must be a plain name ([A-Za-z0-9._-], up to 64)", 2)
     try:
-        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(open_dir(os.path.abspath(out), trusted_owners=(os.geteuid(),),
+                          create_mode=0o755))
+    except UnsafePath as err:
+        _fail(f"keys gen: --out {out} is not safe for a signing key: {err}")
     except (FileExistsError, NotADirectoryError):
         _fail(f"keys gen: --out {out} is not a directory (a file is in the way); give "
               "--out a directory")

@@ -37,7 +37,7 @@ def issued(tmp_path_factory) -> dict[str, str]:
 def test_keys_gen_writes_a_private_key_0600_and_a_jwks_with_its_kid(issued):
     key = Path(issued["key"])
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and b"PRIVATE KEY" in key.read_bytes()
-    assert stat.S_IMODE(Path(issued["dir"]).stat().st_mode) == 0o700
+    assert stat.S_IMODE(Path(issued["dir"]).stat().st_mode) == 0o755  # the JWKS is for all
     jwks = json.loads(Path(issued["jwks"]).read_text())
     assert [k["kid"] for k in jwks["keys"]] == [issued["kid"]]
     assert jwks["keys"][0]["alg"] == "ES256" and "d" not in jwks["keys"][0]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.audit import AuditEvent, AuditLog
+from slurm_fiber.core.audit import AuditEvent, AuditLog, check_chain
 from slurm_fiber.core.grant import ScopeClaim
 from slurm_fiber.core.misses import Miss, MissCode
 
@@ -175,3 +175,29 @@ def test_other_policies_leave_observations_as_any_record(tmp_path, clock, fsyncs
     log.write_many([(AuditEvent.FIBER_EXIT, {"fiber": "f1"})], durable=False)
     assert not log.unsynced
     assert len(fsyncs) == (1 if policy == "interval" else 0)
+
+
+def test_records_chain_and_check_chain_names_edits_gaps_and_a_missing_stop(
+        tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, "never")
+    log.write("start")
+    log.write("clone", fiber="a")
+    log.close()
+    again = AuditLog(path, "never")  # a restart continues the chain from the last line
+    again.write("clone", fiber="b")
+    again.write("stop")
+    again.close()
+    lines = path.read_bytes().splitlines()
+    assert json.loads(lines[0])["prev"] == ""
+    good = check_chain(lines)
+    assert good.consistent and (good.first_seq, good.last_seq, good.lines) == (1, 4, 4)
+    edited = [*lines[:1], lines[1].replace(b'"a"', b'"z"'), *lines[2:]]
+    assert check_chain(edited).problems == [
+        "line 3 does not chain to the line before it (a line was edited, removed or inserted)"]
+    gap = check_chain([*lines[:1], *lines[2:]])
+    assert "line 2: seq 3 follows 1" in gap.problems and not gap.consistent
+    cut = check_chain(lines[:3])
+    assert cut.problems == [] and not cut.stopped and not cut.consistent
+    assert check_chain(lines[1:]).problems[0].startswith("the log begins at seq 2")
+    assert check_chain([b"junk", *lines]).problems[0] == "line 1 is not an audit record"

@@ -16,6 +16,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import EventKind, GrantDirRefused, Home
+from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.sdnotify import NotifyError, notify_address, sd_notify
 from slurm_fiber.homes.standalone import StandaloneHome
 from tests.homes.homekit import token
@@ -147,11 +148,11 @@ def test_readiness_file_is_replaced_atomically_on_each_flip(
     async def main() -> None:
         await home.publish_ready("a", False)
         assert json.loads(ready.read_text()) == {"ready": False, "warm": [],
-                                                 "time": clock.wall()}
+                                                 "time": clock.wall(), **writer()}
         clock.advance(3)
         await home.publish_ready("a", True)
         assert json.loads(ready.read_text()) == {"ready": True, "warm": ["a"],
-                                                 "time": clock.wall()}
+                                                 "time": clock.wall(), **writer()}
         await home.publish_ready("a", False)
         assert json.loads(ready.read_text())["ready"] is False
         assert home.ready() is False

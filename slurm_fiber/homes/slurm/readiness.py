@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.slurm.control import ControlPlane
 
 COMMENT_READY = "slurm-fiber: ready"
@@ -25,7 +26,8 @@ COMMENT_NOT_READY = "slurm-fiber: not ready"
 
 def ready_document(job_id: int, warm: list[str], wall: float) -> dict[str, object]:
     """The JSON the ready file holds: the job, whether any template is warm, which, and when."""
-    return {"job_id": job_id, "ready": bool(warm), "warm": warm, "updated": wall}
+    return {"job_id": job_id, "ready": bool(warm), "warm": warm, "updated": wall,
+            **writer()}  # readers check it is alive (homes/readyfile.py read_ready)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -17,6 +17,7 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.core.health import HealthState
 from slurm_fiber.core.seam import EventKind, Home
+from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice
 from slurm_fiber.homes.slurm.control import (
     CliControl,
@@ -280,7 +281,8 @@ def test_readiness_goes_to_the_file_and_the_comment(tmp_path: Path, clock: FakeC
     home = make_home(tmp_path, clock, replay, publish_comment=True)
     asyncio.run(home.publish_ready("g1", True))
     doc = json.loads(home.paths.ready_file.read_text())
-    assert doc == {"job_id": 6, "ready": True, "warm": ["g1"], "updated": clock.wall()}
+    assert doc == {"job_id": 6, "ready": True, "warm": ["g1"], "updated": clock.wall(),
+                   **writer()}  # the writer, which readers check is alive
     assert f"update JobId=6 Comment={COMMENT_READY}" in replay.calls()
     replay.refuse_updates()
     with pytest.raises(ControlPlaneError, match="Access/permission denied"):
