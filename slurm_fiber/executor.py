@@ -38,11 +38,13 @@ remote traceback chained as ``__cause__``, a ``RemoteTraceback``) or a
 signal when the fiber died by one (and why, when fiberd or the OOM killer
 ended it: its deadline, a stop, ...); ``TaskTimeout`` when the per-task
 ``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
-``FiberMissed`` when fiberd started nothing (a retryable miss is first
-retried with a bounded backoff); ``FiberdError`` when fiberd refused or
-could not be reached. Fibers in flight: up to ``max_workers`` (default:
-this machine's usable CPUs); worker threads: as many at most, started on
-demand, each with one connection.
+``FiberMissed`` when fiberd started nothing (a retryable miss, or in a Slurm
+job a fiberd not listening yet, is first waited through as srun waits for
+resources: up to ``wait`` seconds, 300 by default, saying once on stderr what
+it waits for; ``wait=None``: ``retries`` tries with a short backoff);
+``FiberdError`` when fiberd refused or could not be reached. Fibers in flight:
+up to ``max_workers`` (default: this machine's usable CPUs); worker threads:
+as many at most, started on demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
 What a call prints goes to its fiber's output files under fiberd's state dir
 (``fibers/fiber-<id>.out`` and ``.err``, docs/socket-protocol.md; an empty one is
@@ -79,7 +81,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.discovery import discover_socket
-from slurm_fiber.tasks import Outcome, Task, TaskRunner, caller_path, wait_ready
+from slurm_fiber.tasks import (
+    DEFAULT_WAIT,
+    Outcome,
+    Task,
+    TaskRunner,
+    caller_path,
+    in_job,
+    wait_ready,
+)
 
 T = TypeVar("T")
 MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
@@ -232,7 +242,9 @@ class Executor(cf.Executor):
     environment; ``timeout``: per-task seconds (None: none); ``retries``: how many
     times a retryable miss is retried; ``max_workers``: fibers in flight at once;
     ``server_uids``: the uids fiberd may run as (default: this process's uid and root;
-    see the module doc).
+    see the module doc); ``wait``: seconds a call waits through retryable misses
+    (cold, capacity; in a Slurm job also a fiberd not listening yet), saying once on
+    stderr what it waits for (None: ``retries`` tries with a short backoff, as before).
     """
 
     def __init__(self, max_workers: int | None = None, *,
@@ -240,7 +252,8 @@ class Executor(cf.Executor):
                  token: str | None = None, env: Mapping[str, str] | None = None,
                  timeout: float | None = None, retries: int = 5,
                  stop_grace: float = 1.0,
-                 server_uids: Collection[int] | None = None) -> None:
+                 server_uids: Collection[int] | None = None,
+                 wait: float | None = DEFAULT_WAIT) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
@@ -249,7 +262,8 @@ class Executor(cf.Executor):
         self.timeout = timeout
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
                                  retries=retries, stop_grace=stop_grace,
-                                 server_uids=trusted_servers(server_uids))
+                                 server_uids=trusted_servers(server_uids), wait=wait,
+                                 wait_listening=in_job(), say=_say)
         self._work: queue.SimpleQueue[tuple[cf.Future[Any], Task] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = threading.Semaphore(0)  # a worker is (or will be) free for a call
@@ -377,6 +391,10 @@ class Executor(cf.Executor):
     def _call_ended(self) -> None:
         self._slots.release()
         self._idle.release()
+
+
+def _say(line: str) -> None:
+    print(f"slurm_fiber.Executor: {line}", file=sys.stderr, flush=True)
 
 
 def trusted_servers(uids: Collection[int] | None) -> frozenset[int]:
