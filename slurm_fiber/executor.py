@@ -38,16 +38,21 @@ remote traceback chained as ``__cause__``, a ``RemoteTraceback``) or a
 signal when the fiber died by one (and why, when fiberd or the OOM killer
 ended it: its deadline, a stop, ...); ``TaskTimeout`` when the per-task
 ``timeout`` passed (the fiber is stopped: SIGTERM, grace, SIGKILL);
-``FiberMissed`` when fiberd started nothing (a retryable miss is first
-retried with a bounded backoff); ``FiberdError`` when fiberd refused or
-could not be reached. Fibers in flight: up to ``max_workers`` (default:
-this machine's usable CPUs); worker threads: as many at most, started on
-demand, each with one connection.
+``FiberMissed`` when fiberd started nothing (a retryable miss, or in a Slurm
+job a fiberd not listening yet, is first waited through as srun waits for
+resources: up to ``wait`` seconds, 300 by default, saying once on stderr what
+it waits for; ``wait=None``: ``retries`` tries with a short backoff);
+``FiberdError`` when fiberd refused or could not be reached. Fibers in flight:
+up to ``max_workers`` (default: this machine's usable CPUs); worker threads:
+as many at most, started on demand, each with one connection.
 ``map``'s ``chunksize`` is accepted and ignored: every call is its own fiber.
-What a call prints goes to its fiber's output files under fiberd's state dir
-(``fibers/fiber-<id>.out`` and ``.err``, docs/socket-protocol.md; an empty one is
-removed where fiberd carves cgroups), not to this process's stdout as a
-ProcessPoolExecutor worker's prints would: return what the caller needs.
+What a call prints is captured (its fiber's stdout and stderr are anonymous
+memory files this process passes it) and is not lost: each future is a
+``FiberFuture``, whose ``stdout()`` and ``stderr()`` give the text (as
+submitit's ``job.stdout()``), complete once the future is done; with ``echo``
+(the default) it is also written to this process's stdout and stderr when the
+call's fiber ends, each call's whole (as GNU parallel groups a job's output),
+where a ProcessPoolExecutor worker's prints would go.
 A running call cannot be cancelled (as in concurrent.futures); if the calling
 process dies, its connections close and fiberd sends each fiber it was
 waiting for SIGHUP (the clone's ``hangup``).
@@ -79,7 +84,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.discovery import discover_socket
-from slurm_fiber.tasks import Outcome, Task, TaskRunner, caller_path, wait_ready
+from slurm_fiber.tasks import (
+    DEFAULT_WAIT,
+    Outcome,
+    Task,
+    TaskRunner,
+    caller_path,
+    in_job,
+    wait_ready,
+)
 
 T = TypeVar("T")
 MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
@@ -232,7 +245,10 @@ class Executor(cf.Executor):
     environment; ``timeout``: per-task seconds (None: none); ``retries``: how many
     times a retryable miss is retried; ``max_workers``: fibers in flight at once;
     ``server_uids``: the uids fiberd may run as (default: this process's uid and root;
-    see the module doc).
+    see the module doc); ``wait``: seconds a call waits through retryable misses
+    (cold, capacity; in a Slurm job also a fiberd not listening yet), saying once on
+    stderr what it waits for (None: ``retries`` tries with a short backoff, as before);
+    ``echo``: write what each call printed to this process's stdout and stderr.
     """
 
     def __init__(self, max_workers: int | None = None, *,
@@ -240,17 +256,21 @@ class Executor(cf.Executor):
                  token: str | None = None, env: Mapping[str, str] | None = None,
                  timeout: float | None = None, retries: int = 5,
                  stop_grace: float = 1.0,
-                 server_uids: Collection[int] | None = None) -> None:
+                 server_uids: Collection[int] | None = None,
+                 wait: float | None = DEFAULT_WAIT, echo: bool = True) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
         self.socket: Path = Path(discover_socket(socket))
         self.grant = grant
         self.timeout = timeout
+        self.echo = echo
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
                                  retries=retries, stop_grace=stop_grace,
-                                 server_uids=trusted_servers(server_uids))
-        self._work: queue.SimpleQueue[tuple[cf.Future[Any], Task] | None] = queue.SimpleQueue()
+                                 server_uids=trusted_servers(server_uids), wait=wait,
+                                 wait_listening=in_job(), say=_say)
+        self._work: queue.SimpleQueue[tuple[FiberFuture[Any], Task] | None] = \
+            queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = threading.Semaphore(0)  # a worker is (or will be) free for a call
         self._slots = threading.Semaphore(self.max_workers)  # fibers that may start now
@@ -266,10 +286,11 @@ class Executor(cf.Executor):
         Raises ``TimeoutError`` (``slurm_fiber.tasks.NotReady``) after ``timeout`` s."""
         wait_ready(self.socket, timeout, grant=self.grant)
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> cf.Future[T]:
-        """Schedule ``fn(*args, **kwargs)`` in its own fiber; its Future. A call that does
-        not pickle fails its future, not this method. Raises RuntimeError after shutdown."""
-        future: cf.Future[T] = cf.Future()
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> FiberFuture[T]:
+        """Schedule ``fn(*args, **kwargs)`` in its own fiber; its Future (a FiberFuture:
+        ``stdout()``, ``stderr()``). A call that does not pickle fails its future, not this
+        method. Raises RuntimeError after shutdown."""
+        future: FiberFuture[T] = FiberFuture()
         try:
             call = encode_call(fn, args, kwargs)
             call["path"] = caller_path()
@@ -360,23 +381,91 @@ class Executor(cf.Executor):
             for _ in range(len(taken) - len(running)):  # cancelled while pending
                 self._call_ended()
             futures = [f for f, _ in running]
-            self.runner.run_many([t for _, t in running], partial(self._ended, futures),
-                                 partial(self._written, futures))
+            pipes = [(os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr"))
+                     for _ in running]
+            try:
+                self.runner.run_many(
+                    [Task(call=t.call, timeout=t.timeout,
+                          stdio={"stdout": out, "stderr": err})
+                     for (_, t), (out, err) in zip(running, pipes, strict=True)],
+                    partial(self._ended, futures, pipes), partial(self._written, futures, pipes))
+            finally:
+                for out, err in pipes:
+                    os.close(out)
+                    os.close(err)
 
-    def _written(self, futures: list[cf.Future[Any]], n: int, event: dict[str, object]) -> None:
+    def _written(self, futures: list[FiberFuture[Any]], pipes: list[tuple[int, int]], n: int,
+                 event: dict[str, object]) -> None:
         """The ``n``th call of a batch has written its result (its fiber still ending):
-        settle its future now; its room stays taken until the fiber has ended."""
+        settle its future now, with what it printed so far (all a call prints before it
+        returns: the fiber flushes first); its room stays taken until the fiber ended."""
+        futures[n].captured(*pipes[n], str(event.get("fiber_id")))
         _settle(futures[n], Outcome(exit=event, fiber_id=str(event.get("fiber_id"))))
 
-    def _ended(self, futures: list[cf.Future[Any]], n: int, outcome: Outcome) -> None:
-        """The ``n``th call of a batch has ended: settle its future (unless its result
-        came first), free its room."""
-        _settle(futures[n], outcome)
+    def _ended(self, futures: list[FiberFuture[Any]], pipes: list[tuple[int, int]], n: int,
+               outcome: Outcome) -> None:
+        """The ``n``th call of a batch has ended: its output whole (echoed, with ``echo``),
+        its future settled (unless its result came first), its room freed."""
+        future = futures[n]
+        future.captured(*pipes[n], outcome.fiber_id)
+        if self.echo:
+            _echo(future.stdout(), future.stderr())
+        _settle(future, outcome)
         self._call_ended()
 
     def _call_ended(self) -> None:
         self._slots.release()
         self._idle.release()
+
+
+class FiberFuture(cf.Future[T]):
+    """A ``concurrent.futures.Future`` of one call, with what its fiber printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fiber_id: str | None = None
+        self._out, self._err = "", ""
+
+    def stdout(self) -> str:
+        """What the call wrote to its stdout (complete once the future is done)."""
+        return self._out
+
+    def stderr(self) -> str:
+        """What the call wrote to its stderr (complete once the future is done)."""
+        return self._err
+
+    def captured(self, out: int, err: int, fiber_id: str | None) -> None:
+        """Take what the fiber wrote to its memory files ``out`` and ``err`` so far."""
+        self.fiber_id = fiber_id or self.fiber_id
+        self._out = _read_all(out).decode(errors="replace")
+        self._err = _read_all(err).decode(errors="replace")
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to ``fd`` (a memfd the fiber wrote through its own offset)."""
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+_ECHO = threading.Lock()
+
+
+def _echo(out: str, err: str) -> None:
+    """One call's output, whole, on this process's stdout and stderr."""
+    with _ECHO:
+        if out:
+            sys.stdout.write(out)
+            sys.stdout.flush()
+        if err:
+            sys.stderr.write(err)
+            sys.stderr.flush()
+
+
+def _say(line: str) -> None:
+    print(f"slurm_fiber.Executor: {line}", file=sys.stderr, flush=True)
 
 
 def trusted_servers(uids: Collection[int] | None) -> frozenset[int]:

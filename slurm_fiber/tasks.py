@@ -9,6 +9,13 @@ backoff (at most ``retries`` more tries, delays doubling from ``backoff`` up
 to ``backoff_cap``, never shorter than the miss's ``retry_after``). It never
 raises for what a task does; every end is an ``Outcome``.
 
+Waiting like srun: with ``wait`` (seconds), a ``cold`` or ``capacity`` miss is retried for
+as long as that from the task's first miss, however many tries that takes,
+and, with ``wait_listening`` (a Slurm job: its fiberd may not listen yet), a
+socket nobody listens on (missing, or refused) is tried again for as long
+from the first failure; ``say`` is called once, with what the runner waits
+for. A final miss, a refusal or a broken stream ends the task at once.
+
 ``TaskRunner.run_many(tasks)`` starts several tasks with one batch clone
 (``clone_batch``, protocol v3: the grant resolved, a token verified and the
 request paid once; each fiber still its own) on the same connection, takes
@@ -82,6 +89,15 @@ if TYPE_CHECKING:
 
 
 MAX_CALL_PATH = 64  # entries a call's path carries (protocol.MAX_CALL_PATH)
+WAITED = frozenset({"cold", "capacity"})  # the misses ``wait`` waits through (the other
+# retryable ones, source_stale, fenced, denied, audit_failed, get ``retries`` tries)
+DEFAULT_WAIT = 300.0  # seconds a job's client waits through retryable misses (srun's way:
+# long enough for a fiberd started in the same script to listen and warm its template)
+
+
+def in_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this runs in a Slurm job (whose fiberd may not listen yet)."""
+    return bool((os.environ if environ is None else environ).get("SLURM_JOB_ID"))
 
 
 def caller_path(entries: Sequence[str] | None = None) -> list[str]:
@@ -198,9 +214,14 @@ class TaskRunner:
                  retries: int = 5, backoff: float = 0.05, backoff_cap: float = 2.0,
                  stop_grace: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep,
-                 server_uids: Collection[int] | None = None) -> None:
+                 server_uids: Collection[int] | None = None, wait: float | None = None,
+                 wait_listening: bool = False,
+                 say: Callable[[str], None] | None = None) -> None:
         self.socket = os.fspath(socket)
         self.server_uids = frozenset(server_uids) if server_uids is not None else None
+        self.wait, self.wait_listening, self.say = wait, wait_listening, say
+        self._said = False
+        self._unheard: float | None = None  # when connecting first failed (wait_listening)
         self.base: dict[str, object] = {}
         if grant is not None:
             self.base["grant"] = grant
@@ -235,6 +256,7 @@ class TaskRunner:
         if task.call is not None and "pickled" in task.call:
             fields["v"] = PICKLED_SINCE
         delay = self.backoff
+        first_miss: float | None = None
         while True:
             outcome.attempts += 1
             asked = self.early and task.call is not None and result is not None
@@ -243,7 +265,8 @@ class TaskRunner:
                                (lambda _, event: result(event)) if result else None)
                 break
             except Missed as miss:
-                if not miss.retryable or outcome.attempts > self.retries:
+                first_miss = time.monotonic() if first_miss is None else first_miss
+                if not miss.retryable or not self._again(first_miss, outcome.attempts, miss):
                     outcome.miss = miss
                     break
                 self.sleep(min(self.backoff_cap, max(delay, _retry_after(miss))))
@@ -275,6 +298,7 @@ class TaskRunner:
         outcomes = [Outcome(started=time.time()) for _ in tasks]
         begun = time.monotonic()
         pending, delay = list(range(len(tasks))), self.backoff
+        first_miss: dict[int, float] = {}
         while pending and self.batches and (len(tasks) > 1 or window is not None):
             if self.cancelling:
                 for i in pending:
@@ -305,7 +329,10 @@ class TaskRunner:
             except Unreachable as err:
                 self._fail(pending, outcomes, err, begun, done)
                 return outcomes
-            pending = [i for i in retry if outcomes[i].attempts <= self.retries]
+            for i in retry:
+                first_miss.setdefault(i, time.monotonic())
+            pending = [i for i in retry
+                       if self._again(first_miss[i], outcomes[i].attempts, outcomes[i].miss)]
             for i in set(retry) - set(pending):
                 self._end(i, outcomes[i], begun, done)
             window = window if window is not None and window < len(pending) else None
@@ -376,11 +403,56 @@ class TaskRunner:
             self._drop_client()
             client = None
         if client is None:
-            client = connect(self.socket, self.server_uids)
+            client = self._connect()
             self._local.client = client
             with self._lock:
                 self._clients.append(client)
         return client
+
+    def _connect(self) -> FiberdClient:
+        """A new connection; with ``wait`` and ``wait_listening``, tried again (every 0.2 s)
+        while nobody listens on the socket, for ``wait`` seconds from the first failure.
+        Raises Unreachable."""
+        while True:
+            try:
+                client = connect(self.socket, self.server_uids)
+            except UntrustedServer:
+                raise
+            except Unreachable as err:
+                if self.wait is None or not self.wait_listening or not isinstance(
+                        err.__cause__, FileNotFoundError | ConnectionRefusedError):
+                    raise
+                now = time.monotonic()
+                with self._lock:
+                    self._unheard = now if self._unheard is None else self._unheard
+                    since = self._unheard
+                if now - since >= self.wait:
+                    raise Unreachable(f"{err} (waited {self.wait:g} s)") from err
+                self._tell(f"fiberd to listen at {self.socket}")
+                self.sleep(min(0.2, since + self.wait - now))
+                continue
+            with self._lock:
+                self._unheard = None
+            return client
+
+    def _again(self, first_miss: float, attempts: int, miss: Missed | None) -> bool:
+        """Whether a task that missed retryably (first at ``first_miss``, ``attempts``
+        tries so far) is tried again: within ``retries`` tries, or (``wait``) within
+        ``wait`` seconds of its first miss."""
+        if self.wait is None or miss is None or miss.code not in WAITED:
+            return attempts <= self.retries
+        if time.monotonic() - first_miss >= self.wait:
+            return False
+        if miss is not None:
+            self._tell(f"{miss.code}: {miss.reason}")
+        return True
+
+    def _tell(self, what: str) -> None:
+        """Say, once per runner, what it waits for."""
+        with self._lock:
+            said, self._said = self._said, True
+        if not said and self.say is not None:
+            self.say(f"waiting up to {self.wait:g} s for {what}")
 
     def _drop_client(self) -> None:
         client = getattr(self._local, "client", None)

@@ -28,6 +28,15 @@ signal N killed it, 127/126 when its exec failed, as a shell's), so a
 command's own exit code can coincide with those above: the miss or refusal
 line on stderr tells them apart.
 
+Waiting like srun: ``run`` and ``call`` (and ``map``) wait through a
+``cold`` or ``capacity`` miss, and in a Slurm job (or with ``--wait`` given)
+through a fiberd not listening yet, for up to ``--wait S`` seconds (300 by
+default: a job script that starts ``fiberd-run`` and runs at once never
+notices), saying once on stderr what they wait for; then 75 (69) as before.
+``--no-wait`` exits at once, as before issue 39. A final miss (unknown_grant,
+...) and the other retryable ones (source_stale, fenced, denied,
+audit_failed) exit at once.
+
 Why a fiber ended, when fiberd ended it (a deadline, the lease's end, a
 fence, the grant's removal, an epoch bump, ``fiberctl stop``, fiberd's
 shutdown, a lost template) or the kernel's OOM killer did, ``run``, ``call``
@@ -222,12 +231,72 @@ class SignalForwarder:
                   file=sys.stderr)
 
 
-def clone_and_wait(path: str, fields: dict[str, object]) -> dict[str, object]:
-    """Clone with this process's stdio and signals attached; the exit event when it ends."""
-    with SignalForwarder(path) as forwarder, FiberdClient(path) as client:
-        fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
-        forwarder.attach(fiber.id)
-        return client.wait_exit()
+DEFAULT_WAIT = 300.0  # slurm_fiber.tasks.DEFAULT_WAIT (not imported: a per-task cost)
+WAITED = ("cold", "capacity")  # slurm_fiber.tasks.WAITED: the misses run and call wait
+# through; the other retryable ones (source_stale, fenced, ...) exit 75 at once
+
+
+def wait_bound(args: argparse.Namespace) -> tuple[float | None, bool]:
+    """(seconds run/call wait through retryable misses, None for --no-wait; whether a
+    socket nobody listens on is waited for too: in a Slurm job, or --wait given)."""
+    if args.no_wait:
+        return None, False
+    if args.wait is None:
+        return DEFAULT_WAIT, bool(os.environ.get("SLURM_JOB_ID"))
+    try:
+        seconds = float(args.wait)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise fail(EXIT_USAGE, f"fiberctl: --wait wants seconds, got {args.wait!r}")
+    return seconds, True
+
+
+def clone_and_wait(path: str, fields: dict[str, object], wait: float | None = None,
+                   listening: bool = False) -> dict[str, object]:
+    """Clone with this process's stdio and signals attached; the exit event when it ends.
+    With ``wait``, a cold or capacity miss (and, with ``listening``, a socket nobody listens
+    on yet) is tried again for up to ``wait`` seconds, as srun waits for resources,
+    saying once on stderr what for; a signal meanwhile stops the wait (128+N)."""
+    import time
+
+    with SignalForwarder(path) as forwarder:
+        start, delay, said = time.monotonic(), 0.05, False
+        while True:
+            client: FiberdClient | None = None
+            try:
+                client = FiberdClient(path)
+                fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
+                break
+            except (Missed, Unreachable) as err:
+                if client is not None:
+                    client.close()
+                waiting = wait is not None and (
+                    err.code in WAITED if isinstance(err, Missed) else client is None and listening
+                    and isinstance(err.__cause__, FileNotFoundError | ConnectionRefusedError))
+                left = (wait or 0.0) - (time.monotonic() - start)
+                if not waiting or left <= 0:
+                    raise
+                if not said:
+                    what = (f"{err.code}: {err.reason}" if isinstance(err, Missed)
+                            else f"fiberd to listen at {path}")
+                    print(f"fiberctl: waiting up to {wait:g} s for {what}", file=sys.stderr,
+                          flush=True)
+                    said = True
+                if forwarder.held:
+                    raise fail(128 + forwarder.held[0], "fiberctl: stopped waiting for "
+                               "fiberd (signal); nothing was started") from None
+                after = err.miss.get("retry_after") if isinstance(err, Missed) else None
+                pause = max(delay, after if isinstance(after, int | float) else 0.0)
+                time.sleep(max(0.0, min(pause, left, 1.0)))
+                delay = min(1.0, delay * 2)
+            except BaseException:
+                if client is not None:
+                    client.close()
+                raise
+        with client:
+            forwarder.attach(fiber.id)
+            return client.wait_exit()
 
 
 def end_line(end: dict[str, object]) -> str | None:
@@ -261,7 +330,7 @@ def run(args: argparse.Namespace) -> None:
     fields["exec"] = {"argv": args.cmd, "cwd": os.getcwd()}
     path = discover_socket(args.socket)
     with answers():
-        end = clone_and_wait(path, fields)
+        end = clone_and_wait(path, fields, *wait_bound(args))
     say_end(end, args.quiet)
     error = end.get("error")
     if isinstance(error, dict) and not args.quiet:  # its set-up failed before the exec
@@ -299,7 +368,7 @@ def call(args: argparse.Namespace) -> None:
     fields = grant_fields(args.grant, args.token, args.env)
     fields["call"] = call_spec
     with answers():
-        end = clone_and_wait(discover_socket(args.socket), fields)
+        end = clone_and_wait(discover_socket(args.socket), fields, *wait_bound(args))
     say_end(end, args.quiet)
     error = end.get("error")
     if isinstance(error, dict):
@@ -514,6 +583,12 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str, str | None, str], ...] = (
      "added to the fiber's env (repeatable; device visibility variables are the grant's)"),
     (("-q", "--quiet"), "quiet", "flag", None,
      "do not say why the fiber ended (the status is the same)"),
+    (("--wait",), "wait", "value", "S",
+     f"wait through retryable misses (cold, capacity; in a Slurm job, or given, a fiberd "
+     f"not listening yet) up to S seconds (default {DEFAULT_WAIT:g}), saying once on "
+     "stderr what for; a final miss exits at once"),
+    (("--no-wait",), "no_wait", "flag", None,
+     "exit at once on a retryable miss (75) or an unreachable fiberd (69)"),
 )
 
 
@@ -538,7 +613,7 @@ def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
         return None
     by_flag = {flag: (dest, kind) for flags, dest, kind, _, _ in RUN_OPTIONS for flag in flags}
     values: dict[str, object] = {"socket": None, "grant": None, "token": None, "env": [],
-                                 "quiet": False}
+                                 "quiet": False, "wait": None, "no_wait": False}
     positionals: list[str] = []
     rest = list(words[1:])
     closed = False  # an option came after the positionals: argparse takes no more of them

@@ -30,6 +30,11 @@ imported as ``fiberctl call`` imports (the working directory and
 joblog's Command column) and runs nothing. An option GNU parallel has and
 this map has not exits 2 with one line naming it.
 
+A task that misses ``cold`` or ``capacity`` (or, in a Slurm job or with
+``--wait``, finds no fiberd listening yet) is tried again for up to ``--wait
+S`` seconds (300 by default), the map saying once on stderr what it waits for;
+``--no-wait``: a few tries over about a second and a half, as before.
+
 As GNU parallel: up to ``-j`` tasks at once (default: this machine's usable
 CPUs), each in this directory with stdin from /dev/null; each task's stdout
 and stderr are printed whole when it ends (``-k``: in the order of the
@@ -134,7 +139,7 @@ from slurm_fiber.cli.mapspool import Spool
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.record import record
-from slurm_fiber.tasks import MAX_BATCH, Outcome, Task, TaskRunner
+from slurm_fiber.tasks import DEFAULT_WAIT, MAX_BATCH, Outcome, Task, TaskRunner, in_job
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -775,6 +780,10 @@ def _tag(data: bytes, args: Args) -> bytes:
     return b"".join(prefix + line for line in lines)
 
 
+def _say(line: str) -> None:
+    print(f"fiberctl map: {line}", file=sys.stderr, flush=True)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose mistakes are one line on stderr and exit 2 (never its usage block)."""
 
@@ -824,6 +833,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="all: in a multi-node Slurm job, run each node's share (round "
                         "robin) on that node's fiberd; elsewhere: says so, runs here")
     parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("--wait", type=parse_seconds, default=None, metavar="S",
+                        help=f"wait through retryable misses (cold, capacity; in a job, a "
+                        f"fiberd not listening yet) up to S seconds per task (default "
+                        f"{DEFAULT_WAIT:g}), saying once on stderr what for")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="retry a retryable miss a few times only, then stop the map")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="do not say why a fiber ended (statuses are the same)")
     parser.add_argument("-g", "--grant", help="admitted grant UID (default: the only one)")
@@ -866,6 +881,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         words, cmd = split_options(parser, head)
     opts = parser.parse_args(words)
     opts.cmd, opts.sources = cmd, sources
+    opts.wait_given = opts.wait is not None
+    if opts.wait is None:
+        opts.wait = DEFAULT_WAIT
     if opts.jobs < 1 or opts.retries < 0:
         raise fail(EXIT_USAGE, "fiberctl map: -j must be at least 1, --retries at least 0")
     if opts.retries == 0:
@@ -921,7 +939,9 @@ def main(argv: Sequence[str]) -> int:
         print("fiberctl map: --nodes all: not in a Slurm job of several nodes; "
               "running every task on this node", file=sys.stderr)
     runner = TaskRunner(discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
-                        token=fields.get("token"), env=fields.get("env"))  # type: ignore[arg-type]
+                        token=fields.get("token"), env=fields.get("env"),  # type: ignore[arg-type]
+                        wait=None if opts.no_wait else opts.wait,
+                        wait_listening=in_job() or opts.wait_given, say=_say)
     if share is not None:  # its status goes in its summary; srun's own exit stays quiet
         mine = share.mine(share.arguments())
         job = Map(opts, runner, iter(mine), len(mine), share)

@@ -98,7 +98,9 @@ def test_call_prints_the_json_result_or_fails_with_the_error(served) -> None:
     ("gone-1", 77, "unknown_grant: no grant gone-1 here\n"),
 ])
 def test_a_miss_is_one_line_and_a_distinct_exit_code(served, grant, code, line) -> None:
-    done = fiberctl(served, "run", "--grant", grant, "--", "true")
+    # --no-wait: a retryable miss exits at once (by default run waits through it,
+    # tests/cli/test_fiberctl_wait.py)
+    done = fiberctl(served, "run", "--no-wait", "--grant", grant, "--", "true")
     assert (done.returncode, done.stderr, done.stdout) == (code, line, "")
 
 
@@ -237,7 +239,7 @@ def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
     site.write_text(f'state_root = "{tmp_path}"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "FIBERD"))}
     env |= {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
-    loaded = loaded_by_run_and_call([], env)
+    loaded = loaded_by_run_and_call(["--wait", "0.3"], env)  # waits, then 69
     assert "slurm_fiber.homes.slurm.sitefile" in loaded  # the Slurm home was asked
     assert not (HEAVY | STDLIB_BY_HABIT | {"typing", "tomllib", "pathlib", "socket", "re",
                                            "enum"}) & loaded
