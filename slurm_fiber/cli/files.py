@@ -18,9 +18,10 @@ import typer
 
 KINDS = ("contrib", "man", "bash", "zsh")
 HELP = (
-    "Print where this install keeps the files a site copies into place: contrib (Slurm "
-    "snippets, Grafana dashboard, Prometheus rules, systemd unit), man (for MANPATH), bash "
-    "and zsh (completion scripts). One KIND prints its path alone.\n\n"
+    "Where this install keeps contrib files, man pages and completion: the files a site "
+    "copies into place. contrib (Slurm snippets, Grafana dashboard, Prometheus rules, "
+    "systemd units), man (for MANPATH), bash and zsh (completion scripts). One KIND "
+    "prints its path alone.\n\n"
     "Exit codes: 0 success; 1 not in this install (one line says why); 2 usage error."
 )
 

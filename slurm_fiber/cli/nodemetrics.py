@@ -15,8 +15,9 @@ from pathlib import Path
 import typer
 
 HELP = (
-    "Relay every job's fiberd metrics on this Slurm node to node_exporter's textfile "
-    "collector: one file per job, written atomically by root into "
+    "Relay every job's fiberd metrics on this node to node_exporter: on a Slurm node, "
+    "through node_exporter's textfile collector, one file per job, written atomically by "
+    "root into "
     "STATE_ROOT/nodes/NODE/metrics/ (point node_exporter at "
     "--collector.textfile.directory=STATE_ROOT/nodes/*/metrics). Each job's fiberd is "
     "asked by a child running as the job's user; only slurm_fiber_* samples are kept, "

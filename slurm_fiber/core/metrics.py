@@ -26,7 +26,6 @@ expositions (``renders`` counts the real ones).
 from __future__ import annotations
 
 import bisect
-import platform
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -189,6 +188,8 @@ class FiberMetrics:
         info = GaugeMetricFamily("slurm_fiber_build_info",
                                  "The running slurm_fiber's version and Python (always 1).",
                                  labels=["version", "python"])
+        import platform  # at the first scrape, as prometheus-client
+
         info.add_metric([version(), platform.python_version()], 1.0)
         yield info
         clones = CounterMetricFamily("slurm_fiber_clones",

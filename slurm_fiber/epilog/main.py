@@ -23,7 +23,8 @@ environment and the site config, like the prolog. Steps, each bounded by
 4. ``cgroup``: remove the job's delegated cgroup subtree; ``cgroup_v1``: remove
    what is left of the job's v1 groups (a dead fiberd's, then Slurm's steps and
    the job's own group, which Slurm could not remove while they had children).
-5. ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
+5. ``metrics``: remove the job's file for node_exporter (homes.slurm.nodemetrics);
+   ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
 6. ``state_dir``: remove the job's retired state dir, then what earlier
    epilogs left in the retired area, within the step's bound (what is left

@@ -112,3 +112,52 @@ def test_node_metrics_command_makes_the_dir_and_removes_stale_files(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(stale)) == ["slurm_fiber_relay.prom"]
     assert "node n9: up [], down [], removed ['slurm_fiber_job_41.prom']" in done.stderr
+
+
+SILENT_SERVER = """
+import os, socket, sys, time
+sock = socket.socket(socket.AF_UNIX)
+sock.bind("fiberd.sock")
+sock.listen(8)
+open("listening", "w").close()
+conns = []
+while True:  # accepts, reads, never answers
+    conn, _ = sock.accept()
+    conns.append(conn)
+"""
+
+
+@pytest.mark.hostile
+def test_a_jobs_silent_fiberd_costs_the_relay_its_timeout_and_is_reported_down() -> None:
+    """A job user's fiberd (here: a socket that accepts and never answers, run as nobody)
+    cannot hold the node's relay: the child asking it is killed after the timeout, the job
+    is reported down, and no file of it is written."""
+    import pwd
+    import shutil
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="sf-relay-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        jobs = base / "nodes" / "n9" / "jobs"
+        jobs.mkdir(parents=True)
+        job = jobs / "77"
+        job.mkdir(mode=0o700)
+        os.chown(job, nobody.pw_uid, nobody.pw_gid)
+        server = subprocess.Popen(["/usr/bin/python3", "-c", SILENT_SERVER], cwd=job,
+                                  user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+        try:
+            settle(lambda: [] if (job / "listening").exists() else ["not listening"],
+                   "the silent server did not start", 30)
+            done = relay_node(base, "n9", timeout=1.0)
+        finally:
+            server.kill()
+            server.wait(10)
+        assert done.up == () and done.down == (77,)
+        written = sorted(os.listdir(metrics_dir(base, "n9")))
+        assert written == ["slurm_fiber_relay.prom"]
+        relay = (metrics_dir(base, "n9") / "slurm_fiber_relay.prom").read_text()
+        assert 'slurm_fiber_relay_job_up{job_id="77",node="n9"} 0' in relay
+    finally:
+        shutil.rmtree(base)
