@@ -25,7 +25,7 @@ class Chromium:
 
     def __init__(self, width: int = 1280, height: int = 900) -> None:
         binary = shutil.which("chromium")
-        assert binary, "chromium is missing: apt-get install chromium (.ci/run does)"
+        assert binary, "chromium is missing: apt-get install chromium (./dev test does)"
         self.profile = tempfile.TemporaryDirectory(prefix="sf-chromium-")
         to_browser_r, self._out = os.pipe()
         self._in, from_browser_w = os.pipe()

@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def need(path: str) -> str:
     assert shutil.which(path), (f"{path} is missing: apt-get install prometheus "
-                                "prometheus-node-exporter (.ci/run does)")
+                                "prometheus-node-exporter (./dev test does)")
     return path
 
 

@@ -64,7 +64,7 @@ def test_bash_completion_knows_every_subcommand_and_option(share: Path) -> None:
 
 def test_zsh_completion_parses(share: Path) -> None:
     zsh = shutil.which("zsh")
-    assert zsh, "zsh is missing: apt-get install zsh (.ci/run does)"
+    assert zsh, "zsh is missing: apt-get install zsh (./dev test does)"
     for prog in SECTIONS:
         script = share / "completion" / "zsh" / f"_{prog}"
         assert script.read_text().startswith(f"#compdef {prog}\n")

@@ -32,7 +32,7 @@ def directives(unit: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
 def test_systemd_analyze_verifies_the_unit(unit: Path, tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
-    assert analyze, "systemd-analyze is missing: apt-get install systemd (.ci/run does)"
+    assert analyze, "systemd-analyze is missing: apt-get install systemd (./dev test does)"
     local = tmp_path / unit.name
     local.write_text(unit.read_text().replace("/opt/slurm-fiber/bin", str(BIN)))
     done = subprocess.run([analyze, "verify", "--man=no", str(local)], capture_output=True,
