@@ -73,6 +73,16 @@ class ContainerCluster:
             time.sleep(0.1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A container test's time bound covers its release's `up` (a cold build, or the wait
+    for another run's cluster to go), which pytest-timeout counts against the first test of
+    the release; each test's own waits stay bounded by their own timeouts."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.timeout(UP_TIMEOUT_S + 600))
+
+
 @pytest.fixture(scope="session", params=RELEASES)
 def container_cluster(request: pytest.FixtureRequest) -> Iterator[ContainerCluster]:
     if os.geteuid() != 0:
