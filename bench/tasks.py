@@ -44,8 +44,12 @@ the leaves, as a template spawns an exec fiber, and beside it ``W1-fork``, forke
 exec'd as a spare would); for each throughput
 target (``floor_budgets``) the rate it asks in this run, the CPU per task that rate
 leaves on this machine's CPUs, and what the floor and ``fiberctl map`` spend of it.
-The fibers run under a throwaway standalone fiberd (the quickstart's site). Reports every ratio
-behind issue 14's targets, which system gives a fresh process per task, ``--plot FILE``
+The fibers run under a throwaway standalone fiberd (the quickstart's site) configured as a
+user gets it (fiberd's defaults: each Clone's audit record fsynced). Missing peers are
+installed first (Dask into this environment, GNU parallel from Debian as root;
+``--no-install`` skips them instead). Reports the host (kernel, cgroup mode, the cgroup2
+mount's options: an option such as ``favordynmods`` changes what cgroup moves cost), every
+ratio behind the targets, which system gives a fresh process per task, ``--plot FILE``
 (throughput bars and latency CDFs, PNG; the ``plot`` extra) and ends with one JSON line.
 
 ``--slurm`` adds, in a batch job on the cluster ``SLURM_CONF`` names (else this
@@ -81,6 +85,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -98,6 +103,8 @@ from slurm_fiber.executor import Executor
 from slurm_fiber.tasks import Task, TaskRunner
 
 CHECKOUT = Path(__file__).resolve().parents[1]
+BENCH_EXTRA: list[str] = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())[
+    "project"]["optional-dependencies"]["bench"]
 FNS = "bench.taskfns"
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
 FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "yes",
@@ -561,9 +568,45 @@ def floor_budgets(figures: dict[str, object]) -> dict[str, dict[str, object]]:
     return out
 
 
+def host_facts() -> dict[str, object]:
+    """What the figures depend on beyond the code: the kernel, the host's cgroup mode and
+    the cgroup2 mount's options (``favordynmods`` makes moves cheaper and outlives the
+    experiment that set it), and fiberd's audit fsync as every row ran it."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    cgroup2 = [m for m in mounts if len(m) > 3 and m[2] == "cgroup2"]
+    v1 = any(len(m) > 2 and m[2] == "cgroup" for m in mounts)
+    mode = "hybrid" if cgroup2 and v1 else "unified" if cgroup2 else "legacy"
+    return {"kernel": os.uname().release, "cgroup_mode": mode,
+            "cgroup2_mounts": {m[1]: m[3] for m in cgroup2},
+            "audit_fsync": "fiberd's default (always)"}
+
+
+def install_peers() -> None:
+    """Install the peers a fresh clone lacks, saying so: Dask distributed into this
+    interpreter's environment (the ``bench`` extra's pin), GNU parallel from Debian (as
+    root). Whatever cannot be installed is a stated skip of its rows, never a failure."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        spec = next(r for r in BENCH_EXTRA if r.startswith("dask"))
+        print(f"bench/tasks.py: installing {spec} (the peer Dask)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                        "--disable-pip-version-check", spec], check=False)
+    if shutil.which("parallel") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("bench/tasks.py: installing Debian's parallel (the peer GNU parallel)",
+              file=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-q", "parallel"], check=False,
+                       stdout=subprocess.DEVNULL)
+
+
 def print_table(figures: dict[str, object]) -> None:
     systems = figures["systems"]
     assert isinstance(systems, dict)
+    host = figures["host"]
+    assert isinstance(host, dict)
+    print(f"host: kernel {host['kernel']}, cgroups {host['cgroup_mode']}, cgroup2 mounts "
+          + ", ".join(f"{where} ({opts})" for where, opts in host["cgroup2_mounts"].items())
+          + f"; audit fsync: {host['audit_fsync']}")
     print(f"{'system':12}{'fresh proc':>14}{'W1 p50 ms':>11}{'W1 /s':>9}"
           f"{'W2 p50 ms':>11}{'W2 /s':>9}")
     for name, row in systems.items():
@@ -660,6 +703,8 @@ def main() -> int:
                         help="also fiberctl against srun steps in a job on the test cluster")
     parser.add_argument("--slurm-n", type=int, default=500,
                         help="tasks of the map against srun steps (default 500)")
+    parser.add_argument("--no-install", action="store_true",
+                        help="do not install missing peers (Dask, GNU parallel): skip them")
     parser.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -670,6 +715,8 @@ def main() -> int:
             parser.error("--in-job runs inside the bench's own job, with --out")
         opts.out.write_text(json.dumps(slurm_in_job(opts.n, seq_n, opts.jobs, rounds)))
         return 0
+    if not opts.no_install:
+        install_peers()
     # Every process measured imports compiled bytecode, as from an installed package, even
     # where PYTHONDONTWRITEBYTECODE kept a checkout's stale: a fiberctl compiling fibermap
     # from source spent 15 ms of its start on it.
@@ -704,7 +751,8 @@ def main() -> int:
     floor = {w: confined_floor(w, max(FLOOR_TASKS, opts.n // opts.jobs), opts.jobs,
                                [*preloads, FNS], hierarchies) for w in WORKLOADS}
     figures = {"bench": "tasks", "n": opts.n, "seq_n": seq_n, "jobs": opts.jobs,
-               "rounds": rounds, "cgroups": mode, "cgroup_backend": backend,
+               "rounds": rounds, "host": host_facts(), "cgroups": mode,
+               "cgroup_backend": backend,
                **report(seq, par, bound, opts.jobs, skipped), "cpu_per_task_ms": cpu,
                "floor": {"hierarchies": hierarchies, **floor}, "left_running": left}
     figures["targets"].update(floor_budgets(figures))  # type: ignore[union-attr]

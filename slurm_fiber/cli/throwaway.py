@@ -114,7 +114,7 @@ class Site:
     def flags(self, cgroup_root: str) -> list[str]:
         options = {
             "home": "standalone", "state-dir": str(self.state),
-            "audit-path": str(self.audit_path), "audit-fsync": "never",
+            "audit-path": str(self.audit_path),
             "trust": f"{ISSUER}={self.root / 'issuer.jwks.json'}", "audience": AUDIENCE,
             "poll-interval": "0.1", "grace": "1", "cgroup-root": cgroup_root,
             "cgroup-backend": self.backend, "ready-file": "none",

@@ -6,6 +6,7 @@ its targets unmeasured; the test then checks the rest and ends as a stated skip 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ SYSTEMS = {"subprocess", "pool", "forkserver", "parallel", "dask", "fiber", "fib
 def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) -> None:
     png = tmp_path / "tasks.png"
     out = subprocess.run([sys.executable, str(BENCH), "-n", "4", "--seq", "2", "--rounds", "1",
+                          "--no-install",
                           "--skip", "pool", "--plot", str(png)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -40,6 +42,10 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
                                        "w1_seq_p50_exec_over_subprocess",
                                        "w1_throughput_map_over_parallel"}
     assert figures["targets"]["w1_seq_p50_exec_over_subprocess"]["value"] > 0
+    host = figures["host"]
+    assert host["cgroup_mode"] in {"hybrid", "unified", "legacy"}
+    assert host["kernel"] == os.uname().release
+    assert all(isinstance(o, str) and o for o in host["cgroup2_mounts"].values())
     assert figures["bound"]["pipeline_p50_ms"] > 0
     assert figures["bound"]["clone_call_over_pipeline"] > 0
     assert figures["bound"]["executor_w2_p50_over_clone_call"] > 0
