@@ -99,16 +99,16 @@ def stop_job_processes(discover: Callable[[float], tuple[list[Found], bool]],
     keep = protected_pids()
     out = Outcome()
     targets: dict[int, Found] = {}
+    in_trees: set[int] = set()  # counted, not tracked: the trees are checked whole below
     for _ in range(ROUNDS):
         for tree in (t for t in trees if t.exists()):
-            for pid in cgkill.populated(tree, discover_until):
-                st = read_stat(pid)
-                if pid not in keep and pid not in targets and st is not None:
-                    targets[pid] = Found(pid, st.start, f"in cgroup {tree}")
-                    out.saw(targets[pid])
+            for pid in set(cgkill.populated(tree, discover_until)) - keep - in_trees:
+                in_trees.add(pid)
+                out.saw(Found(pid, 0, f"in cgroup {tree}"))
             cgkill.end_tree(tree, discover_until, keep)
         found, out.complete = discover(discover_until)
-        new = [p for p in found if p.pid not in keep and p.pid not in targets]
+        skip = keep | in_trees | targets.keys()
+        new = [p for p in found if p.pid not in skip]
         for process in new:
             targets[process.pid] = process
             out.saw(process)
