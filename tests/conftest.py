@@ -12,19 +12,23 @@ tests/homes/slurm, tests/prolog, tests/cli, tests/conform and tests/security.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import shutil
 import signal
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from tests.barehost.clusterkit import BareHost, SlurmCluster, bare_host, exports, new_job_dir
 from tests.core.api.servicekit import Served, serve
+from tests.core.processkit import UNIFIED, cgroup2_usable
 from tests.security.userkit import ALICE, MALLORY, JobUser
 from tests.security.userkit import job_user as make_job_user
 
@@ -63,6 +67,20 @@ def served(tmp_path: Path) -> Iterator[Served]:
     """A server on the real clock (timeouts generous) at tmp_path/fiberd.sock."""
     with serve(tmp_path / "fiberd.sock", SystemClock()) as s:
         yield s
+
+
+@pytest.fixture
+def cgroup_root() -> Iterator[Path]:
+    """A new cgroup2 directory of this process's, killed and removed after the test; skips
+    where no cgroup2 hierarchy is writable."""
+    if not cgroup2_usable():
+        pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
+    root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
+    root.mkdir()
+    yield root
+    cgroups.kill(root)
+    asyncio.run(cgroups.wait_empty(root))
+    cgroups.remove_tree(root)
 
 
 @pytest.fixture(scope="session")

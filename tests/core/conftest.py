@@ -10,18 +10,14 @@ machine without a writable cgroup2 mount truly lacks it.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core import cgroups
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.tokens import TokenVerifier
 from slurm_fiber.core.trust import TrustStore
-from tests.core.processkit import UNIFIED, cgroup2_usable
 from tests.core.tokenkit import AUDIENCE, Issuer
 
 
@@ -43,18 +39,6 @@ def trust(site: Issuer, other: Issuer) -> TrustStore:
 @pytest.fixture
 def verifier(trust: TrustStore, clock: FakeClock) -> TokenVerifier:
     return TokenVerifier(trust, AUDIENCE, clock, leeway=30.0)
-
-
-@pytest.fixture
-def cgroup_root() -> Iterator[Path]:
-    if not cgroup2_usable():
-        pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
-    root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
-    root.mkdir()
-    yield root
-    cgroups.kill(root)
-    asyncio.run(cgroups.wait_empty(root))
-    cgroups.remove_tree(root)
 
 
 @pytest.fixture

@@ -11,40 +11,22 @@ descriptor limit (``prlimit``, as a user exhausting its descriptors would leave 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from slurm_fiber.core import cgroups
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
-from tests.core.processkit import UNIFIED, cgroup2_usable
 from tests.core.runtime.fiberdkit import Site
 
 
-@pytest.fixture
-def cgroup_dir() -> Iterator[Path]:
-    if not cgroup2_usable():
-        pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
-    root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
-    root.mkdir()
-    yield root
-    cgroups.kill(root)
-    asyncio.run(cgroups.wait_empty(root))
-    cgroups.remove_tree(root)
-
-
 def test_hostile_emfile_on_a_clone_is_busy_not_internal(tmp_path: Path,
-                                                        cgroup_dir: Path) -> None:
+                                                        cgroup_root: Path) -> None:
     site = Site(tmp_path, uuid.uuid4().hex)
     site.drop()
-    options = {"cgroup-root": str(cgroup_dir), "cgroup-backend": "auto", "spares": "0"}
+    options = {"cgroup-root": str(cgroup_root), "cgroup-backend": "auto", "spares": "0"}
     codes: list[str] = []
     with fiberd(site, options, stderr=subprocess.DEVNULL) as proc:
         sock = wait_socket(site, proc)

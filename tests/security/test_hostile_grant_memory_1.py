@@ -14,30 +14,14 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from slurm_fiber.core import cgroups
 from slurm_fiber.core.mint import compact_jws
 from slurm_fiber.core.misses import Miss, MissCode
 from slurm_fiber.core.trust import public_jwk
-from tests.core.processkit import UNIFIED, aio, cgroup2_usable
+from tests.core.processkit import aio
 from tests.core.runtime.fiberdkit import AUDIENCE, REPO, Site, running_fiberd
-
-
-@pytest.fixture
-def cgroup_dir() -> Iterator[Path]:
-    if not cgroup2_usable():
-        pytest.skip(f"no writable cgroup2 hierarchy at {UNIFIED}")
-    root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
-    root.mkdir()
-    yield root
-    cgroups.kill(root)
-    asyncio.run(cgroups.wait_empty(root))
-    cgroups.remove_tree(root)
 
 
 def tiny_token(site: Site, uid: str) -> str:
@@ -54,10 +38,10 @@ def tiny_token(site: Site, uid: str) -> str:
 
 @aio
 async def test_hostile_grant_memory_1_is_refused_not_cold_and_carves_nothing(
-        tmp_path: Path, cgroup_dir: Path) -> None:
+        tmp_path: Path, cgroup_root: Path) -> None:
     site = Site(tmp_path, uuid.uuid4().hex)
     site.drop("tiny", token=tiny_token(site, "tiny"))
-    async with running_fiberd(site, cgroup_root=str(cgroup_dir), cgroup_backend="auto") as live:
+    async with running_fiberd(site, cgroup_root=str(cgroup_root), cgroup_backend="auto") as live:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # the grantdir's delivery, and a warm's time
             miss = await live.clone("tiny", argv=("true",))
@@ -66,7 +50,7 @@ async def test_hostile_grant_memory_1_is_refused_not_cold_and_carves_nothing(
         inline = await live.clone(None, argv=("true",), token=tiny_token(site, "tiny2"))
         assert isinstance(inline, Miss) and inline.code is MissCode.INVALID_TOKEN, inline
         assert "fiber.limits.memory is 1, below" in inline.reason
-        assert not [p for p in cgroup_dir.iterdir() if p.name.startswith("grant-")]
+        assert not [p for p in cgroup_root.iterdir() if p.name.startswith("grant-")]
     records = [json.loads(x) for x in (site.state / "audit.jsonl").read_text().splitlines()]
     refused = [r for r in records if r["event"] == "refuse"]
     assert refused and all("fiber.limits.memory is 1" in r["reason"] for r in refused), refused
