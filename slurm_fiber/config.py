@@ -35,6 +35,8 @@ the working directory (environment and flags).
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
 | spares | 2 | fiber processes a template forks ahead once its grant is cloned (0..16; 0: none) |
 | spares_idle | 300 | seconds with no Clone before a grant's spares go (0: never) |
+| history | 1000 | ended fibers whose last records stay visible (inspect, ``ls --all``; 0: none) |
+| history_seconds | 3600 | how long an ended fiber's record stays visible |
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | fiber_user | (none) | a root fiberd must name the user fibers run as (``root``: keep root) |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
@@ -117,6 +119,8 @@ class FiberdConfig:
     grace: float = 5.0
     spares: int = 2  # two Clones arriving together (-j2 on two cores) both find one
     spares_idle: float = 300.0  # a grant not cloned for this long holds its template alone
+    history: int = 1000  # ended fibers' records kept (inspect, ls --all)
+    history_seconds: float = 3600.0  # ... for this long after they ended
     strict_limits: bool = False
     fiber_user: str | None = None  # a root fiberd's: whom fibers run as (core/identity.py)
     template_timeout: float = 10.0
@@ -408,6 +412,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("spares_idle", _seconds(0, 86400, zero_ok=True),
            "seconds without a Clone after which a grant's spares are "
            "dismissed, until its next Clone (0: kept while the grant lives)"),
+    Option("history", _count(0, 100000),
+           "ended fibers whose last records inspect and ls --all still show (0: none)"),
+    Option("history_seconds", _seconds(1, 7 * 86400),
+           "seconds an ended fiber's record stays visible"),
     Option("strict_limits", _switch,
            "refuse (unenforceable) a grant asking for limits this host does not enforce",
            switch=True),

@@ -226,7 +226,8 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
-                 template_timeout=config.template_timeout, identity=identity)
+                template_timeout=config.template_timeout, identity=identity,
+                history=config.history, history_seconds=config.history_seconds)
     refusals = RefusalLog(audit, clock)  # rate-limited per caller (core/refusal_log.py)
     server = ApiServer(core, _server_config(config), clock=clock, audit=refusals.refused)
     core.on_fiber_end = server.metrics.fiber_ended

@@ -59,6 +59,7 @@ before the command as well as after it: ``fiberctl --socket PATH status``.
 from __future__ import annotations
 
 import _signal
+import _socket
 import os
 import sys
 from types import FrameType, SimpleNamespace
@@ -336,6 +337,8 @@ def run(args: argparse.Namespace) -> None:
     if isinstance(error, dict) and not args.quiet:  # its set-up failed before the exec
         print(f"fiberctl: fiber {end.get('fiber_id')} did not start: {error.get('type')}: "
               f"{error.get('message')}", file=sys.stderr)
+    if args.json:  # after the fiber's own output: its exit event, one line
+        print(json_dumps(end), flush=True)
     raise Exit(int(end.get("status", 255)))  # type: ignore[call-overload]
 
 
@@ -371,9 +374,12 @@ def call(args: argparse.Namespace) -> None:
         end = clone_and_wait(discover_socket(args.socket), fields, *wait_bound(args))
     say_end(end, args.quiet)
     error = end.get("error")
+    if args.json:  # the whole exit event (fiber_id, status, result or error), one line
+        print(json_dumps(end))
     if isinstance(error, dict):
         raise fail(EXIT_FIBER_FAILED, f"{error.get('type')}: {error.get('message')}")
-    print(json_dumps(end.get("result")))
+    if not args.json:
+        print(json_dumps(end.get("result")))
 
 
 class connected:  # lower case: used as the function it was
@@ -399,22 +405,38 @@ class connected:  # lower case: used as the function it was
         answers().__exit__(kind, e, tb)
 
 
-FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status")
+FIBER_COLUMNS = ("id", "pid", "grant", "state", "exit_status", "started")
 
 
 def fiber_row(record: dict[str, object]) -> str:
-    return "  ".join(f"{record.get(c, '-')!s:<{w}}" for c, w in zip(
-        FIBER_COLUMNS, (24, 8, 24, 10, 6), strict=True)).rstrip()
+    values = dict(record)
+    exit_record = values.get("exit")
+    if "exit_status" not in values and isinstance(exit_record, dict):
+        code, signum = exit_record.get("exit_code"), exit_record.get("signal")
+        values["exit_status"] = code if code is not None else (
+            f"SIG{signum}" if signum is not None else "-")
+    started = values.get("started")
+    if isinstance(started, int | float):
+        values["started"] = age(time_now_boot() - started)
+    return "  ".join(f"{values.get(c, '-')!s:<{w}}" for c, w in zip(
+        FIBER_COLUMNS, (24, 8, 24, 10, 11, 12), strict=True)).rstrip()
+
+
+def time_now_boot() -> float:
+    import time
+
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def list_fibers(args: argparse.Namespace) -> None:
-    """List the fibers fiberd tracks (id, pid, grant, state, exit status)."""
+    """List the fibers fiberd tracks (id, pid, grant, state, exit status, when started);
+    --all: with the ended ones fiberd still remembers (its history settings)."""
     with connected(args.socket) as client:
         if args.json:
-            print(json_dumps(list(client.iter_fibers())))
+            print(json_dumps(list(client.iter_fibers(ended=args.all))))
             return
         print(fiber_row({c: c.upper() for c in FIBER_COLUMNS}))
-        for record in client.iter_fibers():  # page by page: no one huge reply
+        for record in client.iter_fibers(ended=args.all):  # page by page: no huge reply
             print(fiber_row(record))
 
 
@@ -433,7 +455,130 @@ def inspect_fiber(args: argparse.Namespace) -> None:
         print(json_dumps(record))
         return
     for key, value in record.items():
-        print(f"{key}: {value if isinstance(value, str) else json_dumps(value)}")
+        if key in ("started", "deadline") and isinstance(value, int | float):
+            print(f"{key}: {when(boot_to_wall(value))}")  # fiberd's CLOCK_BOOTTIME
+        else:
+            print(f"{key}: {value if isinstance(value, str) else json_dumps(value)}")
+
+
+def boot_to_wall(at: float) -> float:
+    """A time on CLOCK_BOOTTIME (fiberd's records: this host's, as fiberd is this host's)
+    as wall time."""
+    import time
+
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - at)
+
+
+def when(wall: float) -> str:
+    """A wall time for people: ISO 8601 (UTC) and how long ago or ahead."""
+    import time
+
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+    return f"{iso} ({age(time.time() - wall)})"
+
+
+def age(seconds: float) -> str:
+    """``3 s ago``, ``in 2 min``, ``5 h ago``, ``2 d ago``."""
+    ahead, span = seconds < 0, abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if span >= size:
+            text = f"{span / size:.0f} {unit}"
+            break
+    else:
+        text = f"{span:.0f} s"
+    return f"in {text}" if ahead else f"{text} ago"
+
+
+def logs(args: argparse.Namespace) -> None:
+    """Print fiber ID's output (its stdout here, its stderr on stderr) from the files fiberd
+    keeps when a Clone passed no descriptors; --follow: as it comes, until the fiber ended.
+    A file is read only when it is a regular file of fiberd's uid (or root), opened without
+    following a link. Exit 1 when the fiber has no such files (its output went where its
+    caller pointed it)."""
+    import re
+    import time
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", args.fiber_id):
+        raise fail(EXIT_USAGE, f"fiberctl logs: {args.fiber_id!r} is not a fiber id")
+    path = discover_socket(args.socket)
+    with connected(args.socket) as client:
+        owner = _server_uid(client)
+        try:
+            record: dict[str, object] | None = dict(client.inspect_fiber(args.fiber_id))
+        except Refused as e:
+            if e.code != "not_found":
+                raise
+            record = None  # ended and forgotten: its files, if kept, are in the state dir
+    if record is not None:
+        names = (record.get("stdout"), record.get("stderr"))
+    else:
+        base = os.path.join(os.path.dirname(path), "fibers", f"fiber-{args.fiber_id}")
+        names = (f"{base}.out", f"{base}.err")
+    files = [_open_output(name, owner) if isinstance(name, str) else None for name in names]
+    if record is None and files == [None, None]:
+        raise fail(EXIT_FIBER_FAILED, f"fiberctl logs: fiberd knows no fiber {args.fiber_id} "
+                   "and keeps no output of one")
+    if record is not None and names == (None, None):
+        raise fail(EXIT_FIBER_FAILED, f"fiberctl logs: fiber {args.fiber_id}'s output went "
+                   "to the descriptors its caller passed, not to fiberd's files")
+    sinks = (sys.stdout.buffer, sys.stderr.buffer)
+    offsets = [0, 0]
+    collected: list[bytes] = [b"", b""]
+    running = record is not None and record.get("state") in ("running", "stopping")
+    try:
+        while True:
+            for n, fd in enumerate(files):
+                while fd is not None and (chunk := os.pread(fd, 1 << 16, offsets[n])):
+                    offsets[n] += len(chunk)
+                    if args.json:
+                        collected[n] += chunk
+                    else:
+                        sinks[n].write(chunk)
+                        sinks[n].flush()
+            if not (args.follow and running):
+                break
+            time.sleep(0.2)
+            running = _still_running(args.socket, args.fiber_id)
+    finally:
+        for fd in files:
+            if fd is not None:
+                os.close(fd)
+    if args.json:
+        print(json_dumps({"fiber": args.fiber_id, "stdout": collected[0].decode(errors="replace"),
+                          "stderr": collected[1].decode(errors="replace")}))
+
+
+def _server_uid(client: FiberdClient) -> int:
+    import struct
+
+    creds = struct.Struct("3i")
+    return int(creds.unpack(client.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED,
+                                                   creds.size))[1])
+
+
+def _open_output(name: str, owner: int) -> int | None:
+    """``name`` opened for reading when it is a regular file of fiberd's uid ``owner`` (or
+    root), not reached through a final link; None otherwise (missing: an empty output
+    removed, or never written)."""
+    import stat
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (owner, 0):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _still_running(socket: str | None, fiber_id: str) -> bool:
+    with connected(socket) as client:
+        try:
+            return client.inspect_fiber(fiber_id).state in ("running", "stopping")
+        except Refused:
+            return False
 
 
 def signal_number(word: str) -> int:
@@ -476,7 +621,7 @@ GRANT_COLUMNS = ("uid", "state", "fibers", "lease_end", "expired")
 
 def grant_row(values: Sequence[object]) -> str:
     return "  ".join(f"{v!s:<{w}}" for v, w in zip(
-        values, (24, 10, 6, 20, 7), strict=True)).rstrip()
+        values, (24, 10, 6, 34, 7), strict=True)).rstrip()
 
 
 def grants(args: argparse.Namespace) -> None:
@@ -491,8 +636,10 @@ def grants(args: argparse.Namespace) -> None:
     for record in listed:
         template = record.get("template")
         state = template.get("state") if isinstance(template, dict) else record.get("state")
+        end = record.get("lease_end")
         print(grant_row([record.get("uid", "-"), state or "-", record.get("fibers", "-"),
-                         record.get("lease_end", "-"), record.get("expired", "-")]))
+                         when(end) if isinstance(end, int | float) else "-",
+                         record.get("expired", "-")]))
         enforcement = record.get("enforcement")
         if isinstance(enforcement, dict):
             print(f"  enforcement: {describe_enforcement(enforcement)}")
@@ -566,10 +713,14 @@ def wait(args: argparse.Namespace) -> None:
     from slurm_fiber.tasks import NotReady, wait_ready
 
     try:
-        wait_ready(discover_socket(args.socket), args.timeout, grant=args.grant)
+        status = wait_ready(discover_socket(args.socket), args.timeout, grant=args.grant)
     except NotReady as e:
+        if args.json:
+            print(json_dumps({"ready": False, "reachable": e.reachable, "reason": str(e)}))
         raise fail(EXIT_RETRYABLE_MISS if e.reachable else EXIT_UNREACHABLE,
                    f"fiberctl: {e}") from None
+    if args.json:
+        print(json_dumps({"ready": True, "status": status}))
 
 
 # run's and call's options: flags, dest, kind (value, append, flag), metavar, help.
@@ -589,6 +740,9 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str, str | None, str], ...] = (
      "stderr what for; a final miss exits at once"),
     (("--no-wait",), "no_wait", "flag", None,
      "exit at once on a retryable miss (75) or an unreachable fiberd (69)"),
+    (("--json",), "json", "flag", None,
+     "run: after the fiber's output, its exit event as one JSON line; call: the exit "
+     "event (result or error) instead of the bare result"),
 )
 
 
@@ -613,7 +767,8 @@ def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
         return None
     by_flag = {flag: (dest, kind) for flags, dest, kind, _, _ in RUN_OPTIONS for flag in flags}
     values: dict[str, object] = {"socket": None, "grant": None, "token": None, "env": [],
-                                 "quiet": False, "wait": None, "no_wait": False}
+                                 "quiet": False, "wait": None, "no_wait": False,
+                                 "json": False}
     positionals: list[str] = []
     rest = list(words[1:])
     closed = False  # an option came after the positionals: argparse takes no more of them
@@ -695,6 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", status, "fiberd's status, health and readiness"),
         ("metrics", metrics, "fiberd's metrics, Prometheus text format"),
         ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
+        ("logs", logs, "a fiber's output (fiberctl logs ID [--follow])"),
     ]
     # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
     # own parser and is imported only when map runs.
@@ -709,8 +865,12 @@ def build_parser() -> argparse.ArgumentParser:
             _run_options(sub)
         else:
             sub.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
-        if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics"):
+        if name in ("ls", "inspect", "stop", "kill", "grants", "status", "metrics", "wait",
+                    "logs"):
             sub.add_argument("--json", action="store_true", help="print JSON for machines")
+        if name == "ls":
+            sub.add_argument("-a", "--all", action="store_true",
+                             help="with the ended fibers fiberd still remembers")
         if name == "run":
             sub.add_argument("cmd", nargs="*", metavar="CMD", help="the command and its args")
         elif name == "call":
@@ -719,6 +879,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="a JSON array (positional) or object (keyword)")
         elif name == "inspect":
             sub.add_argument("fiber_id", metavar="ID")
+        elif name == "logs":
+            sub.add_argument("fiber_id", metavar="ID")
+            sub.add_argument("-f", "--follow", action="store_true",
+                             help="go on printing as it comes, until the fiber has ended")
         elif name == "kill":
             sub.add_argument("fiber_id", metavar="ID")
             sub.add_argument("-s", "--signal", default="TERM", metavar="SIG",

@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,6 +90,8 @@ T = TypeVar("T")
 
 EXIT_SYNC_DELAY = 0.1  # seconds a fiber_exit record may wait for an fsync it shares
 DEFAULT_PRUNE_AFTER = 3600.0  # seconds an expired grant stays listed before it is forgotten
+DEFAULT_HISTORY = 1000  # ended fibers whose records are kept (inspect, ls --all)
+DEFAULT_HISTORY_SECONDS = 3600.0  # ... and for how long after they ended
 
 
 class AdmitRefused(Exception):
@@ -179,7 +181,9 @@ class Core:
                  spares: int = 1, spares_idle: float | None = None,
                  template_timeout: float = DEFAULT_TIMEOUT, python: str = sys.executable,
                  prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False,
-                 identity: FiberIdentity | None = None) -> None:
+                 identity: FiberIdentity | None = None,
+                 history: int = DEFAULT_HISTORY,
+                 history_seconds: float = DEFAULT_HISTORY_SECONDS) -> None:
         self.home = home
         self.identity = identity  # whom templates and fibers run as (core/identity.py)
         self.book = book
@@ -201,6 +205,12 @@ class Core:
         self._grants: dict[str, _Grant] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._fibers: dict[str, FiberView] = {}
+        # Ended fibers' last records (ended at, listing order, record), oldest first: the
+        # last ``history`` of them, for ``history_seconds`` (inspect_fiber, list_fibers'
+        # ``ended``), so a fiber that ended is still seen for a while, within bounds.
+        self.history, self.history_seconds = history, history_seconds
+        self._ended: dict[str, tuple[float, int, JsonMap]] = {}
+        self._gone: dict[str, int] = {}  # listing order of fibers ending now
         self._listed: dict[str, int] = {}  # fiber id -> registration order (list pages)
         self._registered = itertools.count(1)
         self._ids = itertools.count(1)
@@ -448,16 +458,42 @@ class Core:
         assert grant is not None
         return await self._start(grant, decision, request, stdio, caller, forked)
 
-    def list_fibers(self, after: str | None = None,
-                    limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
+    def list_fibers(self, after: str | None = None, limit: int | None = None,
+                    ended: bool = False) -> tuple[Sequence[JsonMap], str | None]:
         """A page of the fibers by registration order (``page``); records are built for
-        that page only."""
-        ordered = ((self._listed.get(fid, 0), view) for fid, view in self._fibers.items())
+        that page only. ``ended``: with the ended fibers still remembered (``history``)."""
+        ordered: Iterable[tuple[int, FiberView | JsonMap]] = (
+            (self._listed.get(fid, 0), view) for fid, view in self._fibers.items())
+        if ended:
+            self._forget_old()
+            ordered = sorted([*ordered, *((n, rec) for _, n, rec in self._ended.values())],
+                             key=lambda pair: pair[0])
         views, cursor = page(ordered, after, limit)
-        return [v.to_json() for v in views], cursor
+        return [v.to_json() if isinstance(v, FiberView) else v for v in views], cursor
 
     def inspect_fiber(self, fiber_id: str) -> JsonMap:
+        view = self._fibers.get(fiber_id)
+        if view is None:
+            self._forget_old()
+            if fiber_id in self._ended:
+                return self._ended[fiber_id][2]
         return self._fiber(fiber_id).to_json()
+
+    def _remember(self, view: FiberView, order: int) -> None:
+        """Keep an ended fiber's last record (within ``history`` and ``history_seconds``)."""
+        if self.history <= 0:
+            return
+        self._ended[view.fiber.id] = (self.clock.mono(), order, view.to_json())
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        """Drop the ended records past ``history`` in number or ``history_seconds`` in age."""
+        oldest = self.clock.mono() - self.history_seconds
+        while self._ended:
+            fid, (at, _, _) = next(iter(self._ended.items()))
+            if len(self._ended) <= self.history and at >= oldest:
+                break
+            del self._ended[fid]
 
     async def stop_fiber(self, fiber_id: str, grace: float | None, peer: Peer) -> JsonMap:
         view = self._fiber(fiber_id)
@@ -814,6 +850,8 @@ class Core:
         if fiber.exit is not None:
             # It ended while its record was made durable: its exit record now, so that, as
             # for a fiber that ends later, the record is in the log before its end is seen.
+            self._fibers[fiber_id] = view  # (and remembered, as one that ends later)
+            self._gone[fiber_id] = next(self._registered)
             self._fiber_done(fiber)
             self._write_exits()
             return view
@@ -826,7 +864,7 @@ class Core:
 
     def _unlist(self, fiber: Fiber) -> None:
         """A fiber gone leaves the listing order (just before ``_fiber_done`` runs)."""
-        self._listed.pop(fiber.id, None)
+        self._gone[fiber.id] = self._listed.pop(fiber.id, 0)
 
     async def _unstart(self, fiber: Fiber) -> None:
         """Kill a fiber whose Clone could not be audited and wait until it is gone (it was
@@ -855,7 +893,10 @@ class Core:
         the exit runs (they are scheduled after it). It is an observation, not a decision:
         under ``audit_fsync = always`` its fsync is the next decision's (a busy fiberd
         fsyncs once per task, not twice) or ``_sync_exits``' within ``EXIT_SYNC_DELAY``."""
-        self._fibers.pop(fiber.id, None)
+        view = self._fibers.pop(fiber.id, None)
+        order = self._gone.pop(fiber.id, 0)
+        if view is not None:
+            self._remember(view, order)
         self._released.discard(fiber.id)
         end = fiber.exit
         if self.on_fiber_end is not None:

@@ -197,7 +197,7 @@ def test_quick_parse_means_what_argparse_means(argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["run", "-h"], ["run", "--json", "--", "x"], ["run", "-e"], ["run", "-e", "-q", "x"],
+    ["run", "-h"], ["run", "--all", "--", "x"], ["run", "-e"], ["run", "-e", "-q", "x"],
     ["run", "-q=1", "x"], ["call"], ["call", "a", "b", "c"], ["call", "m:f", "--", "x"],
     ["status"], ["ls", "--json"], ["call", "m:f", "--grant", "g", "{}"], ["run", "a", "-q", "b"],
 ])
@@ -322,7 +322,7 @@ def check_fast_path(argv: list[str]) -> bool:
     (["run", "-qe", "A=1", "--", "x"], False),  # bundled short options
     (["run", "--bogus", "--", "x"], False),  # unknown option
     (["run", "-x", "--", "y"], False),
-    (["run", "--json", "--", "x"], False),  # another command's option
+    (["run", "--all", "--", "x"], False),  # another command's option
     (["run", "-h"], False), (["run", "--help"], False),
     (["-S", "/s", "run", "--", "x"], True),  # a global option before the command
     (["--socket=/s", "-q", "run", "-g", "g", "--", "x"], True),

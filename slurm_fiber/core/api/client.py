@@ -250,33 +250,38 @@ class FiberdClient:
         """Send a signal (number or name); ``delivered`` False when it had exited."""
         return Delivered.from_json(self.request("signal_fiber", fiber=fiber, signal=signal))
 
-    def list_fibers(self, after: str | None = None, limit: int | None = None) -> FiberList:
+    def list_fibers(self, after: str | None = None, limit: int | None = None,
+                    ended: bool = False) -> FiberList:
         """The fibers fiberd tracks: all of them, or (protocol v3) the page of at most
-        ``limit`` after the cursor ``after`` (a previous page's ``next``)."""
+        ``limit`` after the cursor ``after`` (a previous page's ``next``); ``ended``: with
+        the ended fibers fiberd still remembers."""
+        extra: dict[str, object] = {"ended": True} if ended else {}
         if after is None and limit is None:
-            return FiberList.from_json(self.request("list_fibers"))
-        fields: dict[str, object] = {"v": PAGED_SINCE}
+            return FiberList.from_json(self.request("list_fibers", **extra))
+        fields: dict[str, object] = {"v": PAGED_SINCE, **extra}
         if after is not None:
             fields["after"] = after
         if limit is not None:
             fields["limit"] = limit
         return FiberList.from_json(self.request("list_fibers", **fields))
 
-    def iter_fibers(self, page_size: int = PAGE_SIZE) -> Iterator[dict[str, object]]:
+    def iter_fibers(self, page_size: int = PAGE_SIZE,
+                    ended: bool = False) -> Iterator[dict[str, object]]:
         """Every fiber's record, page by page (each fiber once; one that starts while the
-        pages are read comes too, one that ends before its page does not). From a fiberd
-        older than v3, its one whole list."""
+        pages are read comes too, one that ends before its page does not; ``ended``: with
+        those ended that fiberd remembers). From a fiberd older than v3, its one whole
+        list."""
         try:
-            page = self.list_fibers(limit=page_size)
+            page = self.list_fibers(limit=page_size, ended=ended)
         except Refused as refused:
             if refused.code != "unsupported_version":
                 raise
-            page = self.list_fibers()
+            page = self.list_fibers(ended=ended)
         while True:
             yield from page.fibers
             if page.next is None:
                 return
-            page = self.list_fibers(after=page.next, limit=page_size)
+            page = self.list_fibers(after=page.next, limit=page_size, ended=ended)
 
     def list_grants(self) -> GrantList:
         """The grants fiberd holds."""

@@ -160,9 +160,10 @@ class ListOp:
 
     after: str | None
     limit: int | None
+    ended: bool = False  # with the ended fibers fiberd still remembers
 
     def handler_args(self, _peer: Peer) -> tuple[object, ...]:
-        return (self.after, self.limit)
+        return (self.after, self.limit, self.ended) if self.ended else (self.after, self.limit)
 
 
 @record(frozen=True)
@@ -486,7 +487,8 @@ def _list(f: _Fields) -> ListOp:
                        "gave ('next' of a page)", "after")
     if limit is not None and not 1 <= limit <= MAX_PAGE:
         raise ApiError(ErrorCode.BAD_REQUEST, f"'limit' must be 1..{MAX_PAGE}", "limit")
-    return ListOp(after, limit)
+    ended = f.get("ended", bool, "true or false")
+    return ListOp(after, limit, bool(ended))
 
 
 def _stop(f: _Fields) -> StopOp:
@@ -542,7 +544,8 @@ TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("signal_fiber", SignalOp, Delivered, "signal_fiber", frozenset({"fiber", "signal"}),
            lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
                f.get("signal", (int, str), "a signal number or name", required=True)))),
-    OpSpec("list_fibers", ListOp, FiberList, "list_fibers", frozenset({"after", "limit"}),
+    OpSpec("list_fibers", ListOp, FiberList, "list_fibers",
+           frozenset({"after", "limit", "ended"}),
            lambda f, _n: _list(f)),
     _plain("list_grants", GrantList),
     _plain("status", Document),

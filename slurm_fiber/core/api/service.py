@@ -230,11 +230,13 @@ class Service(Protocol):
         ``clone``."""
         ...
 
-    def list_fibers(self, after: str | None = None,
-                    limit: int | None = None) -> tuple[Sequence[JsonMap], str | None]:
+    def list_fibers(self, after: str | None = None, limit: int | None = None,
+                    ended: bool = False) -> tuple[Sequence[JsonMap], str | None]:
         """The fibers the runtime tracks, as records, in the order they were registered:
         those after the cursor ``after`` (None: from the first), at most ``limit`` (None:
-        all), and the cursor of the next page (None: this was the last). See ``page``."""
+        all), and the cursor of the next page (None: this was the last). See ``page``.
+        ``ended``: with the ended fibers the runtime still remembers (their last
+        records; the protocol's ``ended`` field)."""
         ...
 
     def inspect_fiber(self, fiber_id: str) -> JsonMap:
