@@ -84,18 +84,25 @@ identity, never trusted by name: cli/mapspool.py; removed when the map ends or
 gets SIGTERM alone; a job ended under the map kills the batch script's
 processes and leaves it, named after the job). A spool another user replaced
 makes each share refuse it with one line and the map exit 255.
-One ``srun --overlap --ntasks-per-node=1`` step starts one share per node;
-each runs, with ``-j`` slots, the tasks whose sequence number falls to it
-round robin (``{#}`` modulo the node count: no coordination between nodes,
-balanced when tasks cost alike; a node whose tasks are slow is not helped by
-the other) through its own node's fiberd, found as fiberctl finds it. Task
-output passes through srun (each node's in order; two nodes' lines may
-interleave); the joblog (Host: the node's name) is merged in the order tasks
-ended and the exit status is counted over all tasks. A share that reaches
-``--halt`` tells the others through the spool, which they check every 0.1 s
-(``now``: they stop their running fibers; a ``Y%`` counts the share's own
-tasks). No progress line is drawn. A share that ends without its summary
-(srun failed) makes the map exit 255 with one line. Outside a Slurm job, or
+One ``srun --overlap --ntasks-per-node=1`` step starts one share per node,
+each running tasks with ``-j`` slots through its own node's fiberd, found as
+fiberctl finds it. ``--split dynamic`` (the default) hands tasks out as nodes
+have room: each slot of each share takes the next task no share has taken (a
+``claim-<seq>`` file made with O_EXCL in the spool), so a node whose tasks are
+slow is helped by the others; ``--split rr``: round robin by sequence number
+(``{#}`` modulo the node count, no coordination). Both are carried by Slurm
+and the shared directory alone: no listener on the network, no new
+credential. A share that ends without its summary (its node lost, its srun
+task killed) is reported in one line, and (dynamic) the tasks it took and did
+not finish, with any no share took, run again on this node; its finished
+tasks count. Task output passes through srun (each node's in order; two
+nodes' lines may interleave); the joblog (Host: the node's name) is merged in
+the order tasks ended and the exit status is counted over all tasks. A share
+that reaches ``--halt`` tells the others through the spool, which they check
+every 0.1 s (``now``: they stop their running fibers; a ``Y%`` counts the
+share's own tasks). No progress line is drawn; ``-k`` is refused. With
+``--split rr``, a share that ends without its summary makes the map exit 255.
+Outside a Slurm job, or
 in a job of one node, ``--nodes all`` says so in one line and runs every
 task here.
 """
@@ -306,9 +313,12 @@ class Map:
             if not resuming:
                 self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
-        windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd)
+        dynamic = self.share is not None and self.opts.split == "dynamic"
+        windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd) \
+            and not dynamic  # a dynamic share takes a task only when a slot is free
         shares = (window_slots(self.opts.jobs) if windowed
-                  else worker_slots(self.opts.jobs, len(os.sched_getaffinity(0))))
+                  else worker_slots(self.opts.jobs,
+                                    self.opts.jobs if dynamic else len(os.sched_getaffinity(0))))
         workers = [threading.Thread(target=self.worker, args=(*share, windowed), daemon=True)
                    for share in shares]
         if self.share is not None:  # ends once ``ended`` is set
@@ -631,6 +641,14 @@ class NodeShare:
         """This share's (sequence number, arguments): round robin by sequence number."""
         return [(seq, args) for seq, args in tasks if (seq - 1) % self.count == self.index]
 
+    def claimed(self, tasks: Iterator[tuple[int, Args]]) -> Iterator[tuple[int, Args]]:
+        """(``--split dynamic``) the tasks this share takes, one at a time as it asks for
+        the next: the first not taken by another node's share (a ``claim-<seq>`` file made
+        with O_EXCL in the spool, naming this share)."""
+        for seq, args in tasks:
+            if self.spool.claim(f"claim-{seq}", str(self.index)):
+                yield seq, args
+
     def halted(self) -> str | None:
         """"now" or "soon" once another share has halted, else None."""
         if not self.spool.exists("halt"):
@@ -697,17 +715,43 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str],
         except KeyboardInterrupt:
             print("fiberctl map: interrupted; srun stops every node's share", file=sys.stderr)
             return 130
-        wall = time.monotonic() - started
         shares = []
+        lost = []
         for i in range(nodes):
             try:
                 shares.append(json.loads(spool.read(f"node-{i}.json")))
             except (OSError, ValueError):
-                print(f"fiberctl map: the share of node task {i} ended without a summary "
-                      f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
-                return EXIT_OTHER
+                lost.append(i)
+        if lost and not spool.intact():
+            print(f"fiberctl map: the spool {spool.path} was replaced during the map (another "
+                  "user can write this directory): the nodes' shares refused it; run maps "
+                  "in a directory of your own", file=sys.stderr)
+            return EXIT_OTHER
+        if lost and opts.split != "dynamic":
+            print(f"fiberctl map: the share of node task {lost[0]} ended without a summary "
+                  f"(srun exit {srun.returncode}); see srun's lines above", file=sys.stderr)
+            return EXIT_OTHER
+        extra = nodes
+        if lost:  # dynamic: what a lost node took and did not finish runs again here
+            left = unfinished(spool, lost, nodes)
+            print(f"fiberctl map: the share of node task{'s' if len(lost) > 1 else ''} "
+                  f"{', '.join(map(str, lost))} was lost (srun exit {srun.returncode}); its "
+                  f"{len(left)} unfinished task(s) run again on this node", file=sys.stderr)
+            rerun = NodeShare(spool, nodes, nodes + 1, os.environ.get("SLURMD_NODENAME")
+                              or os.uname().nodename)
+            fields = grant_fields(opts.grant, opts.token, opts.env)
+            again = Map(rerun.options(), TaskRunner(
+                discover_socket(opts.socket), grant=fields.get("grant"),  # type: ignore[arg-type]
+                token=fields.get("token"), env=fields.get("env"),  # type: ignore[arg-type]
+                wait=opts.wait, say=_say), iter(left), len(left), rerun)
+            rerun.report(again, again.run())
+            shares.append(json.loads(spool.read(f"node-{nodes}.json")))
+            shares += [lost_counts(spool, i) for i in lost]  # what they finished counts
+            extra = nodes + 1
+        wall = time.monotonic() - started
         if opts.joblog is not None:
-            rows: list[str] = [json.loads(line) for i in range(nodes)
+            rows: list[str] = [json.loads(line) for i in range(extra)
+                               if spool.exists(f"joblog-{i}")
                                for line in spool.read(f"joblog-{i}").splitlines()]
             rows.sort(key=lambda r: float(r.split("\t")[2]) + float(r.split("\t")[3]))
             with open(opts.joblog, "w") as log:  # in the order tasks ended
@@ -730,6 +774,37 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str],
                           "joblog": str(opts.joblog) if opts.joblog else None,
                           "nodes": {s["node"]: s["failed"] + s["succeeded"] for s in shares}}))
     return status
+
+
+def unfinished(spool: Spool, lost: list[int], nodes: int) -> list[tuple[int, Args]]:
+    """(``--split dynamic``) the tasks the ``lost`` shares took and left no joblog row
+    for, and those no share took: every task that did not end, in order."""
+    import json
+
+    taken = {int(name[6:]): spool.read(name) for name in spool.names()
+             if name.startswith("claim-")}
+    ended = {int(json.loads(line).split("\t", 1)[0]) for i in range(nodes)
+             if spool.exists(f"joblog-{i}")
+             for line in spool.read(f"joblog-{i}").splitlines()}
+    gone = {str(i) for i in lost}
+    return [(seq, args) for seq, args in NodeShare(spool, 0, 1, "").arguments()
+            if seq not in ended and (taken.get(seq) in gone or seq not in taken)]
+
+
+def lost_counts(spool: Spool, index: int) -> dict[str, object]:
+    """A lost share's summary, from the joblog rows it wrote before it was lost."""
+    import json
+
+    failed = succeeded = 0
+    if spool.exists(f"joblog-{index}"):
+        for line in spool.read(f"joblog-{index}").splitlines():
+            cols = json.loads(line).split("\t")
+            if cols[6] == "0" and cols[7] == "0":
+                succeeded += 1
+            else:
+                failed += 1
+    return {"node": f"lost node task {index}", "failed": failed, "succeeded": succeeded,
+            "abort": None, "halted_at": None, "halted_status": None}
 
 
 def final_status(halt: Halt | None, halted: bool, halted_status: int | None, failed: int,
@@ -832,6 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", choices=["all"],
                         help="all: in a multi-node Slurm job, run each node's share (round "
                         "robin) on that node's fiberd; elsewhere: says so, runs here")
+    parser.add_argument("--split", choices=["dynamic", "rr"], default="dynamic",
+                        help="--nodes all: dynamic (default: a node takes the next task "
+                        "when it has a free slot) or rr (round robin by sequence number)")
     parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
     parser.add_argument("--wait", type=parse_seconds, default=None, metavar="S",
                         help=f"wait through retryable misses (cold, capacity; in a job, a "
@@ -943,8 +1021,12 @@ def main(argv: Sequence[str]) -> int:
                         wait=None if opts.no_wait else opts.wait,
                         wait_listening=in_job() or opts.wait_given, say=_say)
     if share is not None:  # its status goes in its summary; srun's own exit stays quiet
-        mine = share.mine(share.arguments())
-        job = Map(opts, runner, iter(mine), len(mine), share)
+        every = list(share.arguments())
+        if opts.split == "dynamic":
+            job = Map(opts, runner, share.claimed(iter(every)), len(every), share)
+        else:
+            mine = share.mine(iter(every))
+            job = Map(opts, runner, iter(mine), len(mine), share)
         share.report(job, job.run())
         return 0
     order = None

@@ -105,6 +105,35 @@ class Spool:
         """Replace file ``name`` with ``text``, whole (safefs.write_atomic, mode 0600)."""
         write_atomic(self.fd, name, text.encode(), mode=0o600)
 
+    def claim(self, name: str, text: str) -> bool:
+        """Take ``name`` for this process: create it (O_EXCL) holding ``text``; False when
+        another process took it first (every node's share sees the same directory)."""
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        return True
+
+    def intact(self) -> bool:
+        """(The map's side) whether the spool's name still names this directory (another
+        user who can write the working directory may have swapped it)."""
+        if self.parent is None:
+            return True
+        parent, name = self.parent
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False).st_ino == self.inode
+        except OSError:
+            return False
+
+    def names(self) -> list[str]:
+        """The names in the spool."""
+        return os.listdir(self.fd)
+
     def create_file(self, name: str) -> int:
         """A new file ``name`` for writing (it must not exist); its fd."""
         return open_file(self.fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode=0o600)

@@ -84,7 +84,7 @@ def nothing_left(cluster: SlurmCluster, user: JobUser, job: int) -> None:
 def test_map_nodes_all_runs_each_nodes_share_on_its_fiberd_with_one_joblog(
         slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
     work = job_dir(job_user)
-    job, out, rows = run_map(slurm_cluster, job_user, work, "--range 1-20", PRINT)
+    job, out, rows = run_map(slurm_cluster, job_user, work, "--range 1-20 --split rr", PRINT)
     assert out[-1] == "rc 1", (out, (work / f"err-{job}").read_text())  # one failed task
     summary = json.loads(out[-2])
     assert summary["tasks"] == 20 and summary["failed"] == 1 and summary["exit"] == 1
@@ -107,7 +107,7 @@ def test_halt_now_on_one_node_stops_the_other_nodes_running_tasks(
         slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
     work = job_dir(job_user)
     job, out, rows = run_map(slurm_cluster, job_user, work,
-                             "--range 1-20 --halt now,fail=1", HALT)
+                             "--range 1-20 --split rr --halt now,fail=1", HALT)
     assert out[-1] == "rc 3", (out, (work / f"err-{job}").read_text())  # the failing task's
     summary = json.loads(out[-2])
     assert summary["halted"] is True and summary["exit"] == 3
@@ -118,3 +118,53 @@ def test_halt_now_on_one_node_stops_the_other_nodes_running_tasks(
     assert all(r[6] != "0" for r in rows[1:]), rows  # no sleeper was let finish
     assert len(rows) - 1 < 20  # no task was started after the halt but those running
 
+
+
+# Odd tasks are long (2 s), even ones short: round robin gives every long one to n1.
+SKEWED = """'case $(($1 % 2)) in 1) sleep 2;; *) sleep 0.1;; esac; echo "$1 $SLURMD_NODENAME"'"""
+# The first task n2 runs from seq 3 on SIGKILLs n2's share (a node lost mid-map), then
+# waits to be hung up; every task prints its number and node.
+LOSE_N2 = ("""'if [ "$SLURMD_NODENAME" = n2 ] && [ "$1" -ge 3 ] && mkdir lost.d 2>/dev/null; """
+           """then """
+           """for p in /proc/[0-9]*; do if tr "\\0" "\\n" < $p/cmdline 2>/dev/null """
+           """| grep -q -- --node-share && tr "\\0" "\\n" < $p/environ 2>/dev/null """
+           """| grep -qx SLURMD_NODENAME=n2; then kill -9 ${p#/proc/}; fi; done; sleep 30; fi; """
+           """sleep 0.3; echo "$1 $SLURMD_NODENAME"'""")
+
+
+def test_dynamic_hand_out_lets_a_node_with_room_take_the_next_task(
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    made: dict[str, float] = {}
+    hosts: dict[str, dict[int, str]] = {}
+    for split in ("rr", "dynamic"):
+        work = job_dir(job_user)
+        job, out, rows = run_map(slurm_cluster, job_user, work,
+                                 f"--range 1-8 -j1 --split {split}", SKEWED)
+        assert out[-1] == "rc 0", (out, (work / f"err-{job}").read_text())
+        made[split] = json.loads(out[-2])["wall_s"]
+        hosts[split] = {int(r[0]): r[1] for r in rows[1:]}
+        assert sorted(hosts[split]) == list(range(1, 9))
+    long_ones = (1, 3, 5, 7)
+    assert {hosts["rr"][n] for n in long_ones} == {"n1"}  # round robin: all on n1
+    assert {hosts["dynamic"][n] for n in long_ones} == {"n1", "n2"}, hosts  # shared
+    print(f"makespan, 8 tasks (4 x 2 s, 4 x 0.1 s), -j1 on 2 nodes: round robin "
+          f"{made['rr']:.2f} s, dynamic {made['dynamic']:.2f} s")
+
+
+def test_a_node_lost_mid_map_is_reported_and_its_unfinished_tasks_run_elsewhere(
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    work = job_dir(job_user)
+    job = slurm_cluster.submit(map_job(slurm_cluster, work, "--range 1-10", LOSE_N2),
+                               "-N2", "-t", "3", workdir=work, user=job_user)
+    out = wait_file(work / f"out-{job}", timeout=180).splitlines()
+    err = (work / f"err-{job}").read_text()
+    assert ended(slurm_cluster, job) == "COMPLETED", err
+    nothing_left(slurm_cluster, job_user, job)
+    assert (work / "lost.d").is_dir(), err  # n2's share was killed
+    assert out[-1] == "rc 0", (out, err)  # every task ended well, some of them again
+    assert "was lost" in err and "run again on this node" in err, err
+    printed = [int(line.split()[0]) for line in out[:-2]]
+    assert sorted(printed) == list(range(1, 11)), out  # each once: finished ones not again
+    rows = [line.split("\t") for line in (work / f"joblog-{job}").read_text().splitlines()]
+    assert sorted(int(r[0]) for r in rows[1:]) == list(range(1, 11))
+    assert json.loads(out[-2])["tasks"] == 10
