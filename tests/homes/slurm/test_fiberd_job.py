@@ -64,9 +64,11 @@ done
 mv "ls-$id.tmp" "ls-$id.json"
 """
 
-# Job A or B of a pair: its GPU as a fiber sees it, its token copied out, then (when the
-# test names a token file in present-<id>) that token presented in this job.
+# Job A or B of a pair: its GPU as a fiber sees it and as the job's own step sees it, its
+# token copied out, then (when the test names a token file in present-<id>) that token
+# presented in this job.
 PAIR_JOB = f"""{FIBERCTL} run -- sh -c 'echo $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS' > "cvd-$id.tmp"
+srun --overlap -n1 sh -c 'echo $CUDA_VISIBLE_DEVICES' >> "cvd-$id.tmp"
 mv "cvd-$id.tmp" "cvd-$id"
 cp "{{state}}/nodes/$SLURMD_NODENAME/jobs/$id/grants/job-$id.jwt" "token-$id"
 i=0; while [ ! -f "present-$id" ] && [ ! -f "release-$id" ] && [ $i -lt 600 ]; do
@@ -131,11 +133,12 @@ def test_two_jobs_on_a_node_get_different_gpus_and_refuse_each_others_token(
         for user in (job_user, other_user))
     work_of = {a: works[job_user.name], b: works[other_user.name]}
     try:
-        # Each fiber sees its own job's GPU by the node's index (Slurm 22.05's cgroup/v1
-        # here does not renumber it, nor does --slurm-cgroup none), so the two differ.
+        # The jobs hold different GPUs of the node (SLURM_JOB_GPUS, the node's index), and
+        # each fiber sees its GPU as the job's steps see it (Slurm renumbers it from 0
+        # where it constrains devices).
         seen = [wait_file(work_of[job] / f"cvd-{job}", timeout=120).split() for job in (a, b)]
-        assert all(cvd == job_gpus for cvd, job_gpus in seen), seen
-        assert sorted(cvd for cvd, _ in seen) == ["0", "1"], seen
+        assert sorted(job_gpus for _, job_gpus, _ in seen) == ["0", "1"], seen
+        assert all(cvd == step_cvd for cvd, _, step_cvd in seen), seen
         wait_file(work_of[a] / f"token-{a}")
         # The other user got hold of job A's token (the test hands it over).
         stolen = work_of[b] / f"stolen-{a}"
