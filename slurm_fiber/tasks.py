@@ -79,6 +79,7 @@ CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window
 # not started (the thread that reads the stream sends the cancel on it)
 CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
 Early = Callable[[int, dict[str, object]], None]  # (task index, its result event)
+Opener = Callable[[float | None], FiberdClient]  # a connection made otherwise (timeout)
 PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl map's start)
 if TYPE_CHECKING:
@@ -131,10 +132,14 @@ def server_uid(client: FiberdClient) -> int:
 
 
 def connect(socket: str, server_uids: Collection[int] | None,
-            timeout: float | None = 30.0) -> FiberdClient:
+            timeout: float | None = 30.0, opener: Opener | None = None) -> FiberdClient:
     """A client of ``socket``; with ``server_uids``, only when the server runs as one of
     them (else the connection is closed, nothing sent or read, and UntrustedServer raised).
-    Raises Unreachable."""
+    With ``opener`` (another node's fiberd over Slurm: slurm_fiber/nodes/link.py), the
+    connection is its, the server's uid checked where that fiberd runs. Raises
+    Unreachable."""
+    if opener is not None:
+        return opener(timeout)
     client = FiberdClient(socket, timeout=timeout)
     if server_uids is None:
         return client
@@ -216,8 +221,10 @@ class TaskRunner:
                  sleep: Callable[[float], None] = time.sleep,
                  server_uids: Collection[int] | None = None, wait: float | None = None,
                  wait_listening: bool = False,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None,
+                 opener: Opener | None = None) -> None:
         self.socket = os.fspath(socket)
+        self.opener = opener  # connections made by it (``socket`` names them in messages)
         self.server_uids = frozenset(server_uids) if server_uids is not None else None
         self.wait, self.wait_listening, self.say = wait, wait_listening, say
         self._said = False
@@ -367,7 +374,8 @@ class TaskRunner:
         """Stop one fiber (SIGTERM, ``stop_grace``, SIGKILL) on a connection of its own;
         blocks until it is gone. A fiber already gone is not an error."""
         with contextlib.suppress(Refused, Unreachable), \
-                connect(self.socket, self.server_uids, self.stop_grace + 30) as client:
+                connect(self.socket, self.server_uids, self.stop_grace + 30,
+                        self.opener) as client:
             client.stop_fiber(fiber_id, self.stop_grace)
 
     def stop_all(self) -> int:
@@ -415,7 +423,7 @@ class TaskRunner:
         Raises Unreachable."""
         while True:
             try:
-                client = connect(self.socket, self.server_uids)
+                client = connect(self.socket, self.server_uids, opener=self.opener)
             except UntrustedServer:
                 raise
             except Unreachable as err:

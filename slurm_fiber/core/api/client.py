@@ -71,11 +71,16 @@ class FiberdClient:
     """One connection to fiberd. Blocks; ``timeout`` bounds each send and receive
     (None: wait forever), except ``wait_exit`` which waits as long as the fiber runs."""
 
-    def __init__(self, path: str | os.PathLike[str], timeout: float | None = 30.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], timeout: float | None = 30.0,
+                 sock: _socket.socket | None = None) -> None:
         self.timeout = timeout
         self._decoder = FrameDecoder(MAX_REPLY)
         self._next_id = 0
         self._held: list[dict[str, object]] = []  # stream events read ahead by ``cancel``
+        if sock is not None:  # a stream already connected (a relay's end: nodes/link.py)
+            self.sock = sock
+            self.sock.settimeout(timeout)
+            return
         # The C socket type: socket.py (with selectors and enum) would be about a third of
         # the imports of a fiberctl run or call, which a job may start per task.
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
