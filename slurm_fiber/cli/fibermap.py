@@ -102,7 +102,9 @@ that reaches ``--halt`` tells the others through the spool, which they check
 every 0.1 s (``now``: they stop their running fibers; a ``Y%`` counts the
 share's own tasks). No progress line is drawn; ``-k`` is refused. With
 ``--split rr``, a share that ends without its summary makes the map exit 255.
-Outside a Slurm job, or
+``--via relay``: no share and no spool; this
+map hands every task out itself, to each node's fiberd through a relay srun
+runs on that node (cli/mapnodes.py, slurm_fiber/nodes/). Outside a Slurm job, or
 in a job of one node, ``--nodes all`` says so in one line and runs every
 task here.
 """
@@ -313,14 +315,7 @@ class Map:
             if not resuming:
                 self.joblog.write(JOBLOG_HEADER)
             self.joblog.flush()
-        dynamic = self.share is not None and self.opts.split == "dynamic"
-        windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd) \
-            and not dynamic  # a dynamic share takes a task only when a slot is free
-        shares = (window_slots(self.opts.jobs) if windowed
-                  else worker_slots(self.opts.jobs,
-                                    self.opts.jobs if dynamic else len(os.sched_getaffinity(0))))
-        workers = [threading.Thread(target=self.worker, args=(*share, windowed), daemon=True)
-                   for share in shares]
+        workers = self.workers()
         if self.share is not None:  # ends once ``ended`` is set
             threading.Thread(target=self.watch_halt, daemon=True).start()
         try:
@@ -345,6 +340,17 @@ class Map:
             if self.progress:
                 sys.stderr.write("\n")
         return self.exit_status()
+
+    def workers(self) -> list[threading.Thread]:
+        """The worker threads (not started) that keep the ``-j`` slots (the module doc)."""
+        dynamic = self.share is not None and self.opts.split == "dynamic"
+        windowed = self.halt is None and not any("{%}" in word for word in self.opts.cmd) \
+            and not dynamic  # a dynamic share takes a task only when a slot is free
+        shares = (window_slots(self.opts.jobs) if windowed
+                  else worker_slots(self.opts.jobs,
+                                    self.opts.jobs if dynamic else len(os.sched_getaffinity(0))))
+        return [threading.Thread(target=self.worker, args=(*share, windowed), daemon=True)
+                for share in shares]
 
     def watch_halt(self) -> None:
         """(A node's share) every 0.1 s until this share's tasks are done: once another
@@ -910,6 +916,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", choices=["dynamic", "rr"], default="dynamic",
                         help="--nodes all: dynamic (default: a node takes the next task "
                         "when it has a free slot) or rr (round robin by sequence number)")
+    parser.add_argument("--via", choices=["spool", "relay"], default="spool",
+                        help="--nodes all: spool (default: each node's share reads the "
+                        "tasks from the shared working directory) or relay (this map runs "
+                        "every task, reaching each node's fiberd through an srun step: no "
+                        "shared directory needed but for --results and --joblog)")
     parser.add_argument("-S", "--socket", metavar="PATH", help=SOCKET_HELP)
     parser.add_argument("--wait", type=parse_seconds, default=None, metavar="S",
                         help=f"wait through retryable misses (cold, capacity; in a job, a "
@@ -1010,7 +1021,13 @@ def main(argv: Sequence[str]) -> int:
             tasks, total = iter(listed), len(listed)
         if opts.dry_run:
             return dry_run(opts, tasks)
-    if opts.nodes == "all":
+    if opts.nodes == "all" and opts.via == "relay":  # (cli/mapnodes.py)
+        from slurm_fiber.cli.mapnodes import run_across_nodes
+
+        across = run_across_nodes(opts, fields, tasks, total, _say)
+        if across is not None:
+            return across
+    elif opts.nodes == "all":
         nodes = job_nodes()
         if nodes > 1:
             return run_on_nodes(opts, argv, tasks, nodes)
