@@ -57,6 +57,17 @@ A running call cannot be cancelled (as in concurrent.futures); if the calling
 process dies, its connections close and fiberd sends each fiber it was
 waiting for SIGHUP (the clone's ``hangup``).
 
+``nodes="all"`` in a Slurm job of several nodes: calls go to every node of the job,
+``max_workers`` at once on each, a node taking the next call when one of its slots is
+free: this node's fiberd through its socket, each other node's through a relay that
+``srun --overlap`` runs on it, whose stdin and stdout carry the socket protocol
+(``slurm_fiber/nodes/``: nothing listens on the network, no credential is added; the
+server uid check is made where that fiberd runs). A node lost while a call runs on it
+(its relay or fiberd gone) is named once on stderr and gets no more calls; each of its
+calls not settled runs again on another node (with none left, it fails with
+``FiberdError``). Outside such a job, ``nodes="all"`` runs the calls here;
+``nodes=None`` (the default) always does.
+
 A worker that finds several calls pending (``map`` queues all its calls
 before a worker starts) starts as many as there is room for under
 ``max_workers`` with one batch clone (``slurm_fiber.tasks.TaskRunner.
@@ -84,6 +95,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.discovery import discover_socket
+from slurm_fiber.nodes.handout import HandOut, JobNodes, Node, job_node_names
 from slurm_fiber.tasks import (
     DEFAULT_WAIT,
     Outcome,
@@ -248,7 +260,8 @@ class Executor(cf.Executor):
     see the module doc); ``wait``: seconds a call waits through retryable misses
     (cold, capacity; in a Slurm job also a fiberd not listening yet), saying once on
     stderr what it waits for (None: ``retries`` tries with a short backoff, as before);
-    ``echo``: write what each call printed to this process's stdout and stderr.
+    ``echo``: write what each call printed to this process's stdout and stderr;
+    ``nodes``: "all" for every node of this Slurm job (see the module doc).
     """
 
     def __init__(self, max_workers: int | None = None, *,
@@ -257,9 +270,12 @@ class Executor(cf.Executor):
                  timeout: float | None = None, retries: int = 5,
                  stop_grace: float = 1.0,
                  server_uids: Collection[int] | None = None,
-                 wait: float | None = DEFAULT_WAIT, echo: bool = True) -> None:
+                 wait: float | None = DEFAULT_WAIT, echo: bool = True,
+                 nodes: str | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
+        if nodes not in (None, "all"):
+            raise ValueError(f"nodes must be None or 'all', not {nodes!r}")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
         self.socket: Path = Path(discover_socket(socket))
         self.grant = grant
@@ -277,6 +293,12 @@ class Executor(cf.Executor):
         self._lock = threading.Lock()
         self._deferring = 0  # map() is queueing its calls: start workers once all are in
         self._shutdown = False
+        self._nodes: HandOut[tuple[FiberFuture[Any], Task]] | None = None
+        if nodes == "all":
+            self._nodes = _every_node(self, socket, grant=grant, token=token, env=env,
+                                      retries=retries, stop_grace=stop_grace,
+                                      server_uids=trusted_servers(server_uids), wait=wait,
+                                      wait_listening=in_job(), say=_say)
 
     def __repr__(self) -> str:
         return f"Executor(socket={str(self.socket)!r}, max_workers={self.max_workers})"
@@ -301,6 +323,9 @@ class Executor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
+            if self._nodes is not None:
+                self._nodes.put((future, task))
+                return future
             self._work.put((future, task))
             if not self._deferring and not self._idle.acquire(blocking=False):
                 self._add_worker()
@@ -334,6 +359,9 @@ class Executor(cf.Executor):
         fibers finish); with ``wait``, block until every worker is done."""
         with self._lock:
             self._shutdown = True
+            if self._nodes is not None:
+                self._every_node_shutdown(wait, cancel_futures)
+                return
             if cancel_futures:
                 while True:
                     try:
@@ -417,6 +445,45 @@ class Executor(cf.Executor):
         self._slots.release()
         self._idle.release()
 
+    # ------------------------------------------------------------ nodes="all"
+
+    def _on_node(self, node: Node, item: tuple[FiberFuture[Any], Task]) -> bool:
+        """Run one call on ``node`` (a HandOut worker); False when the node was lost
+        before the call was settled (it then runs on another node)."""
+        future, task = item
+        if future.done() or (not future.running() and
+                             not future.set_running_or_notify_cancel()):
+            return True
+        out, err = os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr")
+        try:
+            outcome = node.runner.run(
+                Task(call=task.call, timeout=task.timeout, stdio={"stdout": out, "stderr": err}),
+                lambda event: self._written([future], [(out, err)], 0, event))
+            if outcome.failure is not None and not outcome.refused and not future.done():
+                assert self._nodes is not None
+                self._nodes.nodes.lose(node, outcome.failure)
+                return False
+            if outcome.exit is not None:
+                node.runner.wait_listening = False  # reached: a fiberd gone now is lost
+            future.captured(out, err, outcome.fiber_id)
+            if self.echo:
+                _echo(future.stdout(), future.stderr())
+            _settle(future, outcome)
+            return True
+        finally:
+            os.close(out)
+            os.close(err)
+
+    def _every_node_shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        """(``nodes="all"``, lock held) shutdown's: queued calls cancelled or run."""
+        assert self._nodes is not None
+        if cancel_futures:
+            for future, _task in self._nodes.drain():
+                future.cancel()
+        self._nodes.shutdown(wait)
+        if wait:
+            self._nodes.nodes.close()
+
 
 class FiberFuture(cf.Future[T]):
     """A ``concurrent.futures.Future`` of one call, with what its fiber printed."""
@@ -466,6 +533,25 @@ def _echo(out: str, err: str) -> None:
 
 def _say(line: str) -> None:
     print(f"slurm_fiber.Executor: {line}", file=sys.stderr, flush=True)
+
+
+def _every_node(executor: Executor, socket: str | os.PathLike[str] | None,
+                **runner: Any) -> HandOut[tuple[FiberFuture[Any], Task]] | None:
+    """``nodes="all"``: calls handed to every node of this multi-node Slurm job, each with
+    ``max_workers`` slots (slurm_fiber/nodes/); None outside one (the calls run here).
+    Raises RuntimeError when the job's nodes cannot be listed."""
+    try:
+        names = job_node_names()
+    except Exception as err:
+        raise RuntimeError(f"nodes='all': cannot list the job's nodes: {err}") from err
+    if len(names) < 2:
+        return None
+    nodes = JobNodes.start(names, os.fspath(socket) if socket else None, _say, **runner)
+
+    def fail(item: tuple[FiberFuture[Any], Task], why: str) -> None:
+        _settle(item[0], Outcome(failure=why))
+
+    return HandOut(nodes, executor.max_workers, executor._on_node, fail)
 
 
 def trusted_servers(uids: Collection[int] | None) -> frozenset[int]:

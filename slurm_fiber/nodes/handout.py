@@ -5,8 +5,9 @@ expanded by ``scontrol show hostnames``): the node this runs on through its fibe
 socket as fiberctl finds it, every other through a relay over srun (nodes/link.py),
 started at once (their steps start in parallel). ``lose(node, why)`` marks a node lost
 for the rest of the run and says so once on stderr; callers hand its unfinished work
-to the nodes still alive. ``stop_all``, ``cancel_pending`` and ``close`` act on every
-runner (``close`` also ends every relay, bounded by the link's CLOSE_WAIT each).
+to the nodes still alive (``HandOut`` does that for the Executor). ``stop_all``,
+``cancel_pending`` and ``close`` act on every runner (``close`` also ends every relay,
+bounded by the link's CLOSE_WAIT each).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.nodes.link import Link
@@ -23,6 +25,7 @@ from slurm_fiber.record import record
 from slurm_fiber.tasks import TaskRunner
 
 SCONTROL_WAIT = 30.0
+T = TypeVar("T")
 
 
 @record
@@ -99,3 +102,76 @@ class JobNodes:
             n.runner.close()
             if n.link is not None:
                 n.link.close()
+
+
+class HandOut(Generic[T]):
+    """Items handed to every node's ``slots`` worker threads as each has room.
+
+    ``run(node, item)`` runs one item on ``node`` (on the worker's thread) and returns
+    False when the node was lost doing it (``JobNodes.lose``): the item goes back to the
+    front, for a worker of another node; with no node left, ``fail(item, why)`` ends it.
+    ``shutdown`` lets the workers finish what is queued (and what a lost node gives
+    back), then end; ``drain`` takes what no worker has taken yet.
+    """
+
+    def __init__(self, nodes: JobNodes, slots: int, run: Callable[[Node, T], bool],
+                 fail: Callable[[T, str], None]) -> None:
+        self.nodes, self.run, self.fail = nodes, run, fail
+        self.cv = threading.Condition()
+        self.items: deque[T] = deque()
+        self.out = 0  # taken, not yet done or given back
+        self.closing = False
+        self.threads = [threading.Thread(target=self.worker, args=(node,), daemon=True,
+                                         name=f"slurm-fiber-{node.name}-{slot}")
+                        for node in nodes.nodes for slot in range(slots)]
+        for thread in self.threads:
+            thread.start()
+
+    def put(self, item: T) -> None:
+        with self.cv:
+            self.items.append(item)
+            self.cv.notify()
+
+    def drain(self) -> list[T]:
+        with self.cv:
+            items, self.items = list(self.items), deque()
+        return items
+
+    def shutdown(self, wait: bool) -> None:
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+        if wait:
+            for thread in self.threads:
+                thread.join()
+
+    def take(self, node: Node) -> T | None:
+        with self.cv:
+            while True:
+                if node.lost is not None:
+                    return None
+                if self.items:
+                    self.out += 1
+                    return self.items.popleft()
+                if self.closing and self.out == 0:
+                    self.cv.notify_all()
+                    return None
+                self.cv.wait()
+
+    def worker(self, node: Node) -> None:
+        while (item := self.take(node)) is not None:
+            done = False
+            try:
+                done = self.run(node, item)
+            finally:
+                alive = bool(self.nodes.alive())
+                with self.cv:
+                    self.out -= 1
+                    if not done and alive:
+                        self.items.appendleft(item)
+                    self.cv.notify_all()
+                if not done and not alive:
+                    self.fail(item, f"every node of the job is lost (the last: {node.name}: "
+                              f"{node.lost})")
+                    for left in self.drain():
+                        self.fail(left, "every node of the job is lost")
