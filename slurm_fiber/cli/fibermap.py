@@ -3,7 +3,8 @@
     fiberctl map [-j N] [--joblog FILE [--resume | --resume-failed]] [--results DIR]
                  [--retries K] [--halt WHEN,WHY] [--tag] [-k] [--timeout S]
                  [-a FILE]... [--range A-B] [--colsep REGEX] [--dry-run]
-                 [--bar | --eta | --progress] [--call MODULE:FUNC] [--json] [--nodes all]
+                 [--bar | --eta | --progress] [--call MODULE:FUNC] [--json]
+                 [--nodes all [--split dynamic|rr] [--via spool|relay]]
                  [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] [-q]
                  [--] CMD [ARG...] [::: ARGS | :::+ ARGS | :::: FILES | ::::+ FILES]...
 
@@ -987,6 +988,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if (opts.resume or opts.resume_failed) and not opts.joblog:
         raise fail(EXIT_USAGE, "fiberctl map: --resume and --resume-failed read the --joblog "
                    "FILE: give it")
+    if opts.via == "relay" and opts.nodes != "all":
+        raise fail(EXIT_USAGE, "fiberctl map: --via relay takes effect with --nodes all "
+                   "only: give both, or neither")
     if opts.nodes == "all" and opts.keep_order:
         raise fail(EXIT_USAGE, "fiberctl map: -k is not supported with --nodes all (each "
                    "node prints as its tasks end)")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.barehost.fiberjobkit import FIBERCTL, ended, wait_file
-from tests.cli.test_fibermap_nodes import NODES, PRELUDE, PRINT, nothing_left
+from tests.cli.test_fibermap_nodes import HALT, NODES, PRELUDE, PRINT, nothing_left
 
 if TYPE_CHECKING:
     from tests.barehost.clusterkit import SlurmCluster
@@ -129,3 +129,30 @@ def test_a_node_whose_fiberd_dies_mid_map_is_reported_and_its_tasks_run_elsewher
     assert all(ran[seq] == "n1" for seq in on_n2), (ran, on_n2)
     assert {int(r[0]): r[1] for r in rows[1:]} == ran
     assert len(rows) == 13
+
+
+def test_halt_now_over_the_relays_stops_every_nodes_running_tasks(
+        slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
+    work = job_dir(job_user)
+    job, out, rows = run_map(slurm_cluster, job_user, work,
+                             "--range 1-20 --halt now,fail=1", HALT)
+    assert out[-1] == "rc 3", (out, (work / f"err-{job}").read_text())  # the failing task's
+    summary = json.loads(out[-2])
+    assert summary["halted"] is True and summary["exit"] == 3
+    by_seq = {int(r[0]): r for r in rows[1:]}
+    assert by_seq[1][6] == "3"
+    assert by_seq[2][7] != "0", rows  # task 2 (which made task 1 fail) was stopped
+    assert {r[1] for r in rows[1:]} == {"n1", "n2"}, rows  # sleepers on both nodes
+    assert all(r[6] != "0" for r in rows[1:]), rows  # no sleeper was let finish
+    assert len(rows) - 1 < 20  # no task was started after the halt but those running
+
+
+def test_via_relay_without_nodes_all_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    fiberctl = str(Path(sys.executable).parent / "fiberctl")
+    out = subprocess.run([fiberctl, "map", "--via", "relay", "echo", ":::", "a"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith("fiberctl map: --via relay takes effect with --nodes all"), out
