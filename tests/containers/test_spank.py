@@ -177,6 +177,11 @@ def test_a_users_fibers_carve_below_the_delegated_task_cgroup(
     status = json.loads(read["status.json"])["status"]
     cgroups = status["cgroups"]
     assert cgroups["carved"] and cgroups["root"] == f"/sys/fs/cgroup{task}", cgroups
+    # This host's cgroup2 offers no controllers: status says no v2 limit is enforced.
+    host = status["enforcement"]["host"]
+    for name in ("memory", "pids", "cpu"):
+        assert name in host["unenforced"] and host["limits"][name]["enforced_by"] is None, host
+        assert "controller is not available" in host["limits"][name]["not_enforced"], host
 
     # Three concurrent fibers, three distinct cgroups below the job's (fiberd's step's task).
     fibers = [json.loads(read[f"fiber-{n}"]) for n in (1, 2, 3)]

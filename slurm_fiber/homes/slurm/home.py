@@ -49,7 +49,12 @@ from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
 from slurm_fiber.homes.slurm.batchwatch import batch_user, wait_batch_end
-from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
+from slurm_fiber.homes.slurm.cgroup_root import (
+    LEAF,
+    CgroupChoice,
+    cgroup2_mount,
+    choose_cgroup_root,
+)
 from slurm_fiber.homes.slurm.control import ControlPlane
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
@@ -334,6 +339,9 @@ async def build_slurm_home(env: Mapping[str, str], clock: Clock, control: Contro
                            on_job_end: Callable[[str], None] | None = None) -> SlurmHome:
     """The Slurm home of the `srun fiberd-run` step whose environment is ``env``.
 
+    ``on_job_end`` is kept only when the process moved itself into its task cgroup's leaf
+    (Slurm's SIGTERM then misses it); a home built elsewhere (conform) never gets it.
+
     Reads the job (jobenv), decides the cgroup root for process ``pid``
     (default: this one), moving it into its leaf when it carves its own
     cgroup. Blocks on small file I/O (in a thread). Raises SlurmParseError
@@ -352,5 +360,18 @@ async def build_slurm_home(env: Mapping[str, str], clock: Clock, control: Contro
                                   os.getpid() if pid is None else pid, proc, job.sluid)
 
     cgroup = await asyncio.to_thread(decide)
+    me = os.getpid() if pid is None else pid
+    in_leaf = await asyncio.to_thread(_in_leaf, cgroup.path, me)
     return SlurmHome(job, clock, control, config, cgroup=cgroup, leases=leases,
-                     on_job_end=on_job_end)
+                     on_job_end=on_job_end if in_leaf else None)
+
+
+def _in_leaf(root: Path | None, pid: int) -> bool:
+    """Whether ``pid`` moved itself into the leaf of its own task cgroup ``root`` (where
+    Slurm's SIGTERM misses it); only then does the home end fiberd at the job's end."""
+    if root is None:
+        return False
+    try:
+        return str(pid) in (root / LEAF / "cgroup.procs").read_text().split()
+    except OSError:
+        return False
