@@ -104,7 +104,7 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
     from slurm_fiber.homes.slurm import fiberdrecord
     from slurm_fiber.homes.slurm.control import select_control
-    from slurm_fiber.homes.slurm.home import build_slurm_home
+    from slurm_fiber.homes.slurm.home import build_slurm_home, end_fiberd
     from slurm_fiber.homes.slurm.hometypes import health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
@@ -118,7 +118,8 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
         raise HomeRefused(f"site config: {err}") from None
     leases = NodeLeases.for_job(site, job, clock)  # verifies the prolog's claims, writes nothing
     control, _reason = await select_control(dict(environ))
-    home = await build_slurm_home(environ, clock, control, settings, leases=leases)
+    home = await build_slurm_home(environ, clock, control, settings, leases=leases,
+                                  on_job_end=end_fiberd)
     home.on_problem = on_problem
     state_dir = home.paths.state_dir
 

@@ -20,7 +20,9 @@ It implements ``core.seam.Home`` for one job on one node:
 - cgroup root: see cgroup_root (delegated subtree, else its own step
   cgroup, else none with the reason in ``cgroup_reason``).
 - the job's end, sooner: on a cgroup/v2 node where fiberd carves its task cgroup, the
-  batch script's cgroup emptying (batchwatch), which Slurm's SIGTERM no longer tells it.
+  batch script's cgroup emptying (batchwatch), which Slurm's SIGTERM no longer tells it;
+  after the scope loss has stopped every fiber, ``on_job_end`` (fiberd-run: ``end_fiberd``,
+  fiberd's own SIGTERM) ends fiberd, so the step ends before Slurm's KillWait.
 - readiness: a ReadyGate publishing to the job's ready file, and to the
   job's Comment when configured (readiness module: the file is authoritative).
 """
@@ -30,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -46,7 +49,12 @@ from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
 from slurm_fiber.homes.slurm.batchwatch import batch_user, wait_batch_end
-from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice, cgroup2_mount, choose_cgroup_root
+from slurm_fiber.homes.slurm.cgroup_root import (
+    LEAF,
+    CgroupChoice,
+    cgroup2_mount,
+    choose_cgroup_root,
+)
 from slurm_fiber.homes.slurm.control import ControlPlane
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
@@ -126,8 +134,10 @@ class SlurmHome:
     def __init__(self, job: SlurmJob, clock: Clock, control: ControlPlane,
                  config: SlurmHomeConfig | None = None, *, cgroup: CgroupChoice,
                  leases: DeviceLeases | None = None,
-                 on_problem: ProblemSink = log_problem) -> None:
+                 on_problem: ProblemSink = log_problem,
+                 on_job_end: Callable[[str], None] | None = None) -> None:
         self.job = job
+        self.on_job_end = on_job_end
         self.config = config or SlurmHomeConfig()
         self.paths: JobPaths = job_paths(self.config.state_root, job.node, job.job_id)
         self.clock = clock
@@ -168,10 +178,14 @@ class SlurmHome:
         return self._health
 
     def on_scope_lost(self, handler: ScopeLostHandler) -> None:
-        """Deliver the job's end to ``handler(reason, True)``: its grants go with it."""
+        """Deliver the job's end to ``handler(reason, True)``: its grants go with it; once it
+        returned (every fiber stopped), ``on_job_end(reason)`` when set (fiberd-run's:
+        ``end_fiberd``, since Slurm's SIGTERM may no longer reach fiberd)."""
 
         async def deliver(reason: str) -> None:
             await handler(reason, True)
+            if self.on_job_end is not None:  # every fiber stopped: now fiberd itself
+                self.on_job_end(reason)
 
         self.scope_loss.on_scope_lost(deliver)
 
@@ -310,11 +324,23 @@ class SlurmHome:
             self.on_problem(Problem("release_failed", resource, error_message(err)))
 
 
+def end_fiberd(reason: str) -> None:
+    """fiberd's own SIGTERM at its job's end: the shutdown Slurm's SIGTERM would start, which
+    no longer reaches a fiberd that moved into a leaf of its task cgroup (Slurm signals only
+    what is listed directly in a task cgroup). Its fibers are stopped already."""
+    log.warning("slurm home: the job has ended (%s): fiberd stops", reason)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 async def build_slurm_home(env: Mapping[str, str], clock: Clock, control: ControlPlane,
                            config: SlurmHomeConfig | None = None, *,
                            leases: DeviceLeases | None = None, pid: int | None = None,
-                           proc: Path = Path("/proc")) -> SlurmHome:
+                           proc: Path = Path("/proc"),
+                           on_job_end: Callable[[str], None] | None = None) -> SlurmHome:
     """The Slurm home of the `srun fiberd-run` step whose environment is ``env``.
+
+    ``on_job_end`` is kept only when the process moved itself into its task cgroup's leaf
+    (Slurm's SIGTERM then misses it); a home built elsewhere (conform) never gets it.
 
     Reads the job (jobenv), decides the cgroup root for process ``pid``
     (default: this one), moving it into its leaf when it carves its own
@@ -334,4 +360,18 @@ async def build_slurm_home(env: Mapping[str, str], clock: Clock, control: Contro
                                   os.getpid() if pid is None else pid, proc, job.sluid)
 
     cgroup = await asyncio.to_thread(decide)
-    return SlurmHome(job, clock, control, config, cgroup=cgroup, leases=leases)
+    me = os.getpid() if pid is None else pid
+    in_leaf = await asyncio.to_thread(_in_leaf, cgroup.path, me)
+    return SlurmHome(job, clock, control, config, cgroup=cgroup, leases=leases,
+                     on_job_end=on_job_end if in_leaf else None)
+
+
+def _in_leaf(root: Path | None, pid: int) -> bool:
+    """Whether ``pid`` moved itself into the leaf of its own task cgroup ``root`` (where
+    Slurm's SIGTERM misses it); only then does the home end fiberd at the job's end."""
+    if root is None:
+        return False
+    try:
+        return str(pid) in (root / LEAF / "cgroup.procs").read_text().split()
+    except OSError:
+        return False

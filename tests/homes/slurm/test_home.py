@@ -349,3 +349,30 @@ def test_gres_conf_device_files() -> None:
     assert gpu_files(text, "n1") == {0: "/dev/nvidia0", 1: "/dev/nvidia1", 2: "/dev/extra0"}
     assert gpu_files(text, "n3") == {0: "/dev/nvidia7", 1: "/dev/extra0"}
     assert gpu_files("", "n1") == {}
+
+
+def test_the_jobs_end_ends_fiberd_after_its_fibers(tmp_path: Path, clock: FakeClock) -> None:
+    """A fiberd carving its task cgroup no longer gets Slurm's SIGTERM: once the scope loss
+    has stopped every fiber (the handler returned), the home calls ``on_job_end`` (fiberd-run:
+    its own SIGTERM), never before."""
+    home = make_home(tmp_path, clock)
+    order: list[str] = []
+    home.on_job_end = lambda reason: order.append(f"end: {reason}")
+
+    async def handler(reason: str, removes: bool) -> None:
+        await asyncio.sleep(0.05)  # fibers stopping
+        order.append(f"stopped: {reason} {removes}")
+
+    async def scenario() -> None:
+        home.on_scope_lost(handler)
+        runner = asyncio.create_task(home.scope_loss.run())
+        home.scope_loss.lose("job 6 left RUNNING: COMPLETED")
+        for _ in range(100):
+            if len(order) == 2:
+                break
+            await asyncio.sleep(0.01)
+        runner.cancel()
+
+    asyncio.run(scenario())
+    assert order == ["stopped: job 6 left RUNNING: COMPLETED True",
+                     "end: job 6 left RUNNING: COMPLETED"]
