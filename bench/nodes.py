@@ -35,7 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm import BenchFailed, cluster_env, last_line  # bench/ is sys.path[0] for a script
+from slurm import (  # bench/ is sys.path[0] for a script
+    BenchFailed,
+    cluster_env,
+    last_line,
+    submitted,
+)
 
 BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 900.0
@@ -112,24 +117,8 @@ def run_job(env: dict[str, str], opts: argparse.Namespace, work: Path) -> dict[s
     script.write_text(f"#!/bin/sh\ncd {work}\nexec {' '.join(argv)}\n")
     for path in work.iterdir():
         path.chmod(0o644)
-    out = subprocess.run([*runner, "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "-t", "15",
-                          f"--chdir={work}", f"--output={work}/slurm-%j.out", str(script)],
-                         capture_output=True, text=True, env=env, cwd=work)
-    if out.returncode != 0:
-        raise BenchFailed(f"sbatch failed: {last_line(out.stderr)}")
-    job = out.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                         text=True, env=env).stdout.strip():
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job], env=env, capture_output=True)
-            raise BenchFailed(f"job {job} still queued or running after {JOB_TIMEOUT_S:g} s")
-        time.sleep(0.2)
-    if not result.exists():
-        said = work / f"slurm-{job}.out"
-        raise BenchFailed(f"job {job} left no figures: "
-                          f"{last_line(said.read_text()) if said.exists() else 'no output'}")
-    return {"job": int(job), **json.loads(result.read_text())}
+    return submitted([*runner, "sbatch", "-N2", "--ntasks-per-node=1", str(script)], env,
+                     work, result, JOB_TIMEOUT_S)
 
 
 def main() -> int:

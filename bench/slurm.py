@@ -108,11 +108,19 @@ def wait_ready(step: subprocess.Popen[bytes]) -> float:
     raise BenchFailed(f"fiberd not ready after {READY_TIMEOUT_S:g} s")
 
 
+def fiberd_env(**extra: str) -> dict[str, str]:
+    """The environment of the job's ``fiberd-run`` step: a job of root (the bench times this
+    checkout's venv, which no other account may run) names root as its fibers' account,
+    explicitly, as a root fiberd requires (``fiber_user``)."""
+    root = {"FIBERD_FIBER_USER": "root"} if os.geteuid() == 0 else {}
+    return {**os.environ, **root, **extra}
+
+
 def in_job(runs: int) -> dict[str, object]:
     """The timings, taken inside the allocation: fiberd started, N rounds, fiberd stopped."""
     log = open(f"fiberd-{os.environ['SLURM_JOB_ID']}.log", "wb")  # noqa: SIM115 - the step's
     step = subprocess.Popen(["srun", "--overlap", "-n1", str(BIN / "fiberd-run")],
-                            stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=fiberd_env())
     try:
         ready_s = wait_ready(step)
         socket = discover_socket()
@@ -160,18 +168,27 @@ def run_job(env: dict[str, str], runs: int, gpu: bool, work: Path,
     script = work / "bench.sh"
     argv = in_job_argv or [str(Path(__file__).resolve()), "--in-job", "-n", str(runs)]
     script.write_text(f"#!/bin/sh\nexec {sys.executable} {' '.join(argv)} --out {result}\n")
-    out = subprocess.run(["sbatch", "--parsable", "-n1", "-t", "15", f"--chdir={work}",
-                          f"--output={work}/slurm-%j.out", *(["--gres=gpu:1"] if gpu else []),
-                          str(script)], capture_output=True, text=True, env=env)
+    return submitted(["sbatch", "-n1", *(["--gres=gpu:1"] if gpu else []), str(script)],
+                     env, work, result)
+
+
+def submitted(sbatch: list[str], env: dict[str, str], work: Path, result: Path,
+              within: float = JOB_TIMEOUT_S) -> dict[str, object]:
+    """Submit ``sbatch`` (its argv, the script last; run in ``work``, its output there),
+    wait at most ``within`` s for the job to leave the queue, and return the job id with
+    the figures the job wrote to ``result``. BenchFailed (one line) otherwise."""
+    out = subprocess.run([*sbatch[:-1], "--parsable", "-t", "15", f"--chdir={work}",
+                          f"--output={work}/slurm-%j.out", sbatch[-1]],
+                         capture_output=True, text=True, env=env, cwd=work)
     if out.returncode != 0:
         raise BenchFailed(f"sbatch failed: {last_line(out.stderr)}")
     job = out.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
+    deadline = time.monotonic() + within
     while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                          text=True, env=env).stdout.strip():
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job], env=env, capture_output=True)
-            raise BenchFailed(f"job {job} still queued or running after {JOB_TIMEOUT_S:g} s")
+            raise BenchFailed(f"job {job} still queued or running after {within:g} s")
         time.sleep(0.2)
     if not result.exists():
         said = work / f"slurm-{job}.out"

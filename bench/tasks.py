@@ -374,7 +374,7 @@ def _job_fiberd(log_name: str, **env: str) -> Iterator[float]:
     with open(f"{log_name}-{os.environ['SLURM_JOB_ID']}.log", "wb") as log:
         step = subprocess.Popen(["srun", "--overlap", "-n1", str(slurm.BIN / "fiberd-run")],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                env=os.environ | env)
+                                env=slurm.fiberd_env(**env))
         try:
             yield slurm.wait_ready(step)
         finally:
