@@ -43,10 +43,12 @@ def test_fiberctl_in_a_job_imports_only_what_one_run_needs(slurm_cluster: SlurmC
                                                           job_user: JobUser) -> None:
     """The site venv's console script (pip >= 25.2: bare-host's SITE_PIP) and fiberctl's
     in-job path import no re, nor the enum, functools and collections it brings (about
-    8 ms of every fiberctl a job starts). No fiberd runs in this step: it ends with 69."""
+    8 ms of every fiberctl a job starts). No fiberd runs in this step: with --no-wait (a
+    job's fiberctl otherwise waits for its fiberd to listen) it ends with 69."""
     bin_dir = slurm_cluster.site_bin
     out = slurm_cluster.srun("-N1", str(bin_dir / "python"), "-X", "importtime",
-                             str(bin_dir / "fiberctl"), "run", "--", "true", user=job_user)
+                             str(bin_dir / "fiberctl"), "run", "--no-wait", "--", "true",
+                             user=job_user)
     assert out.returncode == 69, out.stderr
     modules = imported(out.stderr)
     assert {"slurm_fiber.cli.fiberctl", "slurm_fiber.homes.slurm.sitefile"} <= modules
