@@ -92,6 +92,8 @@ def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> Non
 # A job's fiberd (step 0) on n1 under Slurm's cgroup/v2, then one fiber reporting its cgroup.
 CGROUP_JOB = """#!/bin/sh
 #SBATCH -n1 -w n1
+# A root job's fiberd runs its fibers as the account it names: root, said explicitly.
+[ "$(id -u)" = 0 ] && export FIBERD_FIBER_USER=root
 srun --overlap -n1 fiberd-run > "fiberd-$SLURM_JOB_ID.log" 2>&1 &
 i=0
 until fiberctl status --json > status.json 2>/dev/null && grep -q '"ready": true' status.json; do
