@@ -3,7 +3,7 @@
 One source of truth: the git tag, through setuptools-scm, which writes
 ``slurm_fiber/_version.py`` when the package is built or installed (a tag
 ``vX.Y.Z`` gives ``X.Y.Z``; commits after it ``X.Y.(Z+1).devN+gHASH``; a clone
-with no tag, pyproject's ``fallback_version`` as the base: ``0.1.0.devN+gHASH``).
+with no tag, pyproject's ``fallback_version`` as the base: ``0.1.1.devN+gHASH``).
 Where that file is missing (a checkout used without installing) the installed
 distribution's metadata answers, and failing that ``FALLBACK``: ``--version``
 always prints a valid PEP 440 version and never raises. Importing this module
