@@ -154,7 +154,7 @@ def proc_state(pid: int) -> str:
     """The state letter of ``pid`` in /proc ("R", "S", "T", "Z" ...; "" once reaped)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before, or while, it is read
         return ""
 
 
