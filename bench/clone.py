@@ -63,7 +63,7 @@ from slurm_fiber.cli.latency import (
 )
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import GRANT, Site
-from slurm_fiber.core.cgroups import BACKEND_CHOICES
+from slurm_fiber.core.cgroups.manager import BACKEND_CHOICES
 
 FLOOR_FACTOR = 1.5  # Clone p50 at most this many times the floor's p50
 COLD_FACTOR = 20.0  # Clone p50 at least this many times faster than the cold start

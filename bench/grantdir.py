@@ -31,7 +31,7 @@ from pathlib import Path
 
 import jwt
 
-from slurm_fiber.core.audit import AuditEvent, AuditLog
+from slurm_fiber.core.audit.log import AuditEvent, AuditLog
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.homes.grantdir import SLICE, GrantDir

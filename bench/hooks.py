@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_fiber.core.mint import generate_key, save_private_key
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, save_private_key
 
 TARGET_P50_S = 0.150
 BIN = Path(sys.executable).parent

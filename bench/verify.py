@@ -31,10 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.mint import generate_key, mint
-from slurm_fiber.core.tokens import TokenVerifier, decode_unverified
-from slurm_fiber.core.trust import TrustStore, public_jwk
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.trust.issuers import TrustStore, public_jwk
+from slurm_fiber.core.trust.mint import generate_key, mint
+from slurm_fiber.core.trust.tokens import TokenVerifier, decode_unverified
 
 TARGET = 0.70
 

@@ -44,23 +44,23 @@ from typing import Any
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.server import ApiServer, ServerConfig
 from slurm_fiber.core.api.sockfile import SocketPathError
-from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed
-from slurm_fiber.core.bookstate import StateCorrupt, StateFile
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.audit.log import AuditEvent, AuditLog, AuditWriteFailed
+from slurm_fiber.core.audit.refusals import RefusalLog
+from slurm_fiber.core.book.decisions import GrantBook
+from slurm_fiber.core.book.state import StateCorrupt, StateFile
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
-from slurm_fiber.core.decisions import GrantBook
-from slurm_fiber.core.identity import IdentityRefused, resolve_fiber_user
-from slurm_fiber.core.metrics_export import (
+from slurm_fiber.core.metrics.export import (
     ExportRefused,
     MetricsExport,
     scope_labels,
     start_export,
 )
-from slurm_fiber.core.refusal_log import RefusalLog
-from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.runtime.core import Core
+from slurm_fiber.core.runtime.identity import IdentityRefused, resolve_fiber_user
 from slurm_fiber.core.seam import Home, LosesScope
-from slurm_fiber.core.tokens import TokenVerifier
-from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.core.trust.issuers import TrustStore
+from slurm_fiber.core.trust.tokens import TokenVerifier
 from slurm_fiber.defaults import STATE_FILE_NAME
 from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core import cgroups
+from slurm_fiber.core.cgroups import manager as cgroups
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from tests.barehost.clusterkit import BareHost, SlurmCluster, bare_host, exports, new_job_dir
 from tests.core.api.servicekit import Served, serve

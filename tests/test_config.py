@@ -13,7 +13,7 @@ import slurm_fiber.config as config_module
 from slurm_fiber.config import OPTIONS, ConfigError, FiberdConfig, describe, load_config
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes.standalone import StandaloneHome
 from tests.homes.homekit import token
 

@@ -19,7 +19,7 @@ from typing import cast
 from slurm_fiber.cli.fiberd import say
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
-from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
 
 

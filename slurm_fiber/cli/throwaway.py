@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.mint import generate_key, mint
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, mint
 from slurm_fiber.defaults import AUDIT_NAME, SOCKET_NAME
 from slurm_fiber.procs import marked
 

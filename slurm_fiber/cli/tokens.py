@@ -22,17 +22,17 @@ from typing import Any, NoReturn, cast
 import typer
 
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.core.fiberspec import fiber_spec_to_json, number_in_range, parse_fiber_spec
-from slurm_fiber.core.grant import VerifiedToken, valid_uid
-from slurm_fiber.core.mint import ALGS, generate_key, load_private_key, mint, save_private_key
-from slurm_fiber.core.tokens import (
+from slurm_fiber.core.fibers.spec import fiber_spec_to_json, number_in_range, parse_fiber_spec
+from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
+from slurm_fiber.core.trust.issuers import TrustStore, public_jwk
+from slurm_fiber.core.trust.mint import ALGS, generate_key, load_private_key, mint, save_private_key
+from slurm_fiber.core.trust.tokens import (
     MAX_TOKEN_BYTES,
     MAX_UNIX_TIME,
     TokenRefused,
     TokenVerifier,
     decode_unverified,
 )
-from slurm_fiber.core.trust import TrustStore, public_jwk
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 EXIT_CODES = "Exit codes: 0 success / valid; 1 refused or failed (one line says why); 2 usage."

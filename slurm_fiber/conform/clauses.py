@@ -23,10 +23,10 @@ from slurm_fiber.conform.context import Context, expect_miss, holds, stopped_by_
 from slurm_fiber.conform.issuer import TARGETS
 from slurm_fiber.conform.live import POLL, ClauseFailed, Live, until
 from slurm_fiber.conform.stage import Capability
+from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.core.tokens import decode_unverified
+from slurm_fiber.core.fibers.handles import FiberView
+from slurm_fiber.core.trust.tokens import decode_unverified
 
 LONG_SLEEP = 300.0  # a fiber that only ends when fiberd stops it
 SHORT_TTL = 3.0  # seconds: the first of two short-lived tokens

@@ -22,8 +22,8 @@ from slurm_fiber import procs
 from slurm_fiber.conform.issuer import ConformIssuer
 from slurm_fiber.conform.live import POLL, ClauseFailed, Live, launched, until
 from slurm_fiber.conform.stage import Stage
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.fibers.handles import FiberView
 
 
 @dataclass

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from slurm_fiber.conform.stage import Issuer
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.mint import generate_key, mint
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, mint
 from slurm_fiber.procs import MARK_ENV
 
 ISSUER_NAME = "grant-conform"

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, Peer, Stdio
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss
-from slurm_fiber.core.runtime import Core
+from slurm_fiber.core.book.misses import Miss
+from slurm_fiber.core.fibers.handles import FiberView
+from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.daemon import Fiberd, FiberdRefused, serve, started
 from slurm_fiber.homes.select import HomeRefused
 from slurm_fiber.record import replace

@@ -14,9 +14,9 @@ import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.record import record
 
 

@@ -116,7 +116,9 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _cgroup(*trees: Path) -> bool:
-    from slurm_fiber.core import cgroups  # only for a site that delegates or leaves groups
+    from slurm_fiber.core.cgroups import (
+        manager as cgroups,  # only for a site that delegates or leaves groups
+    )
 
     for tree in trees:
         cgroups.remove_tree(tree)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from slurm_fiber.core.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.seam import EventKind, GrantEvent, Home
+from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
 from slurm_fiber.homes.healthpoll import error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 

@@ -56,11 +56,11 @@ import stat
 import time
 from collections.abc import AsyncIterator, Iterator
 
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.grant import valid_uid
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent
-from slurm_fiber.core.tokens import TokenRefused, decode_unverified
+from slurm_fiber.core.trust.grant import valid_uid
+from slurm_fiber.core.trust.tokens import TokenRefused, decode_unverified
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.record import record
 from slurm_fiber.safefs import UnsafePath, open_dir, read_upto

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.health import SourceHealth
 
 
 class RoundTimeout(TimeoutError):

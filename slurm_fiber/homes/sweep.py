@@ -33,8 +33,8 @@ import os
 import re
 from pathlib import Path
 
-from slurm_fiber.core import cgroups
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
 from slurm_fiber.record import record

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from slurm_fiber import safefs
-from slurm_fiber.core.audit import ChainCheck, check_chain
+from slurm_fiber.core.audit.log import ChainCheck, check_chain
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.paths import node_dir
 from slurm_fiber.hooks.hook import Hook

@@ -34,7 +34,7 @@ from slurm_fiber.record import record
 from slurm_fiber.safefs import open_dir, read_file
 
 if TYPE_CHECKING:
-    from slurm_fiber.core.tokens import TokenVerifier
+    from slurm_fiber.core.trust.tokens import TokenVerifier
 
 SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
 MAX_SPOOL_FILES = 64
@@ -63,7 +63,7 @@ def mint_job_token(config: SiteConfig, job: SlurmJob, clock: Clock) -> TokenFile
 
     Blocks on reading the key file.
     """
-    from slurm_fiber.core.mint import load_private_key, mint  # jwt: only when minting
+    from slurm_fiber.core.trust.mint import load_private_key, mint  # jwt: only when minting
 
     if config.issuer_key is None:
         raise ValueError("the site config names no issuer_key")
@@ -94,7 +94,7 @@ def _judge(verifier: TokenVerifier, dir_fd: int, name: str) -> bytes | str:
     """
     # Lazy on purpose (as in _judge_all and mint_job_token): tokens and trust import cryptography,
     # which a job without a spool or an issuer key must not pay for at every start.
-    from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenRefused
+    from slurm_fiber.core.trust.tokens import MAX_TOKEN_BYTES, TokenRefused
 
     try:
         data = read_file(dir_fd, name, max_bytes=MAX_TOKEN_BYTES)
@@ -134,8 +134,8 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
 def _judge_all(config: SiteConfig, job: SlurmJob, clock: Clock, where: Path,
                dir_fd: int) -> tuple[list[TokenFile], list[str]]:
     """``spooled_tokens`` for the opened spool dir ``dir_fd`` (shown as ``where``)."""
-    from slurm_fiber.core.tokens import TokenVerifier
-    from slurm_fiber.core.trust import TrustStore
+    from slurm_fiber.core.trust.issuers import TrustStore
+    from slurm_fiber.core.trust.tokens import TokenVerifier
 
     names = sorted(n for n in os.listdir(dir_fd) if not n.startswith("."))  # not temp files
     problems: list[str] = []

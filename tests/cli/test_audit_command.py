@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from slurm_fiber.cli.audit import COLUMNS
 from slurm_fiber.cli.main import app
-from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.audit.log import AuditLog
 
 SLURM_FIBER = str(Path(sys.executable).parent / "slurm-fiber")
 

@@ -17,7 +17,7 @@ import pytest
 
 from slurm_fiber import Executor
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.trust.grant import Limits
 from tests.executor import fnkit
 from tests.executor.sitekit import PRELOADS, started_site, stop_site
 

@@ -25,7 +25,7 @@ if how == "configured":
 else:
     asyncio_for_home(home)
 import asyncio.sslproto, slurm_fiber.daemon, slurm_fiber.homes.slurm.home
-import slurm_fiber.homes.standalone, slurm_fiber.core.trust
+import slurm_fiber.homes.standalone, slurm_fiber.core.trust.issuers
 seen = {"ssl_loaded": "ssl" in sys.modules, "asyncio_tls": asyncio.sslproto.ssl is not None}
 import ssl
 ssl.create_default_context()

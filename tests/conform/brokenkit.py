@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator, Mapping
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.conform.stage import Launch, StageCannot
 from slurm_fiber.conform.standalone import DEVICES, StandaloneStage
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import EventKind, GrantEvent, Home, ReleaseDevices
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
 from slurm_fiber.record import replace

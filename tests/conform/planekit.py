@@ -19,11 +19,11 @@ from pathlib import Path
 
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.conform.stage import Capability, Issuer
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import Home, ReleaseDevices, ScopeLostHandler
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.healthpoll import HealthPoll
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
 from tests.conform.brokenkit import Wrapped, WrappingStage

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, VerifiedToken
 
 
 def token(clock: FakeClock, uid: str = "g1", *, ttl: float = 600.0, jti: str | None = None,

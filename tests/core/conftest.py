@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.tokens import TokenVerifier
-from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.core.trust.issuers import TrustStore
+from slurm_fiber.core.trust.tokens import TokenVerifier
 from tests.core.tokenkit import AUDIENCE, Issuer
 
 

@@ -18,18 +18,18 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.cgroups import GrantCgroup, V1Layout
+from slurm_fiber.core.cgroups.manager import GrantCgroup, V1Layout
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.fibers import Fiber
-from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import (
+from slurm_fiber.core.fibers.fiber import Fiber
+from slurm_fiber.core.templates.parent import (
     ExecSpawn,
     FiberRequest,
     Template,
     TemplateState,
     template_env,
 )
+from slurm_fiber.core.trust.grant import TemplateSpec
 from slurm_fiber.procs import marked
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.audit import AuditEvent, AuditLog, check_chain
-from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.audit.log import AuditEvent, AuditLog, check_chain
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.trust.grant import ScopeClaim
 
 
 def records(path: Path) -> list[dict]:
@@ -78,7 +78,7 @@ def test_a_log_that_is_only_a_torn_line(tmp_path, clock):
 
 WRITER = textwrap.dedent("""
     import sys
-    from slurm_fiber.core.audit import AuditLog
+    from slurm_fiber.core.audit.log import AuditLog
     log = AuditLog(sys.argv[1], "never")
     pad = "x" * 3000
     i = 0
@@ -141,7 +141,7 @@ def fsyncs(monkeypatch):
         calls.append(fd)
         real(fd)
 
-    monkeypatch.setattr("slurm_fiber.core.audit.os.fsync", counted)
+    monkeypatch.setattr("slurm_fiber.core.audit.log.os.fsync", counted)
     return calls
 
 

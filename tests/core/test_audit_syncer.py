@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.audit_syncer import AuditSyncer
+from slurm_fiber.core.audit.syncer import AuditSyncer
 from tests.core.processkit import aio
 
 
@@ -111,7 +111,7 @@ async def test_a_caller_waits_for_its_fsync_a_bounded_time(tmp_path: Path) -> No
 
 HOLDER = """
 import asyncio, os, sys
-from slurm_fiber.core.audit_syncer import AuditSyncer
+from slurm_fiber.core.audit.syncer import AuditSyncer
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 syncer = AuditSyncer(fd, sys.executable)
 asyncio.run(syncer.synced())

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.bookstate import StateCorrupt, StateFile
+from slurm_fiber.core.book.decisions import GrantBook, Start, TemplateView
+from slurm_fiber.core.book.health import SourceHealth
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.book.state import StateCorrupt, StateFile
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.decisions import GrantBook, Start, TemplateView
-from slurm_fiber.core.health import SourceHealth
-from slurm_fiber.core.misses import Miss, MissCode
 from tests.core.bookkit import token
 
 WARM = TemplateView.warm()

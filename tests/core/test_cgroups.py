@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core import cgroups
-from slurm_fiber.core.cgroups import CgroupManager, safe_name
-from slurm_fiber.core.enforcement import grant_enforcement
-from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.enforcement import grant_enforcement
+from slurm_fiber.core.cgroups.manager import CgroupManager, safe_name
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import cgroup_dirs, v1_usable
 
 NEEDS_CGROUP2 = pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")

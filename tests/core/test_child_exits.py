@@ -13,7 +13,12 @@ import textwrap
 
 import pytest
 
-from slurm_fiber.core.child_exits import SWEEP_MAX_WAIT, SWEEP_SPACING, sweep_due, sweep_wait
+from slurm_fiber.core.templates.child.child_exits import (
+    SWEEP_MAX_WAIT,
+    SWEEP_SPACING,
+    sweep_due,
+    sweep_wait,
+)
 
 
 def test_a_walk_is_due_only_after_a_sigchld_and_spaced_by_what_the_last_one_took() -> None:
@@ -34,7 +39,7 @@ def test_a_walk_is_due_only_after_a_sigchld_and_spaced_by_what_the_last_one_took
 
 CHILD = textwrap.dedent("""
     import json, os, select, signal, time
-    from slurm_fiber.core.child_exits import ChildExits
+    from slurm_fiber.core.templates.child.child_exits import ChildExits
     exits = ChildExits()
     blocked = signal.SIGCHLD in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     go_r, go_w = os.pipe()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.decisions import (
+from slurm_fiber.core.book.decisions import (
     Admitted,
     DeadlineCause,
     GrantBook,
@@ -14,9 +13,10 @@ from slurm_fiber.core.decisions import (
     closed_miss,
     invalid_token_miss,
 )
-from slurm_fiber.core.health import SourceHealth
-from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.core.tokens import TokenReason, TokenRefused
+from slurm_fiber.core.book.health import SourceHealth
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.clock import FakeClock
+from slurm_fiber.core.trust.tokens import TokenReason, TokenRefused
 from tests.core.bookkit import token
 
 WARM = TemplateView.warm()

@@ -9,7 +9,7 @@ import asyncio
 import gc
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.ends import LateReports, survivors_frozen
+from slurm_fiber.core.fibers.ends import LateReports, survivors_frozen
 from tests.core.processkit import aio
 
 

@@ -16,8 +16,8 @@ import warnings
 
 import pytest
 
-from slurm_fiber.core import template_wire as wire
-from slurm_fiber.core.fiber_setup import (
+from slurm_fiber.core.templates import wire
+from slurm_fiber.core.templates.child.fiber_setup import (
     EXIT_EXEC,
     EXIT_NOT_RUNNABLE,
     EXIT_SETUP,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core import cgroups
-from slurm_fiber.core.held_files import HeldFiles
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.held_files import HeldFiles
 
 pytestmark = pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.identity import IdentityRefused, resolve_fiber_user
+from slurm_fiber.core.runtime.identity import IdentityRefused, resolve_fiber_user
 
 
 def test_a_user_fiberd_keeps_its_own_account_and_cannot_name_another() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import json, logging, os, random, sys, threading, time
-    from slurm_fiber.core import lean_fork
-    from slurm_fiber.core.lean_fork import LeanFork
+    from slurm_fiber.core.templates.child import lean_fork
+    from slurm_fiber.core.templates.child.lean_fork import LeanFork
 
     forker = LeanFork()
     order = []

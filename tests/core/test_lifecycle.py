@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from slurm_fiber.core.lifecycle import (
+from slurm_fiber.core.templates.lifecycle import (
     TABLE,
     Action,
     Backoff,

@@ -17,8 +17,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm
 
-from slurm_fiber.core.mint import generate_key, load_private_key, mint, save_private_key
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, load_private_key, mint, save_private_key
 
 
 @pytest.mark.parametrize("alg", ["EdDSA", "ES256"])
@@ -45,7 +45,7 @@ def test_public_jwk_members_match_pyjwt(alg: str, exporter: type) -> None:
 
 
 def test_minting_does_not_import_pyjwt() -> None:
-    code = ("import sys; from slurm_fiber.core.mint import generate_key, mint; "
+    code = ("import sys; from slurm_fiber.core.trust.mint import generate_key, mint; "
             "mint(generate_key(), issuer='s', uid='u', audience='a', iat=1, exp=2); "
             "print('jwt' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -63,7 +63,7 @@ def test_a_saved_key_loads_back_as_the_same_key(tmp_path: Path, alg: str) -> Non
 def test_an_ed25519_key_loads_without_cryptographys_ssh_support(tmp_path: Path) -> None:
     path = tmp_path / "k.pem"
     save_private_key(generate_key("EdDSA"), path)  # standard PKCS#8, as openssl writes it
-    code = ("import sys; from pathlib import Path; from slurm_fiber.core.mint import "
+    code = ("import sys; from pathlib import Path; from slurm_fiber.core.trust.mint import "
             f"load_private_key; load_private_key(Path({str(path)!r})); "
             "print('cryptography.hazmat.primitives.serialization.ssh' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -89,7 +89,7 @@ def test_anything_else_is_refused_in_one_line(tmp_path: Path, text: str) -> None
 def test_the_default_jti_is_a_version_4_uuid_as_before() -> None:
     import uuid
 
-    from slurm_fiber.core.mint import random_uuid4
+    from slurm_fiber.core.trust.mint import random_uuid4
 
     seen = {random_uuid4() for _ in range(200)}
     assert len(seen) == 200

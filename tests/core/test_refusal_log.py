@@ -8,9 +8,9 @@ from pathlib import Path
 
 from slurm_fiber.core.api.server import Refusal
 from slurm_fiber.core.api.service import Peer
-from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.audit.log import AuditLog
+from slurm_fiber.core.audit.refusals import RefusalLog
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.refusal_log import RefusalLog
 
 
 def refusals(path: Path) -> list[dict[str, object]]:

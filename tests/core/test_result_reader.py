@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from slurm_fiber.core.fibers import _ResultReader
+from slurm_fiber.core.fibers.fiber import _ResultReader
 from tests.core.processkit import aio
 
 

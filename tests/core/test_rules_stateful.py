@@ -17,11 +17,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from slurm_fiber.core.bookstate import StateFile
+from slurm_fiber.core.book.decisions import Admitted, GrantBook, Start, TemplateView
+from slurm_fiber.core.book.health import SourceHealth
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.book.state import StateFile
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.decisions import Admitted, GrantBook, Start, TemplateView
-from slurm_fiber.core.health import SourceHealth
-from slurm_fiber.core.misses import Miss, MissCode
 from tests.core.bookkit import token
 
 UIDS = st.sampled_from(["a", "b", "c"])

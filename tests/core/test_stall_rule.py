@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.stall import Seen, gap, judge, look_every
+from slurm_fiber.core.templates.stall import Seen, gap, judge, look_every
 
 BOUND, EVERY = 10.0, 1.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_fiber.core.dirtrust import safe_path_entry
+from slurm_fiber.core.templates.dirtrust import safe_path_entry
 
 
 def test_sys_path_entries(tmp_path: Path) -> None:

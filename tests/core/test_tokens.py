@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.mint import generate_key
-from slurm_fiber.core.tokens import MAX_TOKEN_BYTES, TokenReason, TokenRefused, TokenVerifier
+from slurm_fiber.core.trust.mint import generate_key
+from slurm_fiber.core.trust.tokens import MAX_TOKEN_BYTES, TokenReason, TokenRefused, TokenVerifier
 from tests.core.tokenkit import AUDIENCE, DROP, b64
 
 R = TokenReason
@@ -283,7 +283,7 @@ def test_limits_have_an_upper_bound_the_kernel_can_apply(verifier, site, clock, 
 
 
 def test_times_up_to_the_year_9999_and_no_further(verifier, site, clock):
-    from slurm_fiber.core.tokens import MAX_UNIX_TIME
+    from slurm_fiber.core.trust.tokens import MAX_UNIX_TIME
 
     assert verifier.verify(site.mint(clock, exp=MAX_UNIX_TIME)).exp == MAX_UNIX_TIME
     err = refused(verifier, site.mint(clock, exp=MAX_UNIX_TIME + 1))

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.mint import generate_key
-from slurm_fiber.core.tokens import TokenReason, TokenRefused, TokenVerifier
-from slurm_fiber.core.trust import TrustStore, parse_jwks, public_jwk, verify
+from slurm_fiber.core.trust.issuers import TrustStore, parse_jwks, public_jwk, verify
+from slurm_fiber.core.trust.mint import generate_key
+from slurm_fiber.core.trust.tokens import TokenReason, TokenRefused, TokenVerifier
 from tests.core.tokenkit import AUDIENCE, Issuer
 
 

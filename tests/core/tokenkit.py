@@ -15,8 +15,8 @@ from typing import Any
 from jwt.algorithms import get_default_algorithms
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.mint import generate_key
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key
 
 AUDIENCE = "job-1"
 

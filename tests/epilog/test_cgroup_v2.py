@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core import cgroups
+from slurm_fiber.core.cgroups import manager as cgroups
 from slurm_fiber.epilog.cgroup_v2 import clear, job_dir
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 

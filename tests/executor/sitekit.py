@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.trust.grant import Limits
 
 PRELOADS = ("json", "tests.executor.fnkit")
 

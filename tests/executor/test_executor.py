@@ -16,7 +16,7 @@ import pytest
 
 from slurm_fiber import Executor
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.executor import (
     FiberKilled,
     FiberMissed,

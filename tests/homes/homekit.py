@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import jwt
 
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes import GrantEvent, ReleaseDevices
 
 KEY = "grantdir-tests-do-not-verify-this-key"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.book.health import HealthState, SourceHealth
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.health import HealthState, SourceHealth
 from slurm_fiber.homes import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
 from tests.homes.grantdirkit import Dir
 from tests.homes.homekit import token

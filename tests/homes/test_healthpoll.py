@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from slurm_fiber.core.book.health import HealthState, SourceHealth
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.health import HealthState, SourceHealth
 from slurm_fiber.homes import ErrRoundTimeout, HealthPoll, RoundTimeout
 
 EVERY = 10.0

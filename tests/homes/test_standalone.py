@@ -14,7 +14,7 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import EventKind, GrantDirRefused, Home
 from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.sdnotify import NotifyError, notify_address, sd_notify

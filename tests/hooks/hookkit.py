@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.core.mint import generate_key, save_private_key
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, save_private_key
 
 VENV_BIN = Path(sys.executable).parent
 ISSUER = "citest"

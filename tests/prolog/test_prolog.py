@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurm_fiber.core.clock import FakeClock, SystemClock
-from slurm_fiber.core.mint import mint
-from slurm_fiber.core.tokens import TokenVerifier
-from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.core.trust.issuers import TrustStore
+from slurm_fiber.core.trust.mint import mint
+from slurm_fiber.core.trust.tokens import TokenVerifier
 from slurm_fiber.homes import EventKind, GrantDir
 from slurm_fiber.homes.slurm.cgroup_root import delegated_root
 from slurm_fiber.homes.slurm.leases import job_party

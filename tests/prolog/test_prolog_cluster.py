@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurm_fiber.core.clock import FakeClock, SystemClock
-from slurm_fiber.core.tokens import TokenVerifier
-from slurm_fiber.core.trust import TrustStore
+from slurm_fiber.core.trust.issuers import TrustStore
+from slurm_fiber.core.trust.tokens import TokenVerifier
 from slurm_fiber.homes.slurm.leases import AREA_OWNERS
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from slurm_fiber.core.mint import compact_jws, generate_key
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import compact_jws, generate_key
 from slurm_fiber.homes.slurm.paths import job_paths
 from tests.hooks.hookkit import ISSUER, Site, job_env, run_hook
 

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_fiber import __version__
 from slurm_fiber.core.api.client import FiberdClient
-from slurm_fiber.core.metrics import FiberMetrics
-from slurm_fiber.core.metrics_export import Labelled
-from slurm_fiber.core.misses import MissCode
+from slurm_fiber.core.book.misses import MissCode
+from slurm_fiber.core.metrics.export import Labelled
+from slurm_fiber.core.metrics.families import FiberMetrics
 from slurm_fiber.homes.slurm.nodemetrics import _relay_text
 from tests.cli.commandkit import fiberd, start_long_fiber, wait_ready, wait_socket
 from tests.core.runtime.fiberdkit import Site

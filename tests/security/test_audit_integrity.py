@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.api.client import FiberdClient, Missed
-from slurm_fiber.core.audit import AuditLog, AuditUnsafe
+from slurm_fiber.core.audit.log import AuditLog, AuditUnsafe
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.core.trust.grant import ScopeClaim
 from tests.cli.commandkit import BIN, env, flags
 from tests.core.processkit import marked_procs
 from tests.core.runtime.conftest import site

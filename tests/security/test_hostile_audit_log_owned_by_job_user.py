@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.audit import AuditLog
+from slurm_fiber.core.audit.log import AuditLog
 from slurm_fiber.homes.slurm.paths import job_paths
 from tests.hooks.hookkit import Site, job_env, run_hook
 from tests.security.publicdirkit import public_dir

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.mint import compact_jws
-from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import compact_jws
 from tests.core.processkit import aio
 from tests.core.runtime.fiberdkit import AUDIENCE, REPO, Site, running_fiberd
 

@@ -12,7 +12,7 @@ import json
 import uuid
 from pathlib import Path
 
-from slurm_fiber.core.mint import generate_key
+from slurm_fiber.core.trust.mint import generate_key
 from tests.core.processkit import aio
 from tests.core.runtime.fiberdkit import Site, running_fiberd, until
 

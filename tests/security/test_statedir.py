@@ -18,8 +18,8 @@ import pytest
 
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import FiberRequest, Template, TemplateState, template_env
+from slurm_fiber.core.templates.parent import FiberRequest, Template, TemplateState, template_env
+from slurm_fiber.core.trust.grant import TemplateSpec
 from tests.cli.commandkit import BIN, env, flags
 from tests.core.conftest import mark
 from tests.core.processkit import REPO, aio

@@ -20,9 +20,9 @@ import signal
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from slurm_fiber.core.fibers import FiberState
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.fibers.fiber import FiberState
+from slurm_fiber.core.fibers.handles import FiberView
 from tests.core.processkit import aio, marked_procs, proc_state, wait_dead
 from tests.core.runtime.conftest import site
 from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm

@@ -36,9 +36,9 @@ from slurm_fiber.core.api.replies import (
     Reply,
 )
 from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
+from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
-from slurm_fiber.core.grant import valid_uid
-from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.trust.grant import valid_uid
 from slurm_fiber.record import record, replace
 
 VERSION = 5  # the newest this fiberd speaks

@@ -90,9 +90,9 @@ from slurm_fiber.core.api.service import (
 )
 from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
+from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics
-from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.record import field, record
 
 JsonMap = Mapping[str, object]

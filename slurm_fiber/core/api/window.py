@@ -33,7 +33,7 @@ from typing import Any
 
 from slurm_fiber.core.api.framing import close_all
 from slurm_fiber.core.api.service import CloneRequest, FiberExit, FiberHandle, Forked, Stdio
-from slurm_fiber.core.misses import Miss
+from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
 

@@ -47,11 +47,11 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 from slurm_fiber.config import FiberdConfig
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.kubernetes.api import KubeApi
 from slurm_fiber.homes.kubernetes.claimdevices import claim_devices
 from slurm_fiber.homes.kubernetes.scope import ScopeLoss, ScopeTracker, scope_claims

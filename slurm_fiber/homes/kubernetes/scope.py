@@ -21,7 +21,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.kubernetes.incluster import PodIdentity
 from slurm_fiber.homes.kubernetes.views import ClaimView, PodView
 

@@ -38,11 +38,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem

@@ -45,8 +45,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from slurm_fiber.core.fiberspec import BadFiberClaim, parse_fiber_spec
-from slurm_fiber.core.grant import FiberSpec
+from slurm_fiber.core.fibers.spec import BadFiberClaim, parse_fiber_spec
+from slurm_fiber.core.trust.grant import FiberSpec
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV

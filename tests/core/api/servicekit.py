@@ -38,8 +38,8 @@ from slurm_fiber.core.api.service import (
     Stdio,
     page,
 )
+from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.misses import Miss, MissCode
 
 CALL_RUNNER = """
 import importlib, json, os, sys

@@ -79,7 +79,7 @@ def test_a_job_socket_is_found_from_the_site_state_root_alone(tmp_path) -> None:
     site.write_text("state_root = [\n")  # not TOML: the default root
     assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
     code = ("import sys; from slurm_fiber.discovery import discover_socket; "
-            f"discover_socket(None, {job!r}); print('slurm_fiber.core.grant' in sys.modules)")
+            f"discover_socket(None, {job!r}); print('slurm_fiber.core.trust.grant' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"  # nothing but the one key is built

@@ -22,7 +22,7 @@ from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
 from slurm_fiber.core.api.protocol import ApiError, parse_request
 from slurm_fiber.core.api.service import CloneRequest, Peer, Stdio
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.tasks import Task, TaskRunner
 from tests.core.api.servicekit import Served
 from tests.core.processkit import aio

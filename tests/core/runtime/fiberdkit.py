@@ -25,10 +25,10 @@ from typing import Any
 from slurm_fiber.config import FiberdConfig, load_config
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.mint import generate_key, mint
-from slurm_fiber.core.runtime import Core
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.runtime.core import Core
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.trust.issuers import public_jwk
+from slurm_fiber.core.trust.mint import generate_key, mint
 from slurm_fiber.daemon import Fiberd, serve, started
 
 REPO = Path(__file__).resolve().parents[3]

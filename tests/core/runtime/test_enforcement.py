@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import Site, running_fiberd, until
 

@@ -19,17 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from slurm_fiber import __version__
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.clock import FakeClock, SystemClock
-from slurm_fiber.core.fibers import FiberEnd, FiberState, StopReason
-from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.core.metrics import (
-    END_REASONS,
-    MAX_GRANTS,
-    OTHER_GRANT,
-    RENDER_INTERVAL,
-    FiberMetrics,
-    end_reason,
-)
-from slurm_fiber.core.metrics_export import (
+from slurm_fiber.core.fibers.fiber import FiberEnd, FiberState, StopReason
+from slurm_fiber.core.metrics.export import (
     ACCEPT_BURST,
     ACCEPT_RATE,
     REFRESH,
@@ -38,6 +29,15 @@ from slurm_fiber.core.metrics_export import (
     start_export,
     textfile_name,
 )
+from slurm_fiber.core.metrics.families import (
+    END_REASONS,
+    MAX_GRANTS,
+    OTHER_GRANT,
+    RENDER_INTERVAL,
+    FiberMetrics,
+    end_reason,
+)
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.slurm.home import job_scope
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from tests.cli.commandkit import (
@@ -217,8 +217,8 @@ def test_fiberd_without_a_scrape_never_imports_prometheus() -> None:
     code = (
         "import sys\n"
         "import slurm_fiber.daemon\n"
-        "from slurm_fiber.core.metrics import FiberMetrics\n"
-        "from slurm_fiber.core.misses import MissCode\n"
+        "from slurm_fiber.core.metrics.families import FiberMetrics\n"
+        "from slurm_fiber.core.book.misses import MissCode\n"
         "m = FiberMetrics(lambda: 2)\n"
         "m.clone_started(0.004); m.clone_missed(MissCode.COLD, 0.3); m.refused('bad_request')\n"
         "assert 'prometheus_client' not in sys.modules, 'imported before a scrape'\n"

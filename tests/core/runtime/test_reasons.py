@@ -7,7 +7,7 @@ an epoch bump, a stop request, shutdown) ends a fiber whose exit event and recor
 
 from __future__ import annotations
 
-from slurm_fiber.core.handles import FiberView
+from slurm_fiber.core.fibers.handles import FiberView
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import PEER, Live, Site, running_fiberd, until, warm
 from tests.core.runtime.targetkit import STUBBORN_NOW

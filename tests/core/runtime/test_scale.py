@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import SLOTS_PER_GROUP, CgroupManager
+from slurm_fiber.core.cgroups.leaves import LeafPool
+from slurm_fiber.core.cgroups.manager import SLOTS_PER_GROUP, CgroupManager
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.fibers import DeadlineTimer, Fiber
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.leaves import LeafPool
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.core.waiting import pidfd_exited
 from tests.core.processkit import (
     aio,

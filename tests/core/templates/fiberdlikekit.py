@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import CgroupManager
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.cgroups.manager import CgroupManager
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import warm_template
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from slurm_fiber.core.fibers import Fiber
-from slurm_fiber.core.templates import FiberRequest, Template
+from slurm_fiber.core.fibers.fiber import Fiber
+from slurm_fiber.core.templates.parent import FiberRequest, Template
 from tests.core.processkit import read_line
 
 T = "tests.core.templates.targetkit"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import aio, cgroup_dirs, marked_procs, warm_template
 from tests.core.templates.targetkit import HEAVY
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import CgroupManager, mirrors
+from slurm_fiber.core.cgroups.manager import CgroupManager, mirrors
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.fibers import FiberState
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.fibers.fiber import FiberState
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import (
     EXEC_STARTS,
     aio,
@@ -184,8 +184,8 @@ async def test_the_template_is_back_in_its_own_groups_after_each_spawn(
 # removed and made again by the same name, the bound on what is kept, a refusal, close.
 DOORS = """
 import os, sys
-from slurm_fiber.core.exec_spawn import move
-from slurm_fiber.core.held_files import HeldFiles
+from slurm_fiber.core.templates.child.exec_spawn import move
+from slurm_fiber.core.cgroups.held_files import HeldFiles
 root = sys.argv[1]
 home, a, b = (f"{root}/{n}" for n in ("home", "a", "b"))
 def where():

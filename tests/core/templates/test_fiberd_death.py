@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from tests.core.processkit import REPO, cgroup_dirs, wait_marked
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from slurm_fiber.core.lean_fork import VERIFIED_ON
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.templates.child.lean_fork import VERIFIED_ON
+from slurm_fiber.core.templates.parent import FiberRequest
 from tests.core.processkit import aio, warm_template
 
 T = "tests.core.templates.targetkit"

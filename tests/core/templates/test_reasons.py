@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.fibers import enforce_deadline
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.handles import api_exit
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.fibers.fiber import enforce_deadline
+from slurm_fiber.core.fibers.handles import api_exit
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import (
     EXEC_STARTS,
     aio,

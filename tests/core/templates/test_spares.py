@@ -16,11 +16,11 @@ import signal
 import time
 from pathlib import Path
 
-from slurm_fiber.core import cgroups
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import FiberRequest
+from slurm_fiber.core.templates.parent import FiberRequest
+from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import (
     aio,
     cgroup_dirs,

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import CgroupManager
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.fibers import FiberState
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.templates import (
+from slurm_fiber.core.fibers.fiber import FiberState
+from slurm_fiber.core.templates.parent import (
     FiberRequest,
     Template,
     TemplateNotReady,
     TemplateState,
 )
+from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.core.waiting import zombie_exit
 from tests.core.processkit import (
     aio,

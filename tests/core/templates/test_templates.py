@@ -11,9 +11,8 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.fibers import FiberState
-from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.templates import (
+from slurm_fiber.core.fibers.fiber import FiberState
+from slurm_fiber.core.templates.parent import (
     Backoff,
     FiberRequest,
     ForkFailed,
@@ -21,6 +20,7 @@ from slurm_fiber.core.templates import (
     TemplateState,
     template_env,
 )
+from slurm_fiber.core.trust.grant import TemplateSpec
 from tests.core.processkit import (
     EXEC_STARTS,
     aio,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.homes.kubernetes.fake import PODS, RESOURCE_CLAIMS, FakeApiServer, resource_claim
 from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
 from tests.core.processkit import aio, marked_procs

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from slurm_fiber.core.book.health import HealthState
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
-from slurm_fiber.core.health import HealthState
+from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import Home, LosesScope
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.fake import (

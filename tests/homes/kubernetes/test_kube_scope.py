@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.fake import (
     PODS,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer, grant_pod
 from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
 from slurm_fiber.homes.kubernetes.fake.server import TOKEN_CACHE_TTL

@@ -13,10 +13,10 @@ from pathlib import Path
 import jwt
 import pytest
 
+from slurm_fiber.core.book.health import HealthState
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.grant import FiberSpec, ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import HealthState
 from slurm_fiber.core.seam import EventKind, Home
+from slurm_fiber.core.trust.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice
 from slurm_fiber.homes.slurm.control import (

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from slurm_fiber.core.book.health import HealthState
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.core.health import HealthState
 from slurm_fiber.homes.slurm.control import CliControl
 from slurm_fiber.homes.slurm.home import SlurmDownError, SlurmHome, SlurmHomeConfig
 from slurm_fiber.homes.slurm.home import build_slurm_home as build

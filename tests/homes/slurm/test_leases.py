@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from slurm_fiber.core.clock import FakeClock, SystemClock
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes.slurm.home import SlurmHome
 from slurm_fiber.homes.slurm.hometypes import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import SlurmJob

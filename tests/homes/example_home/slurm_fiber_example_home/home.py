@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from slurm_fiber.config import FiberdConfig
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
 from slurm_fiber.core.seam import GrantEvent, ReleaseDevices
+from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.readygate import ReadyGate

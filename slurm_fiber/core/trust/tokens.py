@@ -44,9 +44,9 @@ import json
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.fiberspec import BadFiberClaim, number_in_range, parse_fiber_spec
-from slurm_fiber.core.grant import VerifiedToken, valid_uid
-from slurm_fiber.core.trust import TrustedKey, TrustStore, b64url_decode, verify
+from slurm_fiber.core.fibers.spec import BadFiberClaim, number_in_range, parse_fiber_spec
+from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
+from slurm_fiber.core.trust.issuers import TrustedKey, TrustStore, b64url_decode, verify
 from slurm_fiber.record import record, replace
 
 MAX_TOKEN_BYTES = 64 * 1024

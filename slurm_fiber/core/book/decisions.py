@@ -36,12 +36,12 @@ from __future__ import annotations
 import enum
 import time
 
-from slurm_fiber.core.bookstate import BookState, HeldToken, Horizon, StateFile
+from slurm_fiber.core.book.health import SourceHealth
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.book.state import BookState, HeldToken, Horizon, StateFile
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.grant import FiberSpec, VerifiedToken
-from slurm_fiber.core.health import SourceHealth
-from slurm_fiber.core.misses import Miss, MissCode
-from slurm_fiber.core.tokens import TokenReason, TokenRefused
+from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
+from slurm_fiber.core.trust.tokens import TokenReason, TokenRefused
 from slurm_fiber.record import record
 
 RETRY_HINT = 1.0  # seconds: the retry_after given when nothing better is known

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.fiberspec import BadFiberClaim, fiber_spec_to_json, parse_fiber_spec
-from slurm_fiber.core.grant import FiberSpec
+from slurm_fiber.core.fibers.spec import BadFiberClaim, fiber_spec_to_json, parse_fiber_spec
+from slurm_fiber.core.trust.grant import FiberSpec
 from slurm_fiber.record import field, record, replace
 
 FORMAT = "slurm_fiber.grantbook/1"

@@ -39,7 +39,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core import cgroups
+from slurm_fiber.core.cgroups import manager as cgroups
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record

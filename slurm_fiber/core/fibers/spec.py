@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from slurm_fiber.core.grant import FiberSpec, Limits, TemplateSpec
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

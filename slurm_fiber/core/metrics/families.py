@@ -31,8 +31,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from slurm_fiber.core.fibers import FiberEnd, FiberState
-from slurm_fiber.core.misses import MissCode
+from slurm_fiber.core.book.misses import MissCode
+from slurm_fiber.core.fibers.fiber import FiberEnd, FiberState
 from slurm_fiber.version import version
 
 if TYPE_CHECKING:

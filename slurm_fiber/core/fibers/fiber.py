@@ -68,9 +68,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.core import cgroups
+from slurm_fiber.core.cgroups import manager as cgroups
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.ends import LateReports, end_reading, survivors_frozen
+from slurm_fiber.core.fibers.ends import LateReports, end_reading, survivors_frozen
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, zombie_exit
 
 log = logging.getLogger(__name__)

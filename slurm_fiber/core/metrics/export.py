@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.grant import ScopeClaim
-from slurm_fiber.core.metrics import CONTENT_TYPE, FiberMetrics, Rendered
+from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics, Rendered
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, write_atomic
 

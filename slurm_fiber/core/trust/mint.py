@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from slurm_fiber.core.fiberspec import fiber_spec_to_json, parse_fiber_spec
-from slurm_fiber.core.grant import FiberSpec, valid_uid
-from slurm_fiber.core.trust import public_jwk
+from slurm_fiber.core.fibers.spec import fiber_spec_to_json, parse_fiber_spec
+from slurm_fiber.core.trust.grant import FiberSpec, valid_uid
+from slurm_fiber.core.trust.issuers import public_jwk
 
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from slurm_fiber.core.api.service import FiberExit
-from slurm_fiber.core.fibers import Fiber, FiberEnd, FiberState
+from slurm_fiber.core.fibers.fiber import Fiber, FiberEnd, FiberState
 
 LOST_ERROR = {"type": "FiberLost", "message": "the fiber died with its template"}
 EXEC_FAILED_FIELDS = ("errno", "name", "path", "message", "interpreter")

@@ -23,7 +23,7 @@ import socket
 from collections import deque
 from pathlib import Path
 
-from slurm_fiber.core.fibers import Fiber
+from slurm_fiber.core.fibers.fiber import Fiber
 from slurm_fiber.record import record
 
 

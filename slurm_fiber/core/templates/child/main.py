@@ -89,12 +89,12 @@ import time
 import traceback
 from collections.abc import Callable
 
-from slurm_fiber.core import exec_spawn
-from slurm_fiber.core import template_wire as wire
 from slurm_fiber.core.api.framing import json_dumps
-from slurm_fiber.core.child_exits import ChildExits, sweep_due, sweep_wait
-from slurm_fiber.core.dirtrust import safe_path_entry, trusted_owners
-from slurm_fiber.core.fiber_setup import (
+from slurm_fiber.core.cgroups.held_files import HeldFiles
+from slurm_fiber.core.templates import wire
+from slurm_fiber.core.templates.child import exec_spawn
+from slurm_fiber.core.templates.child.child_exits import ChildExits, sweep_due, sweep_wait
+from slurm_fiber.core.templates.child.fiber_setup import (
     EXIT_SETUP,
     ResultChannel,
     await_order,
@@ -105,9 +105,9 @@ from slurm_fiber.core.fiber_setup import (
     try_join,
     write_control,
 )
-from slurm_fiber.core.held_files import HeldFiles
-from slurm_fiber.core.lean_fork import LeanFork
-from slurm_fiber.core.prctl import die_with_parent, no_new_privs
+from slurm_fiber.core.templates.child.lean_fork import LeanFork
+from slurm_fiber.core.templates.child.prctl import die_with_parent, no_new_privs
+from slurm_fiber.core.templates.dirtrust import safe_path_entry, trusted_owners
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -490,7 +490,7 @@ def _write_error(result: ResultChannel, exc: BaseException, pickled: bool = Fals
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; fiberd is the only caller. Returns the template's exit code."""
-    parser = argparse.ArgumentParser(prog="slurm_fiber.core.template_main")
+    parser = argparse.ArgumentParser(prog="slurm_fiber.core.templates.child.main")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--no-new-privs", action="store_true")

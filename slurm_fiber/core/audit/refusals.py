@@ -23,11 +23,11 @@ from __future__ import annotations
 import logging
 
 from slurm_fiber.core.api.server import Refusal
-from slurm_fiber.core.audit import AuditEvent, AuditLog
+from slurm_fiber.core.audit.log import AuditEvent, AuditLog
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.record import record
 
-log = logging.getLogger("slurm_fiber.core.refusal_log")
+log = logging.getLogger("slurm_fiber.core.audit.refusals")
 
 WINDOW = 60.0
 MAX_KEYS = 64

@@ -45,11 +45,9 @@ from slurm_fiber.core.api.service import (
     Stdio,
     page,
 )
-from slurm_fiber.core.audit import AuditEvent, AuditLog, AuditWriteFailed, FsyncPolicy
-from slurm_fiber.core.audit_syncer import AuditSyncer
-from slurm_fiber.core.cgroups import CgroupManager, GrantCgroup
-from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.decisions import (
+from slurm_fiber.core.audit.log import AuditEvent, AuditLog, AuditWriteFailed, FsyncPolicy
+from slurm_fiber.core.audit.syncer import AuditSyncer
+from slurm_fiber.core.book.decisions import (
     RETRY_HINT,
     Admitted,
     GrantBook,
@@ -58,21 +56,22 @@ from slurm_fiber.core.decisions import (
     closed_miss,
     invalid_token_miss,
 )
-from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.enforcement import (
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.cgroups.enforcement import (
     Enforcement,
     device_confinement,
     grant_enforcement,
     host_devices,
     host_enforcement,
 )
-from slurm_fiber.core.fibers import DeadlineTimer, Fiber, FiberEnd
-from slurm_fiber.core.grant import FiberSpec, Limits, VerifiedToken
-from slurm_fiber.core.handles import FiberView
-from slurm_fiber.core.identity import FiberIdentity
-from slurm_fiber.core.misses import Miss, MissCode
+from slurm_fiber.core.cgroups.manager import CgroupManager, GrantCgroup
+from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.devices import DeviceChannel
+from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber, FiberEnd
+from slurm_fiber.core.fibers.handles import FiberView
+from slurm_fiber.core.runtime.identity import FiberIdentity
 from slurm_fiber.core.seam import Home, ReleaseDevices
-from slurm_fiber.core.templates import (
+from slurm_fiber.core.templates.parent import (
     DEFAULT_TIMEOUT,
     FiberRequest,
     ForkFailed,
@@ -81,10 +80,11 @@ from slurm_fiber.core.templates import (
     TemplateState,
     template_env,
 )
-from slurm_fiber.core.tokens import TokenRefused, TokenVerifier
+from slurm_fiber.core.trust.grant import FiberSpec, Limits, VerifiedToken
+from slurm_fiber.core.trust.tokens import TokenRefused, TokenVerifier
 from slurm_fiber.record import field, record
 
-log = logging.getLogger("slurm_fiber.core.runtime")
+log = logging.getLogger("slurm_fiber.core.runtime.core")
 
 T = TypeVar("T")
 

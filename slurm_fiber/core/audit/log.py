@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core.clock import Clock, SystemClock
-from slurm_fiber.core.grant import ScopeClaim
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, open_file
 

@@ -30,8 +30,8 @@ import itertools
 import logging
 from pathlib import Path
 
-from slurm_fiber.core import cgroups
-from slurm_fiber.core.cgroups import SLOTS_PER_GROUP, GrantCgroup
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.manager import SLOTS_PER_GROUP, GrantCgroup
 
 log = logging.getLogger(__name__)
 

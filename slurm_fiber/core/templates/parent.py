@@ -96,18 +96,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core import cgroups, stall
-from slurm_fiber.core import template_wire as wire
-from slurm_fiber.core.cgroups import GrantCgroup, safe_name
+from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.leaves import LeafCreateFailed, LeafPool
+from slurm_fiber.core.cgroups.manager import GrantCgroup, safe_name
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
-from slurm_fiber.core.dirtrust import safe_path_entry
-from slurm_fiber.core.ends import LateReports
-from slurm_fiber.core.fibers import Fiber, FiberEnd, stop_all
-from slurm_fiber.core.grant import TemplateSpec
-from slurm_fiber.core.identity import FiberIdentity
-from slurm_fiber.core.leaves import LeafCreateFailed, LeafPool
-from slurm_fiber.core.lifecycle import (
+from slurm_fiber.core.fibers.ends import LateReports
+from slurm_fiber.core.fibers.fiber import Fiber, FiberEnd, stop_all
+from slurm_fiber.core.runtime.identity import FiberIdentity
+from slurm_fiber.core.templates import stall, wire
+from slurm_fiber.core.templates.dirtrust import safe_path_entry
+from slurm_fiber.core.templates.lifecycle import (
     Action,
     Backoff,
     Event,
@@ -116,7 +115,8 @@ from slurm_fiber.core.lifecycle import (
     TemplateState,
     WarmError,
 )
-from slurm_fiber.core.spares import Kind, Spare, SparePool
+from slurm_fiber.core.templates.spares import Kind, Spare, SparePool
+from slurm_fiber.core.trust.grant import TemplateSpec
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, stopped
 from slurm_fiber.record import field, record
 
@@ -214,7 +214,7 @@ def template_command(python: str, env: Mapping[str, str], fd: int,
             else:
                 dropped.append(f"PYTHONPATH entry {entry!r} left out: {why}")
         env["PYTHONPATH"] = os.pathsep.join(kept)
-    argv = [python, "-P", "-m", "slurm_fiber.core.template_main", "--fd", str(fd),
+    argv = [python, "-P", "-m", "slurm_fiber.core.templates.child.main", "--fd", str(fd),
             "--parent", str(parent), *(["--no-new-privs"] if no_new_privs else [])]
     return argv, env, dropped
 

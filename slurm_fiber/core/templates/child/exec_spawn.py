@@ -42,9 +42,9 @@ import _signal
 import os
 import subprocess
 
-from slurm_fiber.core import template_wire as wire
-from slurm_fiber.core.fiber_setup import exec_argv, exec_env, join, stdio_fds
-from slurm_fiber.core.held_files import HeldFiles
+from slurm_fiber.core.cgroups.held_files import HeldFiles
+from slurm_fiber.core.templates import wire
+from slurm_fiber.core.templates.child.fiber_setup import exec_argv, exec_env, join, stdio_fds
 
 DOORS_KEPT = 32  # groups whose cgroup.procs a template keeps open (its own and those of
 # the leaves it spawned into last: four per leaf on a hybrid host)

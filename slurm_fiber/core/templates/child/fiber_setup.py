@@ -22,7 +22,7 @@ import errno
 import json
 import os
 
-from slurm_fiber.core import template_wire as wire
+from slurm_fiber.core.templates import wire
 
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:

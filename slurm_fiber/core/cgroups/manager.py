@@ -72,10 +72,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurm_fiber.core.cgroups.held_files import forget as forget_held
+from slurm_fiber.core.cgroups.held_files import read_held, write_held
 from slurm_fiber.core.devices import Device
-from slurm_fiber.core.grant import Limits
-from slurm_fiber.core.held_files import forget as forget_held
-from slurm_fiber.core.held_files import read_held, write_held
+from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.record import record
 
 if TYPE_CHECKING:

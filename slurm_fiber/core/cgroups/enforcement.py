@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from slurm_fiber.core.cgroups import CONTROLLERS, DeviceRule, LimitOutcome
-from slurm_fiber.core.grant import Limits
+from slurm_fiber.core.cgroups.manager import CONTROLLERS, DeviceRule, LimitOutcome
+from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.record import record
 
 LIMITS: tuple[str, ...] = ("memory", "pids", "cpu", "seconds", "fibers")

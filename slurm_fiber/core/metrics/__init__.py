@@ -1,0 +1,1 @@
+"""fiberd's metrics: the Prometheus families and where Prometheus reads them."""

@@ -1,0 +1,1 @@
+"""The runtime: grant decisions carried out with templates, fibers, cgroups and devices."""

@@ -1,0 +1,3 @@
+"""Warm templates: the parent side (fiberd's view: start, watch, re-warm, fork, stop) and the wire
+to the child.
+"""

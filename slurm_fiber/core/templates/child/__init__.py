@@ -1,0 +1,3 @@
+"""The child side of a template: the code that runs inside the warm template process and its
+spares.
+"""

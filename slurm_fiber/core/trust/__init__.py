@@ -1,0 +1,1 @@
+"""Trust: who may issue grants, the tokens they sign, and the grant a verified token says."""
