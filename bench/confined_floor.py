@@ -49,7 +49,7 @@ from pathlib import Path
 
 from cgroup_join import own_dir  # bench/cgroup_join.py: this process's cgroup v2 directory
 
-from slurm_fiber.core.cgroups.manager import V1_LIMITED, V1_NOT_PER_FIBER, V1Layout
+from slurm_fiber.core.cgroups.v1 import V1_LIMITED, V1_NOT_PER_FIBER, V1Layout
 
 _WORKER = """
 import gc, json, os, sys, time

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import wait_empty
+from slurm_fiber.core.cgroups.groups import kill, remove_tree
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from tests.barehost.clusterkit import BareHost, SlurmCluster, bare_host, exports, new_job_dir
 from tests.core.api.servicekit import Served, serve
@@ -78,9 +79,9 @@ def cgroup_root() -> Iterator[Path]:
     root = UNIFIED / f"sf-test-{uuid.uuid4().hex[:10]}"
     root.mkdir()
     yield root
-    cgroups.kill(root)
-    asyncio.run(cgroups.wait_empty(root))
-    cgroups.remove_tree(root)
+    kill(root)
+    asyncio.run(wait_empty(root))
+    remove_tree(root)
 
 
 @pytest.fixture(scope="session")

@@ -116,12 +116,10 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _cgroup(*trees: Path) -> bool:
-    from slurm_fiber.core.cgroups import (
-        manager as cgroups,  # only for a site that delegates or leaves groups
-    )
+    from slurm_fiber.core.cgroups.groups import remove_tree
 
     for tree in trees:
-        cgroups.remove_tree(tree)
+        remove_tree(tree)
     return True
 
 

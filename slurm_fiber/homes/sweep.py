@@ -33,7 +33,11 @@ import os
 import re
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import pids as cgroup_pids
+from slurm_fiber.core.cgroups.common import populated as cgroup_populated
+from slurm_fiber.core.cgroups.common import wait_empty
+from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
+from slurm_fiber.core.cgroups.groups import remove_tree
 from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
@@ -103,7 +107,7 @@ def dead_trees(parent: Path, own: Path) -> list[tuple[Path, int]]:
         if match is None or path == own or not path.is_dir() or path.is_symlink():
             continue
         pid = int(match.group(1))
-        if owner_alive(pid) or cgroups.populated(path / SELF_LEAF):
+        if owner_alive(pid) or cgroup_populated(path / SELF_LEAF):
             continue
         found.append((path, pid))
     return found
@@ -112,12 +116,12 @@ def dead_trees(parent: Path, own: Path) -> list[tuple[Path, int]]:
 async def sweep_tree(path: Path, owner: int, within: float = EMPTY_WITHIN) -> SweptTree:
     """Kill what is left in a dead tree, wait (at most ``within`` s) until it is empty,
     remove it bottom-up. Never raises for the tree's state."""
-    killed = tuple(cgroups.pids(path))
+    killed = tuple(cgroup_pids(path))
     try:
         if killed:
-            cgroups.kill(path)
-            await asyncio.wait_for(cgroups.wait_empty(path), within)
-        await asyncio.to_thread(cgroups.remove_tree, path)
+            cgroup_kill(path)
+            await asyncio.wait_for(wait_empty(path), within)
+        await asyncio.to_thread(remove_tree, path)
     except TimeoutError:
         return SweptTree(path, owner, killed, False,
                          f"still populated {within:g} s after cgroup.kill")

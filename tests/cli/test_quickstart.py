@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups.manager import V1Layout
+from slurm_fiber.core.cgroups.v1 import V1Layout
 
 SLURM_FIBER = str(Path(sys.executable).parent / "slurm-fiber")
 CLONES = 15

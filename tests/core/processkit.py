@@ -18,7 +18,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.cgroups.manager import GrantCgroup, V1Layout
+from slurm_fiber.core.cgroups.common import GrantCgroup
+from slurm_fiber.core.cgroups.v1 import V1Layout
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.fibers.fiber import Fiber

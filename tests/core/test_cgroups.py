@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import LimitOutcome, limit_plan, safe_name, wait_empty
+from slurm_fiber.core.cgroups.common import pids as cgroup_pids
+from slurm_fiber.core.cgroups.common import populated as cgroup_populated
+from slurm_fiber.core.cgroups.devices import device_rules
 from slurm_fiber.core.cgroups.enforcement import grant_enforcement
-from slurm_fiber.core.cgroups.manager import CgroupManager, safe_name
+from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
+from slurm_fiber.core.cgroups.groups import mkdir, mkdir_group, remove_tree
+from slurm_fiber.core.cgroups.manager import CgroupManager
+from slurm_fiber.core.cgroups.v1 import V1Layout, mirrors
+from slurm_fiber.core.cgroups.v2 import enable_controllers, write_limits
 from slurm_fiber.core.trust.grant import Limits
 from tests.core.processkit import cgroup_dirs, v1_usable
 
@@ -32,7 +39,7 @@ def fake_cgroup(path: Path, offered: str) -> Path:
 
 def test_limits_written_where_controller_enabled_and_reported_where_not(tmp_path: Path):
     grant = fake_cgroup(tmp_path / "grant-a", "memory cpu")
-    out = cgroups.write_limits(grant, Limits(memory=512 << 20, pids=64, cpu=1.5))
+    out = write_limits(grant, Limits(memory=512 << 20, pids=64, cpu=1.5))
     by_file = {o.file: o for o in out}
     assert (grant / "memory.max").read_text() == f"{512 << 20}\n"
     assert (grant / "cpu.max").read_text() == "150000 100000\n"
@@ -45,25 +52,25 @@ def test_limits_written_where_controller_enabled_and_reported_where_not(tmp_path
 def test_refused_write_is_reported_not_raised(tmp_path: Path):
     grant = fake_cgroup(tmp_path / "g", "memory")
     (grant / "memory.max").mkdir()  # writing it fails like a kernel refusal would
-    (out,) = cgroups.write_limits(grant, Limits(memory=1 << 20))
+    (out,) = write_limits(grant, Limits(memory=1 << 20))
     assert not out.enforced
     assert out.reason.startswith("not enforced: writing memory.max failed")
 
 
 def test_unset_limits_write_nothing(tmp_path: Path):
     grant = fake_cgroup(tmp_path / "g", "memory pids cpu")
-    assert cgroups.write_limits(grant, Limits()) == ()
+    assert write_limits(grant, Limits()) == ()
     assert sorted(p.name for p in grant.iterdir()) == ["cgroup.controllers",
                                                        "cgroup.subtree_control"]
 
 
 def test_tiny_cpu_share_is_clamped_to_a_valid_quota():
-    assert cgroups.limit_plan(Limits(cpu=0.001)) == [("cpu", "cpu.max", "1000 100000")]
+    assert limit_plan(Limits(cpu=0.001)) == [("cpu", "cpu.max", "1000 100000")]
 
 
 def test_enable_controllers_only_enables_offered_ones(tmp_path: Path):
     root = fake_cgroup(tmp_path / "root", "pids memory hugetlb")
-    assert cgroups.enable_controllers(root) == {"pids", "memory"}
+    assert enable_controllers(root) == {"pids", "memory"}
 
 
 def test_safe_name_keeps_plain_uids_and_separates_the_rest():
@@ -88,7 +95,7 @@ def _sleeper(cgroup: Path) -> subprocess.Popen[bytes]:
     code = "import sys,time; open(sys.argv[1]+'/cgroup.procs','w').write('0'); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code, str(cgroup)])
     for _ in range(200):
-        if cgroups.populated(cgroup):
+        if cgroup_populated(cgroup):
             break
         proc.poll()
         asyncio.run(asyncio.sleep(0.01))
@@ -106,9 +113,9 @@ def test_carve_join_kill_wait_remove(cgroup_root: Path):
     leaf = grant.slot("f1")
     leaf.mkdir(parents=True)
     proc = _sleeper(leaf)
-    assert cgroups.populated(leaf) and cgroups.pids(grant.path) == [proc.pid]
-    cgroups.kill(leaf)
-    asyncio.run(cgroups.wait_empty(leaf))
+    assert cgroup_populated(leaf) and cgroup_pids(grant.path) == [proc.pid]
+    cgroup_kill(leaf)
+    asyncio.run(wait_empty(leaf))
     assert proc.wait(timeout=10) == -9
     asyncio.run(mgr.remove_grant("u:1"))
     assert cgroup_dirs(cgroup_root) == []
@@ -130,10 +137,10 @@ def test_sweep_removes_a_dead_fiberds_cgroups_and_their_processes(cgroup_root: P
 
 @NEEDS_CGROUP2
 def test_wait_empty_returns_for_an_empty_or_vanished_cgroup(cgroup_root: Path):
-    asyncio.run(cgroups.wait_empty(cgroup_root / "never-made"))
+    asyncio.run(wait_empty(cgroup_root / "never-made"))
     (cgroup_root / "empty").mkdir()
-    asyncio.run(cgroups.wait_empty(cgroup_root / "empty"))
-    cgroups.remove_tree(cgroup_root / "empty")
+    asyncio.run(wait_empty(cgroup_root / "empty"))
+    remove_tree(cgroup_root / "empty")
     assert not (cgroup_root / "empty").exists()
 
 
@@ -163,8 +170,8 @@ def test_predict_says_what_carving_will_enforce_without_carving(tmp_path: Path):
 
 def test_a_grant_record_names_what_enforces_each_limit_and_why_not():
     limits = Limits(memory=1 << 20, pids=4, seconds=30.0)
-    written = (cgroups.LimitOutcome("memory.max", "1048576", True),
-               cgroups.LimitOutcome("pids.max", "4", False,
+    written = (LimitOutcome("memory.max", "1048576", True),
+               LimitOutcome("pids.max", "4", False,
                                     "not enforced: the pids controller is not enabled for /g"))
     record = grant_enforcement(limits, written, backend="cgroup v2", uncarved_reason="-")
     assert record.outcome() == (("memory", "cgroup v2"), ("pids", None), ("cpu", None),
@@ -196,7 +203,7 @@ MOUNTINFO = """\
 
 
 def test_v1_layout_reads_mounts_and_own_cgroups():
-    layout = cgroups.V1Layout.parse(MOUNTINFO, "4:memory:/job_7/step_0\n2:cpu,cpuacct:/\n0::/\n")
+    layout = V1Layout.parse(MOUNTINFO, "4:memory:/job_7/step_0\n2:cpu,cpuacct:/\n0::/\n")
     assert layout.mounts == {"rw": Path("/sys/fs/cgroup/cpu,cpuacct"),
                              "cpu": Path("/sys/fs/cgroup/cpu,cpuacct"),
                              "cpuacct": Path("/sys/fs/cgroup/cpu,cpuacct"),
@@ -210,16 +217,16 @@ def test_v1_layout_reads_mounts_and_own_cgroups():
 def test_a_device_without_a_node_path_cannot_be_confined(tmp_path: Path):
     from slurm_fiber.core.devices import Device
 
-    rules, why = cgroups.device_rules([Device("gpu", 0)])
+    rules, why = device_rules([Device("gpu", 0)])
     assert rules == () and why == "gpu 0 has no device node path to allow"
     plain = tmp_path / "plain"
     plain.write_text("")
-    not_a_node = cgroups.device_rules([Device("gpu", 1, str(plain))])[1]
+    not_a_node = device_rules([Device("gpu", 1, str(plain))])[1]
     assert not_a_node == f"{plain} is not a device node"
-    assert cgroups.device_rules([Device("gpu", 2, "/dev/null")]) == (("c 1:3 rwm",), None)
+    assert device_rules([Device("gpu", 2, "/dev/null")]) == (("c 1:3 rwm",), None)
 
 
-V1 = cgroups.V1Layout.of_self()
+V1 = V1Layout.of_self()
 NEEDS_V1 = pytest.mark.skipif(not {"memory", "pids", "cpu", "devices"} <= set(V1.mounts),
                               reason="cgroup v1 memory, pids, cpu and devices hierarchies")
 
@@ -247,15 +254,15 @@ def test_hybrid_writes_and_reads_back_v1_limits_and_devices_and_removes_every_mi
         assert "a *:* rwm" not in listed and "c 1:3 rwm" in listed
         assert grant.devices is not None and grant.devices.confined
         leaf = grant.slot("f1")
-        cgroups.mkdir_group(leaf.parent)
-        cgroups.mkdir(leaf)
+        mkdir_group(leaf.parent)
+        mkdir(leaf)
         # No cpu mirror under fibers: a fiber stays in its template's cpu group.
-        assert cgroups.mirrors(leaf) == tuple(v1[c] / name / "fibers" / "group-0" / "slot-f1"
+        assert mirrors(leaf) == tuple(v1[c] / name / "fibers" / "group-0" / "slot-f1"
                                               for c in v1 if c != "cpu")
-        assert cgroups.mirrors(leaf.parent) == tuple(v1[c] / name / "fibers" / "group-0"
+        assert mirrors(leaf.parent) == tuple(v1[c] / name / "fibers" / "group-0"
                                                      for c in v1 if c != "cpu")
-        assert cgroups.mirrors(grant.template) == tuple(v1[c] / name / "template" for c in v1)
-        assert all(m.is_dir() for m in cgroups.mirrors(leaf))
+        assert mirrors(grant.template) == tuple(v1[c] / name / "template" for c in v1)
+        assert all(m.is_dir() for m in mirrors(leaf))
         assert not (v1["cpu"] / name / "fibers").exists()
         asyncio.run(mgr.remove_grant("u:1"))
         assert not any((v1[c] / name).exists() for c in v1)
@@ -273,7 +280,7 @@ def test_kill_ends_the_processes_of_a_v1_group_that_has_no_cgroup_kill() -> None
     proc = subprocess.Popen(["sleep", "300"])
     try:
         (group / "cgroup.procs").write_text(f"{proc.pid}\n")
-        cgroups.kill(group)
+        cgroup_kill(group)
         assert proc.wait(10) == -signal.SIGKILL
         assert not (group / "cgroup.kill").exists()
     finally:
@@ -282,7 +289,7 @@ def test_kill_ends_the_processes_of_a_v1_group_that_has_no_cgroup_kill() -> None
             proc.wait()
         group.rmdir()
         group.parent.rmdir()
-    cgroups.kill(group)  # gone: not an error
+    cgroup_kill(group)  # gone: not an error
 
 
 @pytest.mark.skipif(not v1_usable("devices"), reason="a writable cgroup v1 devices hierarchy")
@@ -295,24 +302,24 @@ def test_a_v1_tree_is_populated_by_a_process_in_any_group_below() -> None:
     empty.mkdir()
     proc = subprocess.Popen(["sleep", "300"])
     try:
-        assert not cgroups.populated(top) and cgroups.pids(top) == []
+        assert not cgroup_populated(top) and cgroup_pids(top) == []
         (deep / "cgroup.procs").write_text(f"{proc.pid}\n")
-        assert cgroups.populated(top) and cgroups.populated(top / "leaf")
-        assert not cgroups.populated(empty)
-        assert cgroups.pids(top) == [proc.pid]
+        assert cgroup_populated(top) and cgroup_populated(top / "leaf")
+        assert not cgroup_populated(empty)
+        assert cgroup_pids(top) == [proc.pid]
     finally:
         proc.kill()
         proc.wait()
         for group in (deep, deep.parent, empty, top):
             group.rmdir()
-    assert not cgroups.populated(top) and cgroups.pids(top) == []  # gone
+    assert not cgroup_populated(top) and cgroup_pids(top) == []  # gone
 
 
 def test_hybrid_without_v1_groups_it_may_create_stays_v2_and_says_why(tmp_path: Path):
     """A job user's fiberd: the v1 hierarchies are root's, so no v1 group can be made."""
     root = fake_root(tmp_path, "memory")
     nowhere = tmp_path / "missing-mount"
-    layout = cgroups.V1Layout({"pids": nowhere, "devices": nowhere}, {})
+    layout = V1Layout({"pids": nowhere, "devices": nowhere}, {})
     mgr = CgroupManager(root, backend="hybrid", v1=layout)
     assert mgr.carved and mgr.mode == "v2" and mgr.v1_roots == {}
     assert f"no cgroup v1 groups (cannot create {nowhere}/slurm-fiber." in mgr.status.reason

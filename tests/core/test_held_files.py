@@ -1,7 +1,7 @@
 """Control files read through kept descriptors (core/held_files.py), on the real cgroup2 tree:
 a kept descriptor reads what is there now; a group removed, or made again by the same
 name, is opened afresh; the table keeps a bounded number of groups and forgets a removed
-one; ``cgroups.remove_tree`` forgets what it removes."""
+one; ``remove_tree`` forgets what it removes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import join
+from slurm_fiber.core.cgroups.common import populated as cgroup_populated
+from slurm_fiber.core.cgroups.groups import kill, remove_tree
 from slurm_fiber.core.cgroups.held_files import HeldFiles
 
 pytestmark = pytest.mark.machine_may_lack("a writable cgroup2 hierarchy")
@@ -35,13 +37,13 @@ def test_a_kept_descriptor_reads_the_file_as_it_is_now(cgroup_root: Path) -> Non
     assert "populated 0" in held.read(str(group), "cgroup.events")
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        cgroups.join(group, sleeper.pid)
+        join(group, sleeper.pid)
         assert "populated 1" in held.read(str(group), "cgroup.events")
         assert held_paths() == [f"{group}/cgroup.events"]  # one descriptor, read twice
     finally:
         sleeper.kill()
         sleeper.wait()
-    cgroups.kill(group)
+    kill(group)
     held.close()
     assert held_paths() == []
 
@@ -78,8 +80,8 @@ def test_the_table_keeps_a_bounded_number_of_groups_and_forgets_a_removed_one(
 def test_remove_tree_forgets_the_groups_it_removes(cgroup_root: Path) -> None:
     leaf = cgroup_root / "leaf"
     (leaf / "inner").mkdir(parents=True)
-    assert not cgroups.populated(leaf) and not cgroups.populated(leaf / "inner")
+    assert not cgroup_populated(leaf) and not cgroup_populated(leaf / "inner")
     assert f"{leaf}/cgroup.events" in held_paths()
-    cgroups.remove_tree(leaf)
+    remove_tree(leaf)
     assert not leaf.exists()
     assert [p for p in held_paths() if p.startswith(str(leaf))] == []

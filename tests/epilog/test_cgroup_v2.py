@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import populated
 from slurm_fiber.epilog.cgroup_v2 import clear, job_dir
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 
@@ -44,7 +44,7 @@ def mount() -> Iterator[Path]:
                 os.rmdir(dirpath)
                 break
             except OSError:
-                cgroups.populated(Path(dirpath))
+                populated(Path(dirpath))
 
 
 def start_in(group: Path, *argv: str) -> subprocess.Popen[bytes]:

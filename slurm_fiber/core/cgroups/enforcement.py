@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from slurm_fiber.core.cgroups.manager import CONTROLLERS, DeviceRule, LimitOutcome
+from slurm_fiber.core.cgroups.common import CONTROLLERS, LimitOutcome
+from slurm_fiber.core.cgroups.devices import DeviceRule
 from slurm_fiber.core.trust.grant import Limits
 from slurm_fiber.record import record
 

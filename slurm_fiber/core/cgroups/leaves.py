@@ -6,7 +6,7 @@ makes in group n // ``SLOTS_PER_GROUP``. ``LeafPool.take`` gives a free leaf
 kept from an ended fiber, else makes one (off the event loop: ``mkdir`` waits
 while a migration holds the kernel's cgroup lock). ``give_back`` keeps an
 ended fiber's empty leaf for a later spare, unless its memory figures would
-carry over to the next fiber (``cgroups.renew_memory``: a v1 memory mirror's
+carry over to the next fiber (``renew_memory``: a v1 memory mirror's
 peak is reset when no more than a small residue is left charged to it; v2's
 ``memory.peak`` cannot be reset for every reader), it holds sub-cgroups, the pool is closed
 or already holds enough; otherwise it is removed in the background. So a
@@ -30,8 +30,10 @@ import itertools
 import logging
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import manager as cgroups
-from slurm_fiber.core.cgroups.manager import SLOTS_PER_GROUP, GrantCgroup
+from slurm_fiber.core.cgroups.common import SLOTS_PER_GROUP, GrantCgroup, childless
+from slurm_fiber.core.cgroups.groups import mkdir as cgroup_mkdir
+from slurm_fiber.core.cgroups.groups import mkdir_group, remove_if_empty, remove_tree
+from slurm_fiber.core.cgroups.memory import renew_memory
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +82,10 @@ class LeafPool:
         made = self._groups.get(group)
         if made is None:  # the group's first leaf makes it; the others wait for that
             made = self._groups[group] = asyncio.ensure_future(
-                asyncio.to_thread(cgroups.mkdir_group, group))
+                asyncio.to_thread(mkdir_group, group))
         try:  # off the loop: it waits while a migration holds the kernel's cgroup lock
             await asyncio.shield(made)
-            await asyncio.to_thread(cgroups.mkdir, leaf)  # and its v1 mirrors
+            await asyncio.to_thread(cgroup_mkdir, leaf)  # and its v1 mirrors
         except OSError as e:
             if made.done() and made.exception() is not None:
                 self._groups.pop(group, None)  # the next leaf tries again
@@ -97,7 +99,7 @@ class LeafPool:
         """An ended fiber's leaf, with its memory peak and OOM kill count as read at its
         end: kept for a later spare when ``keep`` (the template still serves), fewer than
         ``limit`` are free, it holds no sub-cgroup and it had no memory peak or its memory
-        figures were renewed (``cgroups.renew_memory``); else removed in the background
+        figures were renewed (``renew_memory``); else removed in the background
         (why, at debug level)."""
         if not keep:
             why: str | None = "its template no longer serves"
@@ -164,9 +166,9 @@ _POOLS = itertools.count()
 
 def _not_kept(leaf: Path, peak: int | None, oom_kills: int | None) -> str | None:
     """Why an ended fiber's leaf cannot serve the next one (None: it can)."""
-    if not cgroups.childless(leaf):  # a fiber may make sub-groups in its own leaf
+    if not childless(leaf):  # a fiber may make sub-groups in its own leaf
         return "it holds sub-cgroups or is gone"
-    return None if peak is None else cgroups.renew_memory(leaf, oom_kills)
+    return None if peak is None else renew_memory(leaf, oom_kills)
 
 
 def _remove_leaves(leaves: list[Path], groups: set[Path]) -> None:
@@ -174,8 +176,8 @@ def _remove_leaves(leaves: list[Path], groups: set[Path]) -> None:
     failure is logged."""
     for leaf in leaves:
         try:
-            cgroups.remove_tree(leaf)
+            remove_tree(leaf)
         except OSError as e:
             log.warning("cannot remove the fiber cgroup %s: %s", leaf, e.strerror)
     for group in groups:
-        cgroups.remove_if_empty(group)
+        remove_if_empty(group)

@@ -39,7 +39,9 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.groups import empty as cgroup_empty
+from slurm_fiber.core.cgroups.memory import memory_peak
+from slurm_fiber.core.cgroups.memory import oom_kills as cgroup_oom_kills
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.record import record
@@ -131,12 +133,12 @@ class EndReading:
 
 async def end_reading(cgroup: Path, stdout: Path | None, stderr: Path | None) -> EndReading:
     """A carved fiber's end, once its process has exited: its peak, then, once nothing
-    runs in ``cgroup`` (``cgroups.empty`` kills what still does and waits; at once when
+    runs in ``cgroup`` (``cgroup_empty`` kills what still does and waits; at once when
     nothing does), its OOM count and its output files (an empty one is removed: nothing
     in the cgroup is left to write to it)."""
-    peak = cgroups.memory_peak(cgroup)
-    await cgroups.empty(cgroup)
-    return EndReading(peak, cgroups.oom_kills(cgroup), unless_empty(stdout),
+    peak = memory_peak(cgroup)
+    await cgroup_empty(cgroup)
+    return EndReading(peak, cgroup_oom_kills(cgroup), unless_empty(stdout),
                       unless_empty(stderr))
 
 

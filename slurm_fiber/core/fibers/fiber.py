@@ -68,7 +68,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import populated
+from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.ends import LateReports, end_reading, survivors_frozen
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, zombie_exit
@@ -282,8 +283,8 @@ class Fiber:
         """SIGKILL now: the whole cgroup when carved, and the pidfd and process group.
         An emptied cgroup is left alone (``cgroup.kill`` waits on the kernel's cgroup lock,
         which thousands of fibers ending at once contend for)."""
-        if self.cgroup is not None and cgroups.populated(self.cgroup):
-            cgroups.kill(self.cgroup)
+        if self.cgroup is not None and populated(self.cgroup):
+            cgroup_kill(self.cgroup)
         self._kill_leader()
 
     def _kill_leader(self) -> None:

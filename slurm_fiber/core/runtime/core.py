@@ -57,6 +57,7 @@ from slurm_fiber.core.book.decisions import (
     invalid_token_miss,
 )
 from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.cgroups.common import GrantCgroup
 from slurm_fiber.core.cgroups.enforcement import (
     Enforcement,
     device_confinement,
@@ -64,7 +65,7 @@ from slurm_fiber.core.cgroups.enforcement import (
     host_devices,
     host_enforcement,
 )
-from slurm_fiber.core.cgroups.manager import CgroupManager, GrantCgroup
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber, FiberEnd

@@ -96,9 +96,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import GrantCgroup, populated, safe_name
+from slurm_fiber.core.cgroups.common import join as cgroup_join
+from slurm_fiber.core.cgroups.groups import empty as cgroup_empty
+from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
 from slurm_fiber.core.cgroups.leaves import LeafCreateFailed, LeafPool
-from slurm_fiber.core.cgroups.manager import GrantCgroup, safe_name
+from slurm_fiber.core.cgroups.v1 import mirrors as cgroup_mirrors
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS, DeviceChannel
 from slurm_fiber.core.fibers.ends import LateReports
@@ -393,7 +396,7 @@ class Template:
         self._on(Event.STOP)
         fibers = self.cgroup.fibers if self.cgroup is not None else None
         await stop_all(list(self.fibers.values()), grace,
-                       functools.partial(cgroups.kill, fibers) if fibers is not None else None)
+                       functools.partial(cgroup_kill, fibers) if fibers is not None else None)
         self._dismiss_spares()
         if self._sock is not None:
             with contextlib.suppress(OSError, wire.WireError):
@@ -499,7 +502,7 @@ class Template:
         try:
             await _send(self._sock, {"t": pool.kind.value, "id": spare_id,
                                      "cgroup": str(leaf) if leaf else None,
-                                     "also": [str(m) for m in cgroups.mirrors(leaf)]
+                                     "also": [str(m) for m in cgroup_mirrors(leaf)]
                                      if leaf else [], **extra},
                         fds, "the template", self.clock, self.timeout)
         except BaseException as err:
@@ -699,7 +702,7 @@ class Template:
         self.pid = proc.pid
         order = {"t": "warm", "preload": list(self.spec.preload), "warm": self.spec.warm,
                  "cgroup": str(self.cgroup.template) if self.cgroup else None,
-                 "also": [str(m) for m in cgroups.mirrors(self.cgroup.template)]
+                 "also": [str(m) for m in cgroup_mirrors(self.cgroup.template)]
                  if self.cgroup else []}
         ours.send(wire.encode(order))
         self._on(Event.SPAWNED)
@@ -711,9 +714,9 @@ class Template:
         where only root has it. Its join then finds it there. A failed move is left to
         that join, which reports it as the warm's failure."""
         assert self.cgroup is not None
-        for group in (*cgroups.mirrors(self.cgroup.template), self.cgroup.template):
+        for group in (*cgroup_mirrors(self.cgroup.template), self.cgroup.template):
             try:
-                cgroups.join(group, proc.pid)
+                cgroup_join(group, proc.pid)
             except OSError as err:
                 log.warning("template of %s: cannot place it in %s: %s", self.uid, group,
                             err.strerror)
@@ -816,9 +819,9 @@ class Template:
             signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)  # unreaped, its pid cannot be reused
-        if self.cgroup is not None and cgroups.populated(self.cgroup.template):
+        if self.cgroup is not None and populated(self.cgroup.template):
             with contextlib.suppress(OSError):
-                cgroups.kill(self.cgroup.template)
+                cgroup_kill(self.cgroup.template)
 
     def _ask_reap(self, pid: int) -> None:
         """Ask the template process to reap fiber ``pid`` now: its exit outran its report
@@ -1018,7 +1021,7 @@ async def _kill_spare(spare: Spare, leaves: LeafPool) -> None:
     """SIGKILL a spare that never ran user code and wait until it is gone; its leaf goes
     back to ``leaves`` for removal."""
     if spare.cgroup is not None:
-        await cgroups.empty(spare.cgroup)
+        await cgroup_empty(spare.cgroup)
         leaves.discard(spare.cgroup)
     elif spare.pidfd is not None:
         with contextlib.suppress(ProcessLookupError):

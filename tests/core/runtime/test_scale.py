@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.cgroups.common import SLOTS_PER_GROUP
 from slurm_fiber.core.cgroups.leaves import LeafPool
-from slurm_fiber.core.cgroups.manager import SLOTS_PER_GROUP, CgroupManager
+from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber
 from slurm_fiber.core.templates.parent import FiberRequest

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.cgroups.manager import CgroupManager, mirrors
+from slurm_fiber.core.cgroups.manager import CgroupManager
+from slurm_fiber.core.cgroups.v1 import mirrors
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.fibers.fiber import FiberState

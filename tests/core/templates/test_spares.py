@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import populated
 from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.templates.parent import FiberRequest
@@ -62,7 +62,7 @@ async def test_a_clone_takes_the_idle_spare_in_its_own_leaf_and_a_new_one_follow
 
     # The ended fiber's leaf is empty and kept: the spare made behind the next Clone
     # goes into it (no cgroup created or removed).
-    assert fiber.cgroup.is_dir() and not cgroups.populated(fiber.cgroup)
+    assert fiber.cgroup.is_dir() and not populated(fiber.cgroup)
     second = await t.fork(FiberRequest(id="f2", target=f"{T}:add", args=(1, 1)))
     assert second.pid == after and (await second.wait()).exit_code == 0
     [third] = await idle_spares(t)

@@ -68,7 +68,7 @@ PROC_CGROUP = """\
 def test_a_job_inside_a_bind_mounted_cgroup_mountpoint_carves_below_its_own_groups() -> None:
     """The test cluster's CgroupMountpoint holds bind mounts of groups: fiberd carves in the
     hierarchy mounted whole where there is one, else through the bind mount it has."""
-    from slurm_fiber.core.cgroups.manager import V1Layout
+    from slurm_fiber.core.cgroups.v1 import V1Layout
 
     layout = V1Layout.parse(MOUNTINFO, PROC_CGROUP)
     assert layout.root("memory", "slurm-fiber.9") == Path(
