@@ -211,7 +211,7 @@ class Outcome:
 
 class TaskRunner:
     """Runs tasks as fibers of one fiberd (``socket``), under ``grant`` or ``token`` (or
-    the home's own grant) with ``env`` added. Thread-safe: each thread gets its own
+    the only grant held) with ``env`` added. Thread-safe: each thread gets its own
     connection. ``stop_all`` stops every fiber it is running now (from any thread)."""
 
     def __init__(self, socket: str | os.PathLike[str], *, grant: str | None = None,

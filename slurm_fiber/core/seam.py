@@ -75,16 +75,6 @@ class Home(Protocol):
         """
         ...
 
-    def own_grant(self) -> bytes | None:
-        """The raw token of a grant this home holds of its own, or None.
-
-        On a home that holds a grant of its own, Clone admits that grant
-        instead of the token it carries. No built-in home holds one (the
-        Slurm job's grants arrive through its grantdir like any other): all
-        three return None. Never raises; does not block.
-        """
-        ...
-
     def health(self) -> SourceHealth:
         """The control-plane liveness the miss codes key on (always the same object)."""
         ...

@@ -123,10 +123,6 @@ class StandaloneHome:
         """
         return self._grantdir.deliveries()
 
-    def own_grant(self) -> bytes | None:
-        """None: a plain host holds no grant of its own."""
-        return None
-
     def health(self) -> SourceHealth:
         """Fresh (no control plane to fall silent) unless the grantdir is down."""
         return self._health

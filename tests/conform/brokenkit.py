@@ -38,9 +38,6 @@ class Wrapped:
     async def grants(self) -> AsyncIterator[GrantEvent] | None:
         return await self.inner.grants()
 
-    def own_grant(self) -> bytes | None:
-        return self.inner.own_grant()
-
     def health(self) -> SourceHealth:
         return self.inner.health()
 

@@ -36,9 +36,6 @@ class FedHome:
             raise self._fail
         return self._events
 
-    def own_grant(self) -> bytes | None:
-        return None
-
     def health(self) -> SourceHealth:
         return self._health
 

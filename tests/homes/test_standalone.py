@@ -66,11 +66,10 @@ def listener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Listene
     lst.sock.close()
 
 
-def test_it_is_a_home_with_no_own_grant_and_no_scope(tmp_path: Path, clock: FakeClock) -> None:
+def test_it_is_a_home_with_no_scope(tmp_path: Path, clock: FakeClock) -> None:
     home = home_in(tmp_path, clock)
     assert isinstance(home, Home)
     assert home.name() == "standalone"
-    assert home.own_grant() is None
     assert home.scope() == []
 
 

@@ -79,7 +79,7 @@ class CloneRequest:
     """A validated clone: which grant, what to run, env additions, and who asks.
 
     At most one of ``grant`` (an admitted UID) and ``token`` (a compact JWS)
-    is set; with neither, the home's own grant is meant. Exactly one of
+    is set; with neither, the only grant held is meant. Exactly one of
     ``call`` and ``exec`` is set. ``env`` never names a device visibility
     variable (the grant's device channel decides those).
     """

@@ -768,13 +768,10 @@ class Core:
     # ------------------------------------------------------------ internals: Clone
 
     async def _resolve(self, request: CloneRequest) -> str | Miss:
-        """The UID a Clone is for: the home's own grant, the carried token, the named UID,
-        else the only grant held."""
-        raw = self.home.own_grant()
-        if raw is None and request.token is not None:
-            raw = request.token.encode()
-        if raw is not None:
-            return await self._admit_inline(raw)
+        """The UID a Clone is for: the carried token, the named UID, else the only grant
+        held."""
+        if request.token is not None:
+            return await self._admit_inline(request.token.encode())
         if request.grant is not None:
             return request.grant
         held = [g.uid for g in self.book.grants()]

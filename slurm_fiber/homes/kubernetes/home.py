@@ -151,10 +151,6 @@ class KubernetesHome:
         (a missing one is waited for, the health stale meanwhile)."""
         return self._grantdir.deliveries()
 
-    def own_grant(self) -> bytes | None:
-        """None: the Pod's grants arrive through its Secret."""
-        return None
-
     def health(self) -> SourceHealth:
         """Fresh while the API server answers the Pod rounds; stale after ``stale_after``."""
         return self._health

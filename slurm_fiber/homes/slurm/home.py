@@ -171,9 +171,6 @@ class SlurmHome:
                         on_problem=self.on_problem, owner=self.job.uid,
                         health=self._health).deliveries()
 
-    def own_grant(self) -> bytes | None:
-        return None
-
     def health(self) -> SourceHealth:
         return self._health
 

@@ -102,7 +102,7 @@ def test_it_is_a_home_that_loses_scope(in_cluster: InClusterConfig, clock: FakeC
                                        volume: Path) -> None:
     async def body(home: KubernetesHome, lost: Lost) -> None:
         assert isinstance(home, Home) and isinstance(home, LosesScope)
-        assert home.name() == "kubernetes" and home.own_grant() is None
+        assert home.name() == "kubernetes"
         assert home.audience() == f"k8s:{NAMESPACE}:{POD}"
 
     scenario(in_cluster, clock, volume, body)

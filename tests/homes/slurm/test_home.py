@@ -231,7 +231,7 @@ def test_a_job_never_listed_is_an_error_not_a_loss(tmp_path: Path, clock: FakeCl
 
 def test_scope_from_the_recorded_step_env(tmp_path: Path, clock: FakeClock) -> None:
     home = make_home(tmp_path, clock)
-    assert isinstance(home, Home) and home.name() == "slurm" and home.own_grant() is None
+    assert isinstance(home, Home) and home.name() == "slurm"
     assert home.scope() == [
         ScopeClaim("slurm.cluster", "citest"), ScopeClaim("slurm.job_id", "6"),
         ScopeClaim("slurm.user", "root"), ScopeClaim("slurm.partition", "debug"),

@@ -63,9 +63,6 @@ class ExampleHome:
     async def grants(self) -> AsyncIterator[GrantEvent]:
         return self._grantdir.deliveries()
 
-    def own_grant(self) -> bytes | None:
-        return None
-
     def health(self) -> SourceHealth:
         return self._health
 
