@@ -67,12 +67,12 @@ import os
 import pwd
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from slurm_fiber import defaults
 from slurm_fiber.core.devices import Device
-from slurm_fiber.record import field, record
 
 ENV_PREFIX = "FIBERD_"
 CONFIG_ENV = "FIBERD_CONFIG"
@@ -93,7 +93,7 @@ class _Refused(ValueError):
     """A parser's refusal; the loader adds the option and its source."""
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberdConfig:
     """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
 
@@ -358,7 +358,7 @@ def _trust(value: object) -> dict[str, str]:
 # ---- the option table
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Option:
     """One option: its name (the TOML key), parser, whether it is a path, and its help line."""
 

@@ -38,6 +38,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,6 @@ from slurm_fiber.homes.delivery import drive
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.homes.select import BuiltHome, build_home, close_home
 from slurm_fiber.homes.sweep import reset_readiness, sweep_cgroups
-from slurm_fiber.record import record
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 log = logging.getLogger("slurm_fiber.fiberd")
@@ -95,7 +95,7 @@ class ProblemRelay:
                 log.error("audit of %s failed: %s", problem, err)
 
 
-@record
+@dataclass
 class Running:
     """What a started fiberd exposes to its caller (fiberd-run, tests, conformance)."""
 
@@ -321,7 +321,7 @@ HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
                        Awaitable[BuiltHome]]
 
 
-@record
+@dataclass
 class Fiberd:
     """A started fiberd: its home and its running parts."""
 

@@ -68,7 +68,6 @@ from functools import partial
 
 from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.core.api.replies import BatchStarted, Cancelled
-from slurm_fiber.record import field, record
 
 PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
 # so exec and JSON calls keep working with a v1 fiberd)
@@ -157,19 +156,43 @@ def connect(socket: str, server_uids: Collection[int] | None,
     return client
 
 
-@record(frozen=True)
 class Task:
     """What one fiber runs: the clone's ``call`` or ``exec`` field (exactly one), the
     descriptors to pass (``stdin``/``stdout``/``stderr`` → fd, owned by the caller) and
-    a per-task timeout in seconds (None: none)."""
+    a per-task timeout in seconds (None: none). Immutable, compared and hashed by value.
 
-    call: Mapping[str, object] | None = None
-    exec: Mapping[str, object] | None = None
-    stdio: Mapping[str, int] = field(default_factory=dict)
-    timeout: float | None = None
+    A plain class, not a dataclass: fiberctl imports it, and its import budget
+    (tests/cli/test_fiberctl.py) leaves dataclasses out."""
+
+    call: Mapping[str, object] | None
+    exec: Mapping[str, object] | None
+    stdio: Mapping[str, int]
+    timeout: float | None
+
+    def __init__(self, call: Mapping[str, object] | None = None,
+                 exec: Mapping[str, object] | None = None,
+                 stdio: Mapping[str, int] | None = None, timeout: float | None = None) -> None:
+        for name, value in (("call", call), ("exec", exec),
+                            ("stdio", {} if stdio is None else stdio), ("timeout", timeout)):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[object, ...]:
+        return self.call, self.exec, self.stdio, self.timeout
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of a frozen Task")
+
+    def __eq__(self, other: object) -> bool:
+        return other._values() == self._values() if type(other) is Task else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return (f"Task(call={self.call!r}, exec={self.exec!r}, stdio={self.stdio!r}, "
+                f"timeout={self.timeout!r})")
 
 
-@record
 class Outcome:
     """How one task ended. Exactly one of: ``exit`` (the exit event: status, exit_code,
     signal, result or error), ``miss`` (the last miss, retries spent or final),
@@ -182,19 +205,32 @@ class Outcome:
     its end as seen here (the exit event's arrival): the task's own run, as GNU
     parallel's joblog counts it, however long it waited in a batch or window. A task
     that never started counts from its first request. ``start_mono``: that start on
-    CLOCK_BOOTTIME (fiberd's clock), None while no fiber started."""
+    CLOCK_BOOTTIME (fiberd's clock), None while no fiber started. Compared by value.
+    A plain class, as Task is."""
 
-    exit: dict[str, object] | None = None
-    miss: Missed | None = None
-    failure: str | None = None
-    refused: bool = False
-    cancelled: bool = False
-    timed_out: bool = False
-    fiber_id: str | None = None
-    attempts: int = 0
-    started: float = 0.0
-    runtime: float = 0.0
-    start_mono: float | None = None
+    FIELDS = ("exit", "miss", "failure", "refused", "cancelled", "timed_out", "fiber_id",
+              "attempts", "started", "runtime", "start_mono")
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __init__(self, exit: dict[str, object] | None = None, miss: Missed | None = None,
+                 failure: str | None = None, refused: bool = False, cancelled: bool = False,
+                 timed_out: bool = False, fiber_id: str | None = None, attempts: int = 0,
+                 started: float = 0.0, runtime: float = 0.0,
+                 start_mono: float | None = None) -> None:
+        self.exit, self.miss, self.failure, self.refused = exit, miss, failure, refused
+        self.cancelled, self.timed_out, self.fiber_id = cancelled, timed_out, fiber_id
+        self.attempts, self.started, self.runtime = attempts, started, runtime
+        self.start_mono = start_mono
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return other._values() == self._values() if type(other) is Outcome else NotImplemented
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"Outcome({shown})"
 
     @property
     def status(self) -> int | None:

@@ -148,7 +148,6 @@ from slurm_fiber.cli.mapinput import (
 from slurm_fiber.cli.mapspool import Spool
 from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.discovery import discover_socket
-from slurm_fiber.record import record
 from slurm_fiber.tasks import DEFAULT_WAIT, MAX_BATCH, Outcome, Task, TaskRunner, in_job
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -161,15 +160,27 @@ MAX_FAILED_STATUS = 101
 WINDOW_SLOTS = 32  # -j slots one windowed worker keeps (its batches hold up to MAX_BATCH)
 
 
-@record(frozen=True)
 class Halt:
     """``--halt``: stop ``now`` (stopping running fibers) or ``soon`` (let them finish)
-    once ``count`` tasks (or ``percent`` of all) have ended as ``why``."""
+    once ``count`` tasks (or ``percent`` of all) have ended as ``why``. Compared by value.
+    (A plain class, not a dataclass: the map's start leaves dataclasses out.)"""
 
-    now: bool
-    why: str  # fail, success, done
-    count: int
-    percent: bool
+
+    def __init__(self, now: bool, why: str, count: int, percent: bool) -> None:
+        self.now = now
+        self.why = why  # fail, success, done
+        self.count = count
+        self.percent = percent
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Halt:
+            return NotImplemented
+        return ((self.now, self.why, self.count, self.percent)
+                == (other.now, other.why, other.count, other.percent))
+
+    def __repr__(self) -> str:
+        return (f"Halt(now={self.now!r}, why={self.why!r}, count={self.count!r}, "
+                f"percent={self.percent!r})")
 
     @classmethod
     def parse(cls, text: str) -> Halt | None:
@@ -595,16 +606,18 @@ class Map:
                 "joblog": str(self.opts.joblog) if self.opts.joblog else None}
 
 
-@record(frozen=True)
 class NodeShare:
     """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
     ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a private
     directory in the map's working directory, which every node sees: cli/mapspool.py)."""
 
-    spool: Spool
-    index: int
-    count: int
-    node: str
+
+    def __init__(self, spool: Spool, index: int, count: int, node: str) -> None:
+        self.spool, self.index, self.count, self.node = spool, index, count, node
+
+    def __repr__(self) -> str:
+        return (f"NodeShare(spool={self.spool!r}, index={self.index!r}, count={self.count!r}, "
+                f"node={self.node!r})")
 
     @classmethod
     def here(cls, path: str, inode: str) -> NodeShare:

@@ -16,7 +16,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, Peer, Stdio
@@ -25,7 +25,6 @@ from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.daemon import Fiberd, FiberdRefused, serve, started
 from slurm_fiber.homes.select import HomeRefused
-from slurm_fiber.record import replace
 
 POLL = 0.02  # seconds between looks while waiting for a condition
 

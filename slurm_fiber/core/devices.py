@@ -27,8 +27,7 @@ are confined "env only" (``core.enforcement``), never more.
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from slurm_fiber.record import record
+from dataclasses import dataclass
 
 # Vendor variables per device kind. "gpu" is exposed through every vendor's
 # variable, since which runtime the engine uses is not known here.
@@ -51,7 +50,7 @@ NO_DEVICE: dict[str, str] = {
 }
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Device:
     """One device: kind ("gpu"), index as the scheduler numbers it, node path, uuid if known,
     and ``visible``: the id the job's own steps give runtimes for it where the home knows it
@@ -65,7 +64,7 @@ class Device:
     visible: str | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class DeviceChannel:
     """An ordered, duplicate-free set of devices."""
 

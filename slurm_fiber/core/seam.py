@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
-from slurm_fiber.record import record
 
 
 class EventKind(enum.Enum):
@@ -32,7 +32,7 @@ class EventKind(enum.Enum):
     GRANT_REMOVED = "grant_removed"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GrantEvent:
     """One delivery: ``token`` is set for GRANT_ADDED, ``uid`` for GRANT_REMOVED."""
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.fiberdrecord import START_TOLERANCE, FiberdRecord
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
-from slurm_fiber.record import record
 
 STAT_BYTES = 4096
 STATUS_BYTES = 1024
@@ -38,7 +38,7 @@ CHECK_EVERY = 16  # /proc entries between two looks at the clock
 PROC = Path("/proc")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Stat:
     """What the epilog needs of ``/proc/<pid>/stat``: state, parent, start (clock ticks
     after boot) and the size of the environment."""
@@ -140,7 +140,7 @@ def boot_time(proc: Path = PROC) -> float:
     return 0.0
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Found:
     """A process of the job: pid, start (clock ticks after boot, to tell a reused pid) and
     why it is the job's."""

@@ -28,11 +28,11 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_fiber.epilog import cgkill
 from slurm_fiber.epilog.procscan import Found, command, read_stat
-from slurm_fiber.record import field, record
 
 POLL_S = 0.02
 ROUNDS = 3
@@ -42,7 +42,7 @@ DISCOVER_SHARE = 0.75  # of the budget, for finding and killing; the rest is the
 REPORTED = 5  # killed processes named in the report line
 
 
-@record
+@dataclass
 class Outcome:
     """What ``stop_job_processes`` did: how many processes it killed and the first
     REPORTED of them described, those that survived SIGKILL (described), and whether

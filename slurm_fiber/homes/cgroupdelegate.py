@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
-
-from slurm_fiber.record import field, record
+from dataclasses import dataclass, field
 
 SELF_LEAF = "_fiberd"
 TREE_PREFIX = "slurm-fiber."  # + pid: the tree a fiberd delegates itself in the hierarchy's root
@@ -60,7 +59,7 @@ def _unescape(value: str) -> str:
     return value
 
 
-@record
+@dataclass
 class Delegation:
     """What delegation did: the ``root`` to carve, the ``leaf`` this process moved into.
 
@@ -101,7 +100,7 @@ class Delegation:
         return failures
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Placement:
     """Where fiberd carves: ``root`` (None: nowhere), ``reason`` in one line, any delegation."""
 

@@ -55,6 +55,7 @@ import os
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
@@ -62,7 +63,6 @@ from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.core.trust.grant import valid_uid
 from slurm_fiber.core.trust.tokens import TokenRefused, decode_unverified
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
-from slurm_fiber.record import record
 from slurm_fiber.safefs import UnsafePath, open_dir, read_upto
 
 MAX_TOKEN_BYTES = 64 * 1024
@@ -86,7 +86,7 @@ class GrantDirRefused(Exception):
         self.reason = reason
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class _Held:
     """A file's last good reading: its content hash and the UID its token names."""
 
@@ -94,7 +94,7 @@ class _Held:
     uid: str
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class _Bad:
     """A file skipped this poll; ``version`` tells a changed bad file from the same one."""
 

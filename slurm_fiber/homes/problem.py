@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-
-from slurm_fiber.record import record
+from dataclasses import dataclass
 
 log = logging.getLogger("slurm_fiber.homes")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Problem:
     """One skipped input: ``code`` to key on, ``subject`` it concerns, ``reason`` for people."""
 

@@ -25,14 +25,12 @@ entry points once per process (and then only when asked).
 Entries stay light to import: each home's own modules are imported inside
 its ``build``, so fiberd loads only the home it runs (no Kubernetes client
 in a Slurm job) and this module stays importable by every option parser.
-The entry classes are records (slurm_fiber.record), not dataclasses, whose
-import (inspect, ast, dis, tokenize) cost fiberctl about 9 ms of CPU on each
-command inside a job, where discovery asks the Slurm home for the socket.
+The entry classes are plain classes, not dataclasses: discovery imports this
+module in fiberctl inside a job, whose import budget (tests/cli/test_fiberctl.py)
+leaves dataclasses out.
 """
 
 from __future__ import annotations
-
-from slurm_fiber.record import record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
@@ -64,7 +62,6 @@ async def _close_nothing() -> list[str]:
     return []
 
 
-@record
 class BuiltHome:
     """A built home: the ``Home`` the core runs and what fiberd's wiring needs from it.
 
@@ -77,12 +74,20 @@ class BuiltHome:
     ``cgroup_root()``, which may resolve the root on first use.
     """
 
-    home: Home
-    audience: str
-    announce: Callable[[Path], None] = _nothing
-    withdraw: Callable[[], None] = _nothing
-    close: Callable[[], Awaitable[list[str]]] = _close_nothing
-    cgroup_reason: Callable[[], str] | None = None
+
+    def __init__(self, home: Home, audience: str, announce: Callable[[Path], None] = _nothing,
+                 withdraw: Callable[[], None] = _nothing,
+                 close: Callable[[], Awaitable[list[str]]] = _close_nothing,
+                 cgroup_reason: Callable[[], str] | None = None) -> None:
+        self.home, self.audience, self.announce, self.withdraw = home, audience, announce, withdraw
+        self.close, self.cgroup_reason = close, cgroup_reason
+
+    def __repr__(self) -> str:
+        return f"BuiltHome(home={self.home!r}, audience={self.audience!r})"
+
+    def replaced(self, **changes: object) -> BuiltHome:
+        """A copy with ``changes`` (field name -> new value), as ``dataclasses.replace``."""
+        return BuiltHome(**{**vars(self), **changes})
 
     def cgroup_line(self) -> str:
         """``cgroup_reason()``, or a line saying the home gives no cgroup root."""
@@ -110,7 +115,6 @@ def _no_socket(_environ: Mapping[str, str]) -> str | None:
     return None
 
 
-@record(frozen=True)
 class HomeEntry:
     """One home in the registry. Every callable but ``build`` is pure or reads small files.
 
@@ -123,18 +127,36 @@ class HomeEntry:
     says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
     factory, None when it has none. ``tls``: whether the home, once built, may
     open TLS connections (through asyncio or not); False promises it never does,
-    so fiberd leaves ``ssl`` out of asyncio (cli/notls.py).
+    so fiberd leaves ``ssl`` out of asyncio (cli/notls.py). Immutable.
     """
 
     name: str
     summary: str
     build: HomeBuilder
-    options: tuple[str, ...] = ()
-    defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults
-    claims: Callable[[Mapping[str, str]], bool] = _never
-    socket: Callable[[Mapping[str, str]], str | None] = _no_socket
-    stage: str | None = None
-    tls: bool = True
+    options: tuple[str, ...]
+    defaults: Callable[[Mapping[str, str]], dict[str, object]]
+    claims: Callable[[Mapping[str, str]], bool]
+    socket: Callable[[Mapping[str, str]], str | None]
+    stage: str | None
+    tls: bool
+
+    def __init__(self, name: str, summary: str, build: HomeBuilder,
+                 options: tuple[str, ...] = (),
+                 defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults,
+                 claims: Callable[[Mapping[str, str]], bool] = _never,
+                 socket: Callable[[Mapping[str, str]], str | None] = _no_socket,
+                 stage: str | None = None, tls: bool = True) -> None:
+        for name_, value in (("name", name), ("summary", summary), ("build", build),
+                             ("options", options), ("defaults", defaults),
+                             ("claims", claims), ("socket", socket), ("stage", stage),
+                             ("tls", tls)):
+            object.__setattr__(self, name_, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of a frozen HomeEntry")
+
+    def __repr__(self) -> str:
+        return f"HomeEntry(name={self.name!r}, summary={self.summary!r})"
 
 
 def builtin_entries() -> tuple[HomeEntry, ...]:

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core.cgroups.common import pids as cgroup_pids
@@ -41,7 +42,6 @@ from slurm_fiber.core.cgroups.groups import remove_tree
 from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.seam import Home
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
-from slurm_fiber.record import record
 
 log = logging.getLogger("slurm_fiber.sweep")
 
@@ -50,7 +50,7 @@ EMPTY_WITHIN = 10.0  # seconds a swept tree may take to empty after cgroup.kill
 READY_RESET_WITHIN = 5.0  # seconds the "not ready" publish may hold up delivery at start
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SweptTree:
     """A dead predecessor's cgroup tree: its owner pid, the pids killed in it, and whether
     it is gone (``problem`` says why not)."""
@@ -69,7 +69,7 @@ class SweptTree:
         return out
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CgroupSweep:
     """What the start-up sweep removed: the own root's grant cgroups and dead trees."""
 

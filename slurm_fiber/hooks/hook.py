@@ -17,9 +17,8 @@ import signal
 import sys
 import syslog
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from slurm_fiber.record import field, record
 
 T = TypeVar("T")
 
@@ -28,7 +27,7 @@ class StepTimeout(Exception):
     """A step ran out of its time bound."""
 
 
-@record
+@dataclass
 class Hook:
     """One run of a hook: its ``name`` (syslog ident), the job (once known), its failures.
 

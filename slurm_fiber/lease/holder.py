@@ -18,12 +18,12 @@ no process and can never be proved gone.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_fiber.lease.records import fields
 from slurm_fiber.lease.state import Party
 from slurm_fiber.lease.times import parse_rfc3339
-from slurm_fiber.record import record
 
 _JSON_NAMES = {
     "env": "env",
@@ -45,7 +45,7 @@ _PROCESS = re.compile(
 )
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ProcessRef:
     """A process on a host: its pid and, when known, its start time (Unix seconds)."""
 
@@ -70,7 +70,7 @@ def split_session(session: str) -> tuple[str, ProcessRef | None]:
     return m.group("id"), ProcessRef(int(m.group("pid")), None if start is None else float(start))
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Holder:
     """Who holds a resource, why and since when; the record a claim writes."""
 

@@ -17,6 +17,7 @@ current holder refuse, LeaseError for bad input or failed I/O; both one line.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
@@ -29,13 +30,12 @@ from slurm_fiber.lease.rules import Refusal, check, gate_for, pending, prune, wa
 from slurm_fiber.lease.stale import append_audit, gone_reason, holder_gone_reason
 from slurm_fiber.lease.state import Grant, Party, State, Supervisor, Upgrade, load, update
 from slurm_fiber.lease.times import to_rfc3339
-from slurm_fiber.record import record
 
 DEFAULT_TTL = 600.0
 DEFAULT_RESTART_GRACE = 120.0
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Caller:
     """Who acts: the party, a display name, and the process that holds what it claims.
 

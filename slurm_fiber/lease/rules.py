@@ -13,10 +13,10 @@ clock or a file: callers pass ``now`` (Unix seconds) and what they observed.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from slurm_fiber.lease.state import Grant, Party, State, Supervisor, Upgrade
 from slurm_fiber.lease.times import to_rfc3339
-from slurm_fiber.record import record
 
 
 class Refusal(Exception):
@@ -37,7 +37,7 @@ class Refusal(Exception):
         return self.reason
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Gate:
     """What a claim is checked against.
 

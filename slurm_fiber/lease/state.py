@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,13 @@ from slurm_fiber.lease.files import Owners, open_area, open_regular, read_json, 
 from slurm_fiber.lease.names import check_resource
 from slurm_fiber.lease.records import NUMBER, fields
 from slurm_fiber.lease.times import parse_rfc3339, to_rfc3339
-from slurm_fiber.record import field, record
 
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
 STATE_DIR = "the state document's dir (--state, by default --dir)"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Party:
     """A session (``session`` set) or a person (no session) as the state names it.
 
@@ -76,7 +76,7 @@ class Party:
         return cls(**fields(obj, where, {}, keys))
 
 
-@record
+@dataclass
 class Supervisor:
     """The recorded supervisor: from its ``supervise start`` to a deliberate stop.
 
@@ -93,7 +93,7 @@ class Supervisor:
     gone: bool = False
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Grant:
     """The supervisor's word that ``to`` may claim ``resource``; queued in order given.
 
@@ -108,7 +108,7 @@ class Grant:
     upgrade_unblock: str = ""
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Upgrade:
     """An upgrade running on the installation named ``installation`` until ended or ``until``."""
 
@@ -123,7 +123,7 @@ class Upgrade:
         return self.until is None or now < self.until
 
 
-@record
+@dataclass
 class State:
     """The whole document. ``released`` maps a resource to its last release time."""
 

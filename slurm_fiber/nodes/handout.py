@@ -17,18 +17,18 @@ import subprocess
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from slurm_fiber.discovery import discover_socket
 from slurm_fiber.nodes.link import Link
-from slurm_fiber.record import record
 from slurm_fiber.tasks import TaskRunner
 
 SCONTROL_WAIT = 30.0
 T = TypeVar("T")
 
 
-@record
+@dataclass
 class Node:
     """One node of the job: its name, runner, link (None: this node) and, once lost,
     why."""

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
-from slurm_fiber.record import record
 from slurm_fiber.safefs import open_dir, read_file
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
 MAX_SPOOL_FILES = 64
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class TokenFile:
     """A token to place in the grantdir as ``name``."""
 

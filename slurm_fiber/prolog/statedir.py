@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber import safefs
 from slurm_fiber.homes.slurm.paths import JobPaths
 from slurm_fiber.hooks.retire import open_area, retire
-from slurm_fiber.record import record
 from slurm_fiber.safefs import DIR_FLAGS, UnsafePath
 
 JOB_DIR_MODE = 0o700
@@ -47,7 +47,7 @@ def check_parent(path: Path) -> int:
     return safefs.open_dir(path, trusted_owners=(os.geteuid(),))
 
 
-@record
+@dataclass
 class JobDirs:
     """Root's fds of a job's new state dir and grantdir (root's until ``hand_over``), and
     what ``make_job_dirs`` moved aside (the retired name, or None)."""

@@ -23,7 +23,6 @@ from slurm_fiber.core.seam import EventKind, GrantEvent, Home, ReleaseDevices
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
-from slurm_fiber.record import replace
 
 
 class Wrapped:
@@ -102,7 +101,7 @@ class WrappingStage(StandaloneStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return replace(built, home=self.wrap(built.home, clock, config))
+            return built.replaced(home=self.wrap(built.home, clock, config))
 
         return Launch(base.config, base.environ, build)
 

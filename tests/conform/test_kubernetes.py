@@ -27,7 +27,6 @@ from slurm_fiber.core.seam import Home, ScopeLostHandler
 from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
-from slurm_fiber.record import replace
 from tests.conform.conformkit import conform, outcomes
 
 ALL_BUT_HOLDS = ("preadmission.warms", "removal.releases", "removal.denies",
@@ -57,7 +56,7 @@ class ScopeBlindStage(KubernetesStage):
         async def build(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                         on_problem: ProblemSink) -> BuiltHome:
             built = await build_home(config, clock, environ, on_problem)
-            return replace(built, home=ScopeBlind(built.home))
+            return built.replaced(home=ScopeBlind(built.home))
 
         return Launch(base.config, base.environ, build)
 

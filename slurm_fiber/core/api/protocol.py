@@ -20,6 +20,7 @@ import enum
 import re
 import signal
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
@@ -39,7 +40,6 @@ from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.trust.grant import valid_uid
-from slurm_fiber.record import record, replace
 
 VERSION = 5  # the newest this fiberd speaks
 VERSIONS = (1, 2, 3, 4, 5)  # every one it accepts (docs/socket-protocol.md, "Versions")
@@ -107,7 +107,7 @@ class ApiError(Exception):
 # --- requests -------------------------------------------------------------------------
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CloneOp:
     """``clone``: start a fiber. ``stdio`` names the passed descriptors, in order."""
 
@@ -122,7 +122,7 @@ class CloneOp:
     early: bool = False
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberOp:
     """``inspect_fiber``: one fiber by id."""
 
@@ -132,7 +132,7 @@ class FiberOp:
         return (self.fiber,)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class StopOp:
     """``stop_fiber``: stop a fiber, ``grace`` seconds between SIGTERM and SIGKILL."""
 
@@ -143,7 +143,7 @@ class StopOp:
         return (self.fiber, self.grace, peer)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SignalOp:
     """``signal_fiber``: send a signal to a fiber."""
 
@@ -154,7 +154,7 @@ class SignalOp:
         return (self.fiber, self.signum, peer)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ListOp:
     """``list_fibers``: one page (v3: ``after`` a cursor, ``limit`` records), or all."""
 
@@ -166,7 +166,7 @@ class ListOp:
         return (self.after, self.limit, self.ended) if self.ended else (self.after, self.limit)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class PlainOp:
     """The ops that take no fields: list_grants, status, health, ready, metrics."""
 
@@ -176,7 +176,7 @@ class PlainOp:
         return ()
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class BatchItem:
     """One item of a ``clone_batch``: the client's ``key`` for it and its clone, or the
     ApiError that refuses this item alone (the others still run); ``stdio`` names the
@@ -188,7 +188,7 @@ class BatchItem:
     error: ApiError | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class BatchOp:
     """``clone_batch``: many clones of one grant in one request. ``grant``, ``token`` and
     ``env`` hold for every item (an item's ``env`` adds to it); descriptors come item by
@@ -204,7 +204,7 @@ class BatchOp:
 Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Request:
     """A validated request: the echoed id, the op's row in ``TABLE`` and its fields."""
 
@@ -498,7 +498,7 @@ def _stop(f: _Fields) -> StopOp:
     return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class OpSpec:
     """One op of the protocol: its name, request and reply types, and who answers it.
 

@@ -48,6 +48,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,6 @@ from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.waiting import set_done
-from slurm_fiber.record import record
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get 
 LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ServerConfig:
     """Where and how to serve. ``allowed_uids`` None means {the daemon's uid, root}."""
 
@@ -142,7 +142,7 @@ class ServerConfig:
         return frozenset({os.getuid(), 0})
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Refusal:
     """One refused request or connection, as given to the audit callback."""
 

@@ -11,16 +11,16 @@ the only way a clone that starts nothing answers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from slurm_fiber.core.book.misses import Miss
-from slurm_fiber.record import field, record
 
 JsonMap = Mapping[str, object]
 T = TypeVar("T")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Peer:
     """Who is on the other end of a connection, from SO_PEERCRED at accept time."""
 
@@ -32,7 +32,7 @@ class Peer:
         return {"pid": self.pid, "uid": self.uid, "gid": self.gid}
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CallTarget:
     """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter.
 
@@ -51,7 +51,7 @@ class CallTarget:
     path: tuple[str, ...] = ()
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ExecTarget:
     """Exec mode: exec ``argv`` (argv[0] looked up on PATH), in ``cwd`` when given."""
 
@@ -59,7 +59,7 @@ class ExecTarget:
     cwd: str | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Stdio:
     """Descriptors the caller passed for the fiber's stdin/stdout/stderr (None: not passed).
 
@@ -74,7 +74,7 @@ class Stdio:
     stderr: int | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CloneRequest:
     """A validated clone: which grant, what to run, env additions, and who asks.
 
@@ -92,7 +92,7 @@ class CloneRequest:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberExit:
     """How a fiber ended: exit code or killing signal, resource usage, and a call's outcome.
 

@@ -20,9 +20,8 @@ import os
 import socket
 import stat
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-
-from slurm_fiber.record import record
 
 MAX_SUN_PATH = 107  # sockaddr_un.sun_path, minus the NUL
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
@@ -43,7 +42,7 @@ class SocketPathError(Exception):
     """The path cannot be served: in use by a live fiberd, not a socket, or unusable."""
 
 
-@record
+@dataclass
 class ClaimedSocket:
     """A bound, listening socket at ``path`` and the lock that makes it ours."""
 

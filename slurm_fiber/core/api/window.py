@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -35,13 +36,12 @@ from slurm_fiber.core.api.framing import close_all
 from slurm_fiber.core.api.service import CloneRequest, FiberExit, FiberHandle, Forked, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.waiting import set_done
-from slurm_fiber.record import record
 
 Outcome = FiberHandle | Miss | Exception
 Json = dict[str, object]
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Pending:
     """One valid item not answered yet: its key, its clone and the descriptors it carries
     (``stdio``: owned by the window until the item is answered or cancelled)."""

@@ -48,12 +48,12 @@ import os
 import stat
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core.clock import Clock, SystemClock
 from slurm_fiber.core.trust.grant import ScopeClaim
-from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, open_file
 
 RESERVED = frozenset({"seq", "time", "event", "scope", "prev"})
@@ -337,7 +337,7 @@ def link(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()[:PREV_HEX]
 
 
-@record
+@dataclass
 class ChainCheck:
     """What ``check_chain`` found in a log: its lines, the first and last seq, whether it
     ends with fiberd's stop, and each problem (one line; at most ``MAX_PROBLEMS``)."""

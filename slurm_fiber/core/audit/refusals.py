@@ -21,11 +21,11 @@ A failed write (a full disk) is logged and its counts dropped; it never raises.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from slurm_fiber.core.api.server import Refusal
 from slurm_fiber.core.audit.log import AuditEvent, AuditLog
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.record import record
 
 log = logging.getLogger("slurm_fiber.core.audit.refusals")
 
@@ -35,7 +35,7 @@ MAX_KEYS = 64
 Key = tuple[int | None, str]
 
 
-@record
+@dataclass
 class _Count:
     """Refusals of one key counted (not written) since its whole record."""
 

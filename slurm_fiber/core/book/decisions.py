@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass
 
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.book.misses import Miss, MissCode
@@ -42,7 +43,6 @@ from slurm_fiber.core.book.state import BookState, HeldToken, Horizon, StateFile
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.core.trust.tokens import TokenReason, TokenRefused
-from slurm_fiber.record import record
 
 RETRY_HINT = 1.0  # seconds: the retry_after given when nothing better is known
 
@@ -57,7 +57,7 @@ class Warmth(enum.StrEnum):
     FAILED = "failed"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class TemplateView:
     """What the runtime knows about a grant's template when a Clone asks."""
 
@@ -95,7 +95,7 @@ class DeadlineCause(enum.StrEnum):
     REMOVED = "removed"  # the grant was removed (or denied)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Deadline:
     """When a fiber must be stopped (monotonic seconds) and why then."""
 
@@ -103,7 +103,7 @@ class Deadline:
     cause: DeadlineCause
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Start:
     """Clone decided: start a fiber for ``uid`` under ``epoch``, stopping it at ``deadline``."""
 
@@ -115,7 +115,7 @@ class Start:
     spec: FiberSpec
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Admitted:
     """A token was admitted. ``new_grant``: the UID had no token before (warm its template)."""
 
@@ -126,7 +126,7 @@ class Admitted:
     spec: FiberSpec
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Removed:
     """A grant was removed; the UID is denied until ``until`` (Unix time; None: not denied)."""
 
@@ -135,7 +135,7 @@ class Removed:
     until: float | None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GrantView:
     """One grant for listing: UID, tokens, lease end, the grant in force, and whether expired."""
 

@@ -22,9 +22,9 @@ fences: fibers already running keep their deadlines.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.record import record
 
 
 class HealthState(enum.StrEnum):
@@ -33,7 +33,7 @@ class HealthState(enum.StrEnum):
     NEVER = "never"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class HealthReading:
     """One look at the health: its state and the age of the last sync (None: never)."""
 

@@ -11,8 +11,7 @@ conform) key on ``code`` and ``retryable``, never on text.
 from __future__ import annotations
 
 import enum
-
-from slurm_fiber.record import record
+from dataclasses import dataclass
 
 
 class MissCode(enum.StrEnum):
@@ -49,7 +48,7 @@ _RETRYABLE = frozenset(
 )
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Miss:
     """A Clone that started nothing.
 

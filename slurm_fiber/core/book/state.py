@@ -21,19 +21,19 @@ import itertools
 import json
 import os
 import threading
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.spec import BadFiberClaim, fiber_spec_to_json, parse_fiber_spec
 from slurm_fiber.core.trust.grant import FiberSpec
-from slurm_fiber.record import field, record, replace
 
 FORMAT = "slurm_fiber.grantbook/1"
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Horizon:
     """A point in time kept on both scales: Unix seconds (for people) and monotonic (to decide)."""
 
@@ -49,7 +49,7 @@ class Horizon:
         return self if other is None or self.mono >= other.mono else other
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class HeldToken:
     """An admitted token: its id, issuer, times and grant. ``expiry`` was converted at admission."""
 
@@ -60,7 +60,7 @@ class HeldToken:
     spec: FiberSpec
 
 
-@record
+@dataclass
 class BookState:
     """Everything the grant book decides from. ``clone()`` copies it for a new version."""
 

@@ -26,11 +26,11 @@ record with its own names.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from slurm_fiber.core.cgroups.common import CONTROLLERS, LimitOutcome
 from slurm_fiber.core.cgroups.devices import DeviceRule
 from slurm_fiber.core.trust.grant import Limits
-from slurm_fiber.record import record
 
 LIMITS: tuple[str, ...] = ("memory", "pids", "cpu", "seconds", "fibers")
 BY_FIBERD = "fiberd"
@@ -44,7 +44,7 @@ ENV_ONLY_REASON = ("devices are named to the fiber by visibility variables only;
 _NOT_ENFORCED = "not enforced: "
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class LimitEnforcement:
     """One limit: the value asked for (None: not set), what enforces it (None: nothing),
     and why not when it is asked for and nothing does."""
@@ -66,7 +66,7 @@ class LimitEnforcement:
         return out
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class DeviceConfinement:
     """How a grant's devices are kept to it: "cgroup" or "env only", and what that means."""
 
@@ -95,7 +95,7 @@ def host_devices(confines: bool) -> DeviceConfinement:
     return DeviceConfinement(DEVICES_CGROUP, HOST_DEVICES_REASON) if confines else ENV_ONLY
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Enforcement:
     """A grant's enforcement record: one entry per limit in ``LIMITS`` order, and devices."""
 

@@ -36,6 +36,7 @@ import heapq
 import itertools
 import os
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,6 @@ from slurm_fiber.core.cgroups.memory import memory_peak
 from slurm_fiber.core.cgroups.memory import oom_kills as cgroup_oom_kills
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.waiting import set_done
-from slurm_fiber.record import record
 
 
 class LateReports:
@@ -119,7 +119,7 @@ class LateReports:
             await self.clock.sleep(due - now)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class EndReading:
     """What a carved fiber's end found once its process had exited: ``peak`` memory
     (bytes, None: unknown), OOM kills counted in its cgroup (None: unknown), and its

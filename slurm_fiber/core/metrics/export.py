@@ -33,12 +33,12 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics, Rendered
 from slurm_fiber.core.trust.grant import ScopeClaim
-from slurm_fiber.record import field, record
 from slurm_fiber.safefs import UnsafePath, open_dir, write_atomic
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def scope_labels(home: str, scope: Iterable[ScopeClaim]) -> dict[str, str]:
     return labels
 
 
-@record
+@dataclass
 class Labelled:
     """A collector view of ``metrics``' registry with ``labels()`` added to every sample.
 
@@ -229,7 +229,7 @@ def textfile_name(labels: Mapping[str, str]) -> str:
     return f"slurm_fiber_job_{job}.prom" if job else "slurm_fiber.prom"
 
 
-@record
+@dataclass
 class MetricsTextfile:
     """The metrics as ``name`` in ``dir_fd``, rewritten by ``run()`` every REFRESH seconds.
 
@@ -288,7 +288,7 @@ class MetricsTextfile:
             os.close(self.dir_fd)
 
 
-@record
+@dataclass
 class MetricsExport:
     """What ``start_export`` started; ``await close()`` stops it all (idempotent)."""
 

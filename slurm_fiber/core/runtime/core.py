@@ -33,6 +33,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,7 +84,6 @@ from slurm_fiber.core.templates.parent import (
 )
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.trust.tokens import TokenRefused, TokenVerifier
-from slurm_fiber.record import field, record
 
 log = logging.getLogger("slurm_fiber.core.runtime.core")
 
@@ -115,7 +115,7 @@ class CloneFailed(Exception):
         self.errno = errno
 
 
-@record
+@dataclass
 class _Grant:
     """One admitted grant's processes and resources."""
 

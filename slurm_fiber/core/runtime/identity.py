@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 import pwd
+from dataclasses import dataclass
 from typing import Any
-
-from slurm_fiber.record import record
 
 ROOT_OPT_IN = "root"
 
@@ -32,7 +31,7 @@ class IdentityRefused(Exception):
     """fiberd cannot run fibers as configured (one line naming what to set)."""
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberIdentity:
     """The account a root fiberd's templates and fibers run as."""
 

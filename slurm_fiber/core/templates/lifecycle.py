@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import enum
 import signal
-
-from slurm_fiber.record import record
+from dataclasses import dataclass
 
 _WARM_GUESS = 1.0  # seconds a warm is expected to take before one has been measured
 
@@ -119,7 +118,7 @@ class Backoff:
         return self._next
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class WarmError:
     """Why a template failed to warm: the exception class and one line."""
 

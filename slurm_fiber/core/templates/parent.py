@@ -93,6 +93,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -121,7 +122,6 @@ from slurm_fiber.core.templates.lifecycle import (
 from slurm_fiber.core.templates.spares import Kind, Spare, SparePool
 from slurm_fiber.core.trust.grant import TemplateSpec
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, stopped
-from slurm_fiber.record import field, record
 
 __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template",
            "TemplateNotReady", "TemplateState", "WarmError", "template_env"]
@@ -152,7 +152,7 @@ class ForkFailed(Exception):
         self.errno = errno
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberRequest:
     """One fiber to fork. ``mode`` "call" runs ``target`` ("module:function") with
     ``args``/``kwargs`` (JSON values) in the warm interpreter; "exec" execs ``argv``.
@@ -985,7 +985,7 @@ async def _send(sock: socket.socket | None, msg: dict[str, object], fds: list[in
             raise ForkFailed(f"cannot reach {peer}: {e.strerror}", e.errno) from None
 
 
-@record
+@dataclass
 class _Spawn:
     """An exec fiber asked of the template (``request``), and the fiber once started."""
 

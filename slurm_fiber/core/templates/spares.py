@@ -21,10 +21,10 @@ import asyncio
 import enum
 import socket
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.core.fibers.fiber import Fiber
-from slurm_fiber.record import record
 
 
 class Kind(enum.StrEnum):
@@ -32,7 +32,7 @@ class Kind(enum.StrEnum):
     SPAWN = "spawn"  # an exec fiber's program, started on its Clone (the wire's "spawn")
 
 
-@record
+@dataclass
 class Spare:
     """A spare process: asked of the template, then (``spared``) waiting for its order."""
 

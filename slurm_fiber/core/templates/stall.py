@@ -19,10 +19,10 @@ never condemns a template for the time everything was stopped.
 
 from __future__ import annotations
 
-from slurm_fiber.record import record
+from dataclasses import dataclass
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Seen:
     """What fiberd has seen of one template process, in its clock's monotonic seconds.
 
@@ -37,7 +37,7 @@ class Seen:
     watching: float = float("-inf")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Verdict:
     """``reason`` (one line) when the template counts as stalled now, else None;
     ``recheck``: seconds until the verdict could change with no news (> 0)."""

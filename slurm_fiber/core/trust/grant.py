@@ -5,17 +5,14 @@ issuer, audience and claim shapes already checked); ``FiberSpec`` is the
 token's ``fiber`` claim parsed into typed, validated fields. Both are
 immutable values: the core's decisions and the process layer read them and
 never change them. ``ScopeClaim`` is one thing a home asserts about where it
-runs (stamped on audit records, never a validity term). They are records
-(slurm_fiber.record), not dataclasses: the Slurm prolog and epilog define
-them on every job start.
+runs (stamped on audit records, never a validity term).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-
-from slurm_fiber.record import field, record
+from dataclasses import dataclass, field
 
 UID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -25,7 +22,7 @@ def valid_uid(uid: object) -> bool:
     return isinstance(uid, str) and UID_PATTERN.fullmatch(uid) is not None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class TemplateSpec:
     """How to warm the grant's template: modules to import, a warm hook, env to set."""
 
@@ -34,7 +31,7 @@ class TemplateSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Limits:
     """Resource limits; None means unlimited / not set."""
 
@@ -45,7 +42,7 @@ class Limits:
     seconds: float | None = None  # per-fiber wall-time limit
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberSpec:
     """The token's ``fiber`` claim: template, limits and device kinds it may drive."""
 
@@ -54,7 +51,7 @@ class FiberSpec:
     devices: tuple[str, ...] = ()  # device kinds, e.g. ("gpu",)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class VerifiedToken:
     """A token whose signature and claims were checked; times are Unix seconds.
 
@@ -74,7 +71,7 @@ class VerifiedToken:
     leeway_used: float = 0.0
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ScopeClaim:
     """One fact a home asserts about where it runs, e.g. ("slurm.job_id", "42")."""
 

@@ -26,6 +26,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,6 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-
-from slurm_fiber.record import record
 
 _B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
@@ -44,7 +43,7 @@ RACY_WINDOW_NS = 2_000_000_000
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class TrustedKey:
     """One loaded public key: its issuer, kid, pinned algorithm and key object."""
 
@@ -183,7 +182,7 @@ def _load_jwk(jwk: dict[str, Any]) -> tuple[str, PublicKey]:
     return alg, key
 
 
-@record
+@dataclass
 class _IssuerFile:
     path: Path
     stamp: tuple[int, int, int] | None = None

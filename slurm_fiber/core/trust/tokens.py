@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import enum
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.spec import BadFiberClaim, number_in_range, parse_fiber_spec
 from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
 from slurm_fiber.core.trust.issuers import TrustedKey, TrustStore, b64url_decode, verify
-from slurm_fiber.record import record, replace
 
 MAX_TOKEN_BYTES = 64 * 1024
 MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the last second every date library shows
@@ -84,7 +84,7 @@ class TokenRefused(Exception):
         self.detail = detail
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class DecodedToken:
     """A token split and decoded but NOT verified: header, claims, signed bytes, signature."""
 
@@ -211,7 +211,7 @@ def _time_claim(claims: dict[str, Any], name: str) -> float:
     return float(value)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class _Parsed:
     """What the header and payload segments say, before any crypto.
 

@@ -26,10 +26,10 @@ except a malformed /proc/<pid>/cgroup, which raises SlurmParseError.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 
 from slurm_fiber.homes.slurm.jobenv import SLUID_PATTERN, SlurmParseError
-from slurm_fiber.record import record
 
 SCOPE = re.compile(r"(?:[A-Za-z0-9_.-]+_)?slurmstepd\.scope")
 JOB_DIR = re.compile(r"job_(\d{1,10})")
@@ -39,7 +39,7 @@ TASK_DIR = re.compile(r"task_(\d{1,10}|special)")
 STEP_PARTS = frozenset({"user", "slurm"})
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SlurmCgroup:
     """Where a cgroup sits in Slurm's tree. Paths are relative to the cgroup mount.
 

@@ -34,17 +34,17 @@ the tree themselves; only ``enter_leaf`` writes (mkdir and one pid).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.cgroup_layout import SlurmCgroup, cgroup_of_pid, parse_cgroup_path
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
-from slurm_fiber.record import record
 
 LEAF = "fiberd"
 MAX_RECORD = 4096
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CgroupChoice:
     """The root fiberd may carve (None: no carving) and a one-line reason for the choice."""
 

@@ -21,11 +21,11 @@ import asyncio
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.scontrol import Ping, QueueJob, parse_ping, parse_squeue_json
-from slurm_fiber.record import record
 
 DEFAULT_TIMEOUT = 5.0
 MAX_OUTPUT_LINE = 200
@@ -62,7 +62,7 @@ class ControlPlane(Protocol):
         ...
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Output:
     """What a finished command printed, and its exit code."""
 

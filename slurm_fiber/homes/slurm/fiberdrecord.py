@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_fiber import safefs
-from slurm_fiber.record import as_dict, record
 
 RECORD_NAME = "fiberd.json"
 MAX_RECORD_BYTES = 8192
 START_TOLERANCE = 0.02  # psutil create_time has 1/CLK_TCK resolution
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class FiberdRecord:
     """fiberd as it recorded itself: ``start`` is its process start time (Unix seconds)."""
 
@@ -85,7 +85,7 @@ def write_record(state_dir: Path, record: FiberdRecord) -> None:
     writable by no one else, all the way from "/" (safefs); the write is
     safefs.write_atomic.
     """
-    data = json.dumps(as_dict(record), sort_keys=True).encode() + b"\n"
+    data = json.dumps(asdict(record), sort_keys=True).encode() + b"\n"
     dir_fd = safefs.open_dir(state_dir, trusted_owners=(os.geteuid(), record.uid))
     try:
         safefs.write_atomic(dir_fd, RECORD_NAME, data, mode=0o644)

@@ -10,10 +10,10 @@ needs a function-local import of the home. Pure; nothing here blocks.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
-from slurm_fiber.record import field, record
 
 
 class DevicesRefused(Exception):
@@ -25,7 +25,7 @@ class DevicesRefused(Exception):
         self.reason = reason
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SlurmHomeConfig:
     """Settings of the Slurm home; every field has a working default.
 

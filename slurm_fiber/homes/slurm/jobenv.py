@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from slurm_fiber.homes.slurm.names import NODE_RULE, SlurmParseError, is_node_name
-from slurm_fiber.record import record
 
 MAX_ID = 2**32 - 2  # Slurm ids and Unix ids are uint32; the top values are sentinels
 MAX_FREE_TEXT = 4096
@@ -41,7 +41,7 @@ SLUID_PATTERN = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
 GPU_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SlurmJob:
     """One job as this node sees it. ``gpus`` are the node's GPU indices, sorted.
 

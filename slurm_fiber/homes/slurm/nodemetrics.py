@@ -42,13 +42,13 @@ import signal
 import stat
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_fiber import safefs
 from slurm_fiber.defaults import SOCKET_NAME
 from slurm_fiber.homes.slurm.paths import node_dir
-from slurm_fiber.record import record
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -89,7 +89,7 @@ def remove_job_textfile(state_root: str | os.PathLike[str], node: str, job_id: i
         os.close(dir_fd)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class JobDir:
     """A job dir found on the node: its id, path and owner."""
 
@@ -209,7 +209,7 @@ def relabel(text: str, job_id: int, node: str) -> str:
     return generate_latest(Parsed()).decode() if families else ""
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class RelayRun:
     """What one pass over a node did: the jobs answered and those that did not."""
 

@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_fiber.defaults import GRANTDIR_NAME, READY_NAME, SOCKET_NAME, STATE_DIR
 from slurm_fiber.homes.slurm.layout import job_dir_of, node_dir_of, state_root_of
-from slurm_fiber.record import record
 
 DEFAULT_STATE_ROOT = Path(STATE_DIR)
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class JobPaths:
     """The paths of one job on one node (see the module docstring for the layout)."""
 

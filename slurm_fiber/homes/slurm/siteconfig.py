@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -52,13 +53,12 @@ from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
 from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
-from slurm_fiber.record import field, record
 
 CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class SiteConfig:
     """The site's settings; see the module docstring for each key. Every field has a default.
 

@@ -25,7 +25,6 @@ from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.daemon import FiberdRefused, shutdown, started
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
-from slurm_fiber.record import replace
 from slurm_fiber.safefs import UnsafePath
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
@@ -288,7 +287,7 @@ async def test_a_start_whose_announcement_fails_frees_the_socket_for_the_next(
         def announce(sock: Path) -> None:
             raise UnsafePath(f"{site.state} is owned by uid 995, not by a trusted owner")
 
-        return replace(built, announce=announce)
+        return built.replaced(announce=announce)
 
     with pytest.raises(FiberdRefused, match=r"cannot announce fiberd: .* is owned by uid 995"):
         async with started(site.config(), {}, build=refusing_announce):

@@ -13,6 +13,7 @@ are asserted here by name. The job cgroups of all three releases under Slurm's c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ from slurm_fiber.homes.slurm.cgroup_layout import cgroup_of_pid, find_job_cgroup
 from slurm_fiber.homes.slurm.cgroup_root import own_root
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.scontrol import parse_ping, parse_show_job, parse_squeue_json
-from slurm_fiber.record import replace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RELEASES = ("24.11", "26.05")
