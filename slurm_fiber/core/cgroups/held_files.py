@@ -35,8 +35,8 @@ from __future__ import annotations
 import _thread
 import os
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing is not imported at run time (the template imports this)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import TypeVar

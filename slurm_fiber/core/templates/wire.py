@@ -27,9 +27,10 @@ Both ends import this module; it holds no state and never blocks.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slurm_fiber.core.api.framing import json_dumps, json_loads
 
-TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

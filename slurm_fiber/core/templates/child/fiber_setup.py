@@ -21,10 +21,10 @@ import _socket
 import errno
 import json
 import os
+from typing import TYPE_CHECKING
 
 from slurm_fiber.core.templates import wire
 
-TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     from collections.abc import Callable
 
