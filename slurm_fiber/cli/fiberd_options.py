@@ -6,15 +6,10 @@ variable, so the table stays the one place an option is described.
 ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags`` turns the
 parsed flags into a ``FiberdConfig``.
 
-``plain_flags`` parses a command line made only of these flags, as typer would:
-typer's own parsing imports pydantic (about 10 MB of a long-running daemon's
-memory, measured), so the daemons take this path first and leave typer anything
-else (``--help``, an unknown flag, a value that looks like a flag), which it
-parses and explains as before. Nothing here imports typer until typer is asked
-to parse (``option_parameters``): a daemon started with plain flags never loads
-it (about 3.5 MB of PSS, measured). ``plain_flags`` is a loop over the words, not
-argparse: argparse's help formatter imports shutil and with it bz2, lzma and zlib,
-all of which would stay in the daemon's memory.
+``plain_flags`` parses a command line made only of these flags, as typer would,
+without importing typer (which would stay in fiberd's memory); anything else
+(``--help``, an unknown flag, a value that looks like a flag) is left to typer,
+which parses and explains it.
 """
 
 from __future__ import annotations

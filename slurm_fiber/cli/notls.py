@@ -1,22 +1,15 @@
-"""asyncio without ``ssl`` for a fiberd whose home never speaks TLS (issue 19: fiberd's memory).
-
-asyncio imports ``ssl`` whenever it can (asyncio.base_events, selector_events
-and sslproto each try it and keep ``ssl = None`` on ImportError), and ``ssl``
-maps libssl and builds its module: about 1 MB of a fiberd's PSS (measured),
-for TLS that neither the Slurm nor the standalone home ever speaks. fiberd's
-own socket is a Unix socket, and its signature checks (``cryptography``, core/trust.py)
-need no ``ssl``.
+"""asyncio without ``ssl`` for a fiberd whose home never speaks TLS (fiberd's memory).
 
 ``import_asyncio_without_tls()`` imports asyncio with ``ssl`` hidden during
 that one import. asyncio then has no TLS (a connection or server with ``ssl``
 raises RuntimeError: no ssl module) and ``ssl`` stays unloaded; it is not
 blocked: whatever imports it afterwards (the metrics' prometheus_client does)
-gets it as always, at its usual cost. Only this process is affected: a grant's
-template is a fresh interpreter (core/templates.py). ``asyncio_for_home(home)``
-is the decision the daemon commands make once their configuration names the
-home and before anything imports asyncio: TLS-free exactly when the home's
-entry says it never speaks TLS (``HomeEntry.tls``; an installed home, or a
-name no home has, keeps it).
+gets it as always. Only this process is affected: a grant's template is a fresh
+interpreter. ``asyncio_for_home(home)`` is the decision the daemon commands make
+once their configuration names the home and before anything imports asyncio:
+TLS-free exactly when the home's entry says it never speaks TLS
+(``HomeEntry.tls``; an installed home, or a name no home has, keeps it).
+fiberd's own socket is a Unix socket and its signature checks need no ``ssl``.
 """
 
 from __future__ import annotations

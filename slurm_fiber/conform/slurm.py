@@ -1,68 +1,39 @@
 """The Slurm home's stage: a real batch job on a real cluster, fiberd given its step's environment.
 
-``open`` submits a batch job holding one GPU (``--gres=gpu:1``) whose script
-runs one step, ``srun --overlap -n1 env -0``, to capture exactly what
-``srun --overlap fiberd-run`` would see (the batch variables and the step's),
-then sleeps. The cluster is whatever this process's ``SLURM_CONF`` names
-(the bare-host cluster: ``eval "$(bare-host env)"``), with the site config
-``SLURM_FIBER_CONFIG`` its prolog uses. fiberd runs in this process with
-that environment and ``--home slurm``, configured as fiberd-run is (the
-site config's ``home_defaults``), but trusting only the harness's issuer, so the
-prolog's own grant ``job-<id>.jwt`` (the site issuer's) is refused and never
-warms a template of its own; the clauses use their own UIDs.
+``open`` submits a batch job holding one GPU (``--gres=gpu:1``) whose one step,
+``srun --overlap -n1 env -0``, captures what ``srun --overlap fiberd-run`` would
+see, then sleeps. The cluster is whatever ``SLURM_CONF`` names, with the site
+config ``SLURM_FIBER_CONFIG`` its prolog uses. fiberd runs in this process with
+that environment and ``--home slurm``, configured as fiberd-run is, but trusting
+only the harness's issuer (the prolog's own grant is refused).
 
-fiberd runs as the job's user, as fiberd-run does in a job: it trusts a
-state dir of its own uid or root's only, and the job's state dir is the job
-user's. So the whole harness runs as the job user, and the stage refuses to
-open as root. ``slurm-fiber conform --home slurm`` started as root runs
-itself again as ``$SLURM_FIBER_CONFORM_USER`` (default ``nobody``) with
-``rerun_as_job_user``: ``runuser -u <user> --`` the site install's
-``slurm-fiber`` (``$SLURM_FIBER_SITE_VENV``, else the one next to this
-interpreter), with a plain environment (PATH, locale and the SLURM_*
-variables only), from "/". The stage then submits the job as that user from
-its own stage dir, and reads the step environment the job writes there
-through safefs (no link followed, no FIFO waited on, bounded in size).
-
-fiberd's own state (grant book, audit log, socket, template logs) is kept
-in the stage dir, not the job's state dir: this fiberd is not a step of
-the job, so unlike fiberd-run it outlives the job's end, and the epilog
-removes the job's state dir under it (a real fiberd-run is killed by
-slurmd before the epilog runs). Grants, readiness, the fiberd record and the
-GPU leases are the job's, where the prolog and epilog look.
-
-fiberd runs uncarved: while the stage is open the prolog's delegated-cgroup
-record is held aside (put back before the job is cancelled, so the epilog
-cleans up as usual). Otherwise the epilog, about a second after `scancel`,
-SIGKILLs the templates in the delegated cgroup before the home's poll sees
-the job leave RUNNING, and ``scope.loss`` would test the epilog rather than
-the home. The stage's fiberd and templates thus play what the home's
-scope-loss poll is for: job processes Slurm's own kill did not reach.
+- fiberd runs as the job's user, so the whole harness does: the stage refuses to
+  open as root, and ``slurm-fiber conform --home slurm`` started as root runs itself
+  again as ``$SLURM_FIBER_CONFORM_USER`` (default ``nobody``) with a plain
+  environment, from "/" (``rerun_as_job_user``). The step environment the job
+  writes is read through safefs (no link followed, no FIFO waited on, bounded).
+- fiberd's own state is kept in the stage dir, not the job's (this fiberd outlives
+  the job's end); grants, readiness, the fiberd record and the GPU leases are the
+  job's, where the prolog and epilog look.
+- fiberd runs uncarved: while the stage is open the prolog's delegated-cgroup
+  record is held aside (put back before the job is cancelled), so ``scope.loss``
+  tests the home's poll, not the epilog.
 
 Levers:
 
-- deliver / remove: write ``<uid>.jwt`` in the job's grantdir by rename,
-  owned by the job's user (as the prolog writes), or delete it;
-- silence / restore: fiberd's ``SLURM_CONF`` is a symlink in the stage dir,
-  swapped (by rename) between the cluster's slurm.conf and a copy whose
-  ``SlurmctldPort`` is a port this stage holds bound but not listening, so
-  only this fiberd's `scontrol`/`squeue` calls are refused; the cluster and
-  any other test using it are untouched;
-- lose_scope: ``scancel`` the job. fiberd runs in this process, not in the
-  job, so its record (``fiberd.json``) is withdrawn first: the epilog would
-  otherwise SIGKILL the recorded fiberd, i.e. the harness;
-- readiness: the job's ready file, sampled (every 10 ms and on each look;
-  each publish is a new document, so repeats fold and only a flip faster
-  than the sampling is missed); the job Comment, when the site publishes it,
-  is not read;
-- devices: the job's GPU(s) on its node (with gres.conf's device files);
-  held_devices: the job's GPUs that fiberd's Slurm home holds for a grant now
-  (``SlurmHome.held_resources``, read from the home the stage's builder
-  built) and whose node lease the job holds. The node's lease area is
-  root's: the prolog claims each GPU in the job's name for the whole job,
-  so a grant's removal releases the GPU in fiberd, never in the lease dir.
+- deliver / remove: write ``<uid>.jwt`` in the job's grantdir by rename, owned by
+  the job's user, or delete it;
+- silence / restore: fiberd's ``SLURM_CONF`` is a symlink in the stage dir, swapped
+  between the cluster's slurm.conf and a copy whose ``SlurmctldPort`` is bound but
+  not listening, so only this fiberd's calls are refused;
+- lose_scope: ``scancel`` the job, after withdrawing fiberd's record (the epilog
+  would otherwise SIGKILL the harness);
+- readiness: the job's ready file, sampled (the job Comment is not read);
+- devices / held_devices: the job's GPU(s) on its node, and those fiberd's Slurm
+  home holds for a grant now and whose node lease the job holds.
 
-The Slurm home polls slurmctld every 5 s (``SlurmHomeConfig.poll_every``,
-not a fiberd option), so the stale TTL is set above that.
+The Slurm home polls slurmctld every 5 s (``SlurmHomeConfig.poll_every``), so the
+stale TTL is set above that.
 """
 
 from __future__ import annotations

@@ -1,20 +1,22 @@
 """The socket's refusals in the audit log, rate-limited per caller.
 
-Every refused connection or request is audited (threat model, rule 5). Written one
-record each, a local user refused in a loop (a uid not in ``allowed_uids``) grew the
-log by some 1.25 MB/s. A refusal of a request (one naming its ``op``: an admitted
-caller's bad Clone item, say) is a decision on that request and is written whole, as
-before. A refusal of a connection or of bytes that never made a request (``forbidden``,
-``busy``, ``timeout``, ``bad_frame``) is rate-limited: ``RefusalLog.refused`` writes
-the first of each (caller uid, code) in a window of ``window`` seconds whole, as
-before (``api_refuse`` with its reason and caller), and only counts the ones after
-it; once the window has passed (``flush_due``, which fiberd's upkeep calls every window, or the next
-refusal of that key) it writes one ``api_refuse`` record per key that repeated, with
-``repeated`` (how many were only counted), ``first_time`` and ``last_time`` (wall
-seconds). ``flush`` writes what is counted at once (at shutdown, before the stop
-record). At most ``max_keys`` keys are tracked in a window; the refusals of any other
-key are counted under caller uid ``None``. So whatever the rate, the log grows by at
-most ``2 * (max_keys + 1)`` records per window, and no refusal goes uncounted.
+Every refused connection or request is audited (threat model, rule 5), and a
+caller refused in a loop cannot grow the log without bound:
+
+- a refusal of a request (one naming its ``op``) is a decision on that request
+  and is written whole;
+- a refusal of a connection or of bytes that never made a request (``forbidden``,
+  ``busy``, ``timeout``, ``bad_frame``) is rate-limited: ``RefusalLog.refused``
+  writes the first of each (caller uid, code) in a window of ``window`` seconds
+  whole (``api_refuse`` with its reason and caller) and counts the ones after it;
+  once the window has passed (``flush_due``, or the next refusal of that key) it
+  writes one ``api_refuse`` record per key that repeated, with ``repeated``,
+  ``first_time`` and ``last_time`` (wall seconds); ``flush`` writes what is counted
+  at once (at shutdown, before the stop record);
+- at most ``max_keys`` keys are tracked in a window; any other key's refusals are
+  counted under caller uid ``None``. So the log grows by at most
+  ``2 * (max_keys + 1)`` records per window, and no refusal goes uncounted.
+
 A failed write (a full disk) is logged and its counts dropped; it never raises.
 """
 

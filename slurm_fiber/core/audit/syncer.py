@@ -2,25 +2,18 @@
 the event loop, and Clones that wait at once share one fsync.
 
 Under ``audit_fsync = always`` each Clone's record is fsynced before the Clone is
-answered. Done on the event loop, that fsync (0.2 ms on this project's test VM,
-up to 0.7 ms while other work wrote) held up everything else fiberd had to do,
-the other fibers of a map among them: a `-j2` map in a Slurm job took 1.45 s for
-500 tasks against 1.08 s without it. A thread cannot take it off the loop cheaply
-(it needs the GIL back to say it is done, and waits for the busy loop). So a small
-helper process (``python -I -S``, stdlib only) holds the log's descriptor and
-fsyncs it on request: one byte asks, one byte answers (0: done, else the errno).
-fiberd writes its record, asks, and awaits the answer while its loop goes on.
+answered. A small helper process (``python -I -S``, stdlib only) holds the log's
+descriptor and fsyncs it on request: one byte asks, one byte answers (0: done, else
+the errno); fiberd awaits the answer while its loop goes on.
 
-``synced()`` returns once an fsync that began after the call has ended, so every
-record written before the call is durable. One fsync is under way at a time;
-the callers that come meanwhile share the next one (group commit). A failed fsync
-raises OSError in each of its callers. A helper that cannot be started or dies
-is not replaced: from then on ``synced()`` fsyncs on the loop, as fiberd did
-before (said once in the log). The helper ends when fiberd closes it, or dies:
-its request pipe then reads end of file.
-
-Used from one event loop; a caller waits at most ``FSYNC_WITHIN`` seconds for its
-fsync, and ``close()`` blocks at most ``CLOSE_WITHIN`` seconds.
+- ``synced()`` returns once an fsync that began after the call has ended, so every
+  record written before the call is durable; callers that come while one fsync is
+  under way share the next (group commit); a failed fsync raises OSError in each.
+- A helper that cannot be started or dies is not replaced: from then on ``synced()``
+  fsyncs on the loop (said once in the log). The helper ends when fiberd closes it or
+  dies (its request pipe reads end of file).
+- Used from one event loop; a caller waits at most ``FSYNC_WITHIN`` seconds for its
+  fsync, and ``close()`` blocks at most ``CLOSE_WITHIN`` seconds.
 """
 
 from __future__ import annotations

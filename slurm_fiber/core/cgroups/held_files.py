@@ -1,33 +1,22 @@
 """Cgroup control files held open to be used again: one ``pread`` or ``write`` each time.
 
-A fiber's end reads several control files of its leaf (``cgroup.events``,
-the memory peak, the OOM count, the memory still charged), and a leaf is
-handed out to fiber after fiber (core/leaves.py). Opening and closing each
-file every time was the largest share of fiberd's own work in a sequential
-exec benchmark (``read_small``, a twelfth of its loop, profiled); a kept
-descriptor read at offset 0 gives the file's current text, as a fresh open
-does (cgroupfs files are generated on each read from the start). A template
-spawning an exec fiber moves itself into the fiber's groups and back, ten
-``cgroup.procs`` writes on a hybrid host (core/exec_spawn.py): through kept
-descriptors each is one write, not an open, write and close (5 against 15 µs).
+A leaf is handed out to fiber after fiber and read at each fiber's end, and a
+template moves itself into and out of leaves to spawn exec fibers; a kept
+descriptor read at offset 0 gives the file's current text, as a fresh open does
+(cgroupfs files are generated on each read from the start).
 
-``HeldFiles.read(group, name)`` and ``write(group, name, data)`` use
-``group/name`` through a descriptor kept for that use. At most ``groups``
-groups keep theirs, the least recently used closed first. A group that was
-removed fails the read or write with ENODEV (so does one made again by the
-same name, through the old descriptor): the file is then opened afresh and
-used once more, and an error of that (a group that is gone:
-FileNotFoundError; a move the kernel refuses) is raised as a plain open's or
-write's would be. ``forget(group)`` closes a group's descriptors as it is
-removed, so no descriptor outlives its group for long.
-
-fiberd's table is this module's (``read_held``, ``write_held``, ``forget``), behind a lock:
-the event loop reads through it and worker threads remove groups
-(``cgroups.remove_tree`` runs off the loop, and forgets what it removes). A
-template keeps a table of its own for its moves, and a process forked from it
-closes that before user code. Cgroup control files do not block on I/O. (The
-lock is ``_thread``'s: the epilog imports this module through cgroups, and
-``threading`` would add to its start.)
+- ``HeldFiles.read(group, name)`` and ``write(group, name, data)`` use ``group/name``
+  through a descriptor kept for that use; at most ``groups`` groups keep theirs,
+  the least recently used closed first.
+- A group that was removed (or made again by the same name) fails with ENODEV
+  through the old descriptor: the file is then opened afresh and used once more,
+  and an error of that is raised as a plain open's or write's would be.
+- ``forget(group)`` closes a group's descriptors as it is removed, so no descriptor
+  outlives its group for long.
+- fiberd's table is this module's (``read_held``, ``write_held``, ``forget``), behind
+  a lock (the event loop reads, worker threads remove groups). A template keeps a
+  table of its own for its moves, and a process forked from it closes that before
+  user code. Cgroup control files do not block on I/O.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What thousands of fibers ending at once share, so a mass stop costs fiberd little per fiber.
 
-A fiber's end (core/fibers.py) waits for its template's exit report and,
-carved, reads its cgroup and tidies its output files. One at a time that is
-cheap; in a mass stop (grant removal, shutdown: thousands of fibers killed by
-one ``cgroup.kill``) the per-fiber tasks, sleeps and file reads made fiberd's
-event loop the bottleneck (profiled). So:
+A fiber's end (core/fibers/fiber.py) waits for its template's exit report and,
+carved, reads its cgroup and tidies its output files. In a mass stop (grant
+removal, shutdown: thousands of fibers killed by one ``cgroup.kill``) that work
+is shared:
 
 - a fiber waits for its report or its exit with ``waiting.pidfd_wait``'s
   one future and loop reader, no task;
@@ -12,17 +11,11 @@ event loop the bottleneck (profiled). So:
   report on one heap, with one task sleeping on the injected clock until the
   earliest timeout (only while any wait);
 - ``end_reading`` reads a carved fiber's cgroup and tidies its output files
-  with raw reads, emptying the cgroup first only when something still runs
-  there. (Doing the reads in a worker thread, a batch per hop, was measured
-  no faster: the kernel's cgroup work is serialised, and the thread waits for
-  the busy loop's GIL.)
-
-- ``survivors_frozen`` keeps the cyclic garbage collector off the objects
-  alive when a mass stop starts (``gc.freeze``): otherwise its collections,
-  triggered by the stop's own allocations, walk the other fibers' objects
-  again and again (a quarter of fiberd's loop in a 5,000-fiber stop,
-  profiled). They are still freed by reference counting; cycles among them
-  wait for the first collection after the last such stop ends.
+  with raw reads, emptying the cgroup first only when something still runs there;
+- ``survivors_frozen`` keeps the cyclic garbage collector off the objects alive
+  when a mass stop starts (``gc.freeze``); they are still freed by reference
+  counting, and cycles among them wait for the first collection after the last
+  such stop ends.
 
 None of them raises into the loop; each is used from fiberd's event loop.
 """

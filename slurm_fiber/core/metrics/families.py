@@ -2,25 +2,17 @@
 
 ``FiberMetrics`` tallies clone outcomes (started per grant, missed per miss
 code), latencies, fiber ends per grant and end reason (``END_REASONS``) and
-refusals in plain counters (recording imports nothing and costs a dict
-update), and says which build runs (``slurm_fiber_build_info``). Grant labels
-are bounded: past ``MAX_GRANTS`` distinct grants, further ones count under
-``grant="_other"``, so a long-lived fiberd's series stay bounded. A miss is
-labelled by its code only (its grant may be one the caller made up). prometheus-client
-is imported the first time the metrics are read (``registry``, ``render``: the
-``metrics`` op, ``--metrics-listen``, ``--metrics-textfile``), so a fiberd
-nobody scrapes never loads it. The registry is private, so two daemons (or
-many tests) in one process never collide and nothing leaks into
-prometheus-client's global registry; its one collector builds the families
-from the tallies at each scrape, and the number of running fibers is read from
-the runtime then. ``render()`` gives the text exposition format served by the
-``metrics`` op; ``core.metrics_export`` exposes the same registry, labelled
-with where fiberd runs, over HTTP and as a node_exporter textfile.
+refusals in plain counters, and says which build runs (``slurm_fiber_build_info``).
 
-A scrape costs one rendering at most every ``RENDER_INTERVAL`` seconds, however
-often it is asked for (``Rendered``): a client scraping in a loop gets the same
-text again until it is due, so it cannot make fiberd spend its loop building
-expositions (``renders`` counts the real ones).
+- Grant labels are bounded: past ``MAX_GRANTS`` distinct grants, further ones count
+  under ``grant="_other"``; a miss is labelled by its code only (its grant may be one
+  the caller made up).
+- prometheus-client is imported the first time the metrics are read (``registry``,
+  ``render``), so a fiberd nobody scrapes never loads it.
+- The registry is private: two daemons in one process never collide and nothing
+  leaks into prometheus-client's global registry.
+- ``render()`` rebuilds the exposition at most once every ``RENDER_INTERVAL`` seconds
+  (``Rendered``), however often it is asked for (``renders`` counts the real ones).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Usage (on fiberd's event loop; nothing here blocks it)::
 
-    mgr = CgroupManager(root)                      # core/cgroups.py
+    mgr = CgroupManager(root)                      # core/cgroups/manager.py
     cg = mgr.carve_grant(uid, spec.limits)         # None when uncarved
     env = template_env(os.environ, spec.template, channel.narrowed(spec.devices))
     t = await Template.start(uid, spec.template, env, cg, state_dir=d, clock=clock)
@@ -11,72 +11,33 @@ Usage (on fiberd's event loop; nothing here blocks it)::
     exit = await fiber.wait()                      # or: await fiber.stop(grace)
     await t.stop(grace)                            # fibers, then the template
 
-A ready template keeps ``spares`` *spare* fiber processes forked ahead of
-need: each already sits in its own cgroup leaf (``slot-<n>`` under the
-grant's cgroup), tied to the template by its death signal, waiting on an
-order channel whose other end fiberd holds. A fiber's leaf, once empty, is
-kept for a later spare (unless its memory figures would carry over, see
-``core/leaves.py``, or it has sub-cgroups), so a Clone creates and
-removes no cgroup: both wait on the kernel's cgroup lock, which a
-concurrent migration holds for an RCU grace period. ``fork`` hands a spare its
-order directly (one message, no round trip through the template) and
-forks a replacement in the background, so a Clone pays neither the fork
-nor the cgroup move. A spare's replacement waits for the fiber's end (and
-takes its leaf) while another spare is idle: a fork of the template while
-its fiber exits held that exit up (1.0 → 2.8 ms measured: both work on the
-template's shared memory), so a waited Clone's exit event came late; with
-no idle spare left it is forked at once. With no spare at hand (a burst,
-``spares=0``, a spare that died) ``fork`` makes one on the spot and uses it.
-An exec fiber is mostly *spawned* instead (``exec_spawn``): the template
-starts its program straight into a leaf (core/exec_spawn.py: it moves
-itself there and back around a ``vfork`` and exec), so the program starts
-from no copy of the template and costs a third of the CPU. But a cgroup
-move that comes after some 30 ms without one (anywhere on the machine)
-waits for an RCU grace period, ~11 ms here, where one within ~25 ms of the
-last costs 0.2 ms: so with ``exec_spawn="hot"`` (fiberd's) an exec Clone
-is spawned when this template moved a process within ``SPAWN_HOT`` seconds
-(a map, a burst) or has no idle spare, and otherwise takes an idle spare,
-already in its leaf (a lone ``fiberctl run``: 4.7 ms against 11 ms spawned,
-paced 100 ms apart). A program that cannot start as ordered (not found, a
-bad cwd) starts from a spare after all, which reports why as it always has.
-Spares are not fibers: they run no user code and do not count toward
-``fibers`` (a grant's ``pids`` limit, where enforced, does count them), and
-are killed (cgroup and all) when the template stops or dies.
+- A template is one child process (``child/main.py``) started with exactly the
+  ``env`` given (``template_env``: the grant's env, then the device channel's
+  variables, which win), in the grant's cgroup leaf when carved, tied to fiberd by
+  PR_SET_PDEATHSIG, so a fiberd killed takes its templates and their fibers with
+  it. Start templates from the event-loop thread (the death signal follows the
+  thread that forked).
+- A ready template keeps ``spares`` spare processes forked ahead of need, each in
+  its own cgroup leaf and waiting on an order channel; ``fork`` hands a spare its
+  order and replaces it in the background; with no spare at hand it makes one on
+  the spot. An exec fiber may be spawned straight into a leaf instead
+  (``exec_spawn``: with ``"hot"``, when this template moved a process within
+  ``SPAWN_HOT`` seconds or has no idle spare). Spares run no user code, do not
+  count toward ``fibers`` and are killed with the template.
+- States: ``warming`` → ``ready`` | ``warm_failed``; a ready template that dies is
+  ``rewarming`` (after a backoff on the injected Clock, doubling from 0.5 s to
+  30 s, reset on ready) and its running fibers are ``lost``; one that dies while
+  warming is ``warm_failed``. ``stop()`` → ``stopped``.
+- Every wait on the template or a spare ends within ``timeout`` seconds on the
+  injected Clock. A template that stops answering (a request unanswered, stopped
+  by a signal or tracer: core/templates/stall.py) is ``rewarming`` at once, its
+  fibers and then it are killed, and it is re-warmed after the backoff; a Clone
+  meanwhile gets TemplateNotReady (the retryable ``cold``), never a hang. Fiber
+  exits are still seen through each fiber's pidfd. Warming itself is not bounded.
 
-A template is one child process (``template_main``) started with exactly
-the ``env`` given (build it with ``template_env``: the grant's env, then the
-device channel's variables, which always win), in the grant's cgroup leaf
-when carved, tied to fiberd by PR_SET_PDEATHSIG: a fiberd killed with
-SIGKILL takes its templates, and through their death signal their fibers,
-with it. Start templates from the event-loop thread: the death signal
-follows the thread that forked.
-
-The parts: this module does the process I/O (start, watch, guard, kill,
-the wire); ``core/lifecycle.py`` decides, as a pure transition table, what
-each event does (states, backoff); ``core/spares.py`` keeps the spares'
-bookkeeping and ``core/leaves.py`` the slot leaves.
-
-States: ``warming`` → ``ready`` | ``warm_failed``; a ready template that
-dies is ``rewarming`` (after a backoff on the injected Clock, doubling from
-0.5 s to 30 s, reset on ready) and its running fibers are accounted as
-``lost``; a template that dies while warming is ``warm_failed`` (a warm
-that crashes the interpreter would crash again). ``stop()`` → ``stopped``.
-
-Bounded waits: every wait on the template or a spare ends within
-``timeout`` seconds on the injected Clock (``template_timeout``, default
-10 s). A template that leaves a spare request unanswered that long, stays
-stopped that long (SIGSTOP, a tracer; its state is looked at about once a
-second; only time fiberd itself runs counts, see ``core/stall.py``), cannot
-be written to, or takes no message that long, has stopped answering: it
-is ``rewarming`` at once (not ready; ``last_fault`` says why), its fibers
-and then it are killed (process group, and its cgroup leaf when carved),
-and once it is gone it is re-warmed after the backoff, like a template that
-died. A Clone waiting on it, or arriving meanwhile, gets TemplateNotReady
-(the runtime answers the retryable ``cold``, with ``retry_after()``), never
-a hang or ``internal``. Fiber exits are still seen while the template
-stalls: each fiber's pidfd is watched (``core/fibers.py``). Warming itself
-is not bounded (a grant's warm code may take minutes); a warming template
-that stays stopped is re-warmed like a ready one.
+The parts: this module does the process I/O; ``lifecycle.py`` decides, as a pure
+transition table, what each event does; ``spares.py`` keeps the spares'
+bookkeeping and ``core/cgroups/leaves.py`` the slot leaves.
 """
 
 from __future__ import annotations
@@ -128,7 +89,7 @@ __all__ = ["DEFAULT_TIMEOUT", "Backoff", "FiberRequest", "ForkFailed", "Template
 
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_TIMEOUT = 10.0  # seconds a template or a spare may take to answer (template_timeout)
-SPAWN_HOT = 0.02  # seconds after a cgroup move of ours in which another is cheap (module doc)
+SPAWN_HOT = 0.02  # seconds after a cgroup move of ours in which another is cheap (docs/benchmarks)
 ExecSpawn = Literal["never", "hot", "always"]  # when an exec fiber is spawned (module doc)
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,9 @@ overwriting an existing file); ``load_private_key`` reads one back. ``mint``
 signs a grant token whose ``kid`` is the key's RFC 7638 thumbprint (the same
 ``kid`` ``public_jwk`` publishes) and whose algorithm follows from the key.
 The claims are checked with the verifier's own rules before signing, so a
-minted token is never one fiberd would refuse for its shape.
-
-Signing is a compact JWS (RFC 7515) over ``cryptography``'s signature
-primitives, not PyJWT's encoder: PyJWT's package import costs about 100 ms,
-which the Slurm prolog (this module's hot user, once per job start) cannot
-afford. Tests check every minted token against PyJWT's own decoder.
+minted token is never one fiberd would refuse for its shape. Signing is a
+compact JWS (RFC 7515) over ``cryptography``'s signature primitives; tests check
+every minted token against PyJWT's own decoder.
 """
 
 from __future__ import annotations

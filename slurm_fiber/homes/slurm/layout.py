@@ -1,10 +1,10 @@
 """The node's path convention as strings: the state root, a node's dir, a job's dir.
 
 The one place the layout under the state root is spelled (homes.slurm.paths
-builds its ``Path`` records on it; see its docstring for the whole layout).
-Strings, not ``pathlib``, so a client that only finds a job's socket
-(``fiberctl`` inside a job, on every task it starts) imports no pathlib:
-about 3 ms of such a command. Pure: nothing here touches the file system.
+builds its ``Path`` values on it; see its docstring for the whole layout).
+Strings, not ``pathlib``: ``fiberctl`` inside a job imports this module, and its
+import budget (tests/cli/test_fiberctl.py) leaves pathlib out. Pure: nothing here
+touches the file system.
 """
 
 from __future__ import annotations

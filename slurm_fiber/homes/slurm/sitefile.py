@@ -1,13 +1,10 @@
 """The site config file itself: where it is, reading it, and the state root it names.
 
-Split from ``siteconfig`` so a client that only needs to find a job's
-socket (``fiberctl`` inside a job, on every task it starts) reads one key
-and nothing else: building the whole ``SiteConfig`` imports the grant and
-fiber-spec code, tens of milliseconds per command. That key is read from
-its line when the file says it plainly (``plain_state_root``), else with
-tomllib, which with the ``typing`` it imports costs such a command about
-6 ms. Paths are strings here (no pathlib: about 3 ms more). Both modules
-read the same file the same way; ``siteconfig`` validates every key.
+``fiberctl`` inside a job finds the job's socket through the state root, and its
+import budget (tests/cli/test_fiberctl.py) leaves out tomllib, typing and pathlib
+and the grant code ``siteconfig`` needs: this module reads that one key, from its
+line when the file says it plainly (``plain_state_root``), else with tomllib.
+Both modules read the same file the same way; ``siteconfig`` validates every key.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Which children of this process exited, learned without asking the kernel about all of them.
 
-A template is the parent of every fiber it forked, so it may hold thousands
-of children. ``waitid(P_ALL)`` walks all of a caller's children in the kernel
-(0.57 ms with 10,000 sleeping children here, against 1 µs for one named pid),
-and reaping that way took two such walks per exit: the template's CPU per
-Clone grew fivefold at 10,000 running fibers. So the template (core/
-template_main.py) learns exits as events that name the child:
+A template is the parent of every fiber it forked, so it may hold thousands of
+children, and ``waitid(P_ALL)`` walks them all. The template learns exits as
+events that name the child instead:
 
 - ``ChildExits`` blocks SIGCHLD in the calling thread and reads it from a
   ``signalfd``, whose records carry the exited child's pid (``pids``); the
-  template then waits for that pid alone, which the kernel does without a
-  walk;
-- standard signals coalesce (a child exiting while an earlier SIGCHLD is
-  still unread sends none), so a full walk still runs now and then:
-  ``sweep_due`` allows one once a SIGCHLD came and the time since the last
-  walk is ``SWEEP_SPACING`` times the CPU its looking took (its last, empty
-  ``waitid``; reaping found zombies is work a mass exit needs anyway; CPU, so
-  a walk that was preempted does not count as costly), and never later than
-  ``SWEEP_MAX_WAIT``: nearly always with few children (a walk of a hundred
-  costs microseconds), at most a few percent of a core with thousands.
-  fiberd, for its part, asks the template to reap a fiber by pid when the
-  fiber's pidfd shows its exit before its report (template_wire's ``reap``),
-  so a coalesced exit is mostly reported at once, not at the next walk.
-
-A SIGCHLD the kernel delivers to another thread (one that does not block it,
-started by a grant's warm code) runs Python's handler and wakes the template
-through its wakeup fd instead; that wakeup allows a walk too.
+  template then waits for that pid alone;
+- standard signals coalesce, so a full walk still runs now and then: ``sweep_due``
+  allows one once a SIGCHLD came and the time since the last walk is
+  ``SWEEP_SPACING`` times the CPU its looking took, and never later than
+  ``SWEEP_MAX_WAIT``;
+- a SIGCHLD delivered to another thread (one a grant's warm code started) wakes the
+  template through Python's wakeup fd; that wakeup allows a walk too.
 
 Linux only (signalfd); used by one thread; nothing blocks.
 """

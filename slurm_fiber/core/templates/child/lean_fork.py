@@ -1,28 +1,20 @@
 """The warm template's fork: libc's ``fork`` where the process has one thread, not ``os.fork``.
 
-``os.fork`` (CPython 3.11) re-initialises, in the child, the runtime's locks, the GIL and
-the thread states, and runs every ``os.register_at_fork`` handler. A call fiber paid for
-that about 80 copy-on-write faults of the heap it shares with the template (each page
-written is copied) and 0.2 ms of CPU (docs/design.md, "Templates"). In a process with one
-thread most of it changes nothing: no lock can be held by a thread the fork did not
-copy, the caller holds the GIL across the call (``ctypes.PyDLL``), and threading's
-tables name only the caller, whose ident the child keeps. So ``LeanFork.fork`` calls
-libc's ``fork`` and runs the at-fork handlers itself, as ``os.fork`` does (the
-``before`` ones newest first, then ``after_in_parent`` or ``after_in_child`` in the order
-they were registered; an exception in one is written to stderr and the others still
-run), all but those that only guard the fork against other threads
-(``_single_thread_noops``: threading's, logging's and concurrent.futures' lock
-handlers). random's reseed runs, as does any handler a preload registered.
+In a process with one thread, most of what ``os.fork`` re-initialises in the child
+(the runtime's locks, the GIL, the thread states) changes nothing, and redoing it
+writes to pages the fiber shares with the template (docs/design.md, "Templates").
+``LeanFork.fork`` calls libc's ``fork`` and runs the ``os.register_at_fork``
+handlers itself, in ``os.fork``'s order (an exception in one is written to stderr
+and the others still run), all but those that only guard the fork against other
+threads (``_single_thread_noops``: threading's, logging's and concurrent.futures'
+lock handlers).
 
-Called by the template only (core/template_main.py): ``LeanFork()`` before ``ready()``,
-so its markers name the interpreter's handler lists; ``ready()`` after the warm, when
-no more code registers a handler or starts a thread, and before ``gc.freeze`` (``gc``
-finds the lists only among the objects it still tracks). What ``os.fork`` re-initialises
-was read in CPython 3.11's; on another version or implementation (3.12 and 3.13 do more
-in the child, threading's handler too), where the lists are not found or where the
-process has more than one thread, ``fork`` is ``os.fork``. Not done: ``os.fork``'s audit
-event, and dropping signals caught but not yet handled (the template blocks the signals
-it handles around each fork).
+Called by the template only: ``LeanFork()`` before ``ready()``; ``ready()`` after
+the warm, when no more code registers a handler or starts a thread, and before
+``gc.freeze``. On a CPython other than 3.11, where the handler lists are not found,
+or where the process has more than one thread, ``fork`` is ``os.fork``. Not done:
+``os.fork``'s audit event, and dropping signals caught but not yet handled (the
+template blocks the signals it handles around each fork).
 """
 
 from __future__ import annotations
