@@ -40,7 +40,7 @@ the working directory (environment and flags).
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | fiber_user | (none) | a root fiberd must name the user fibers run as (``root``: keep root) |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
-| task_window | fiberd | fiberd: fiberd starts each item of a windowed batch; template: a prototype, the template runs a batch of exec items as a task window (design §4) |
+| task_window | fiberd | template: the task-window prototype runs exec batches (design §4) |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 | metrics_listen | (none) | serve HTTP ``/metrics`` on ``HOST:PORT`` (``PORT`` alone: 127.0.0.1) |

@@ -136,8 +136,8 @@ class TaskWindowRun:
         or close the window (its cause: lease, fence, revoked, removed)."""
         told = first.at
         while not self.closed.is_set():
-            now = self.core.clock.mono()
             live = self.core.book.deadline(self.uid, self.epoch, float("inf"))
+            now = self.core.clock.mono()  # after the book's own reading: a due one is due
             if live.at <= now:
                 await self.close(live.cause.value)
                 return

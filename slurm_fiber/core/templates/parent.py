@@ -524,7 +524,7 @@ class Template:
         leaves: list[Path | None] = []
         try:
             for n in range(count):
-                leaves.append(await self._leaves.take(f"{window_id}.{n}"))
+                leaves.append(await self._leaves.take(f"{window_id}-{n}"))
         except LeafCreateFailed:
             self.give_back_window(leaves)
             raise

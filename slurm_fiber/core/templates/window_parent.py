@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class WindowLink:
         self.baseline = [cpu_usage(leaf) if leaf is not None else None for leaf in leaves]
         self.batches: asyncio.Queue[Batch] = asyncio.Queue()
         self.started: dict[str, int] = {}  # key -> leaf index, reported and not ended
+        self.pids: dict[str, int] = {}  # key -> pid, reported and not ended (uncarved kill)
         self.used: set[int] = set()  # leaf indexes a start was reported in
         self.finished = False
 
@@ -83,10 +85,13 @@ class WindowLink:
             if isinstance(index, int) and 0 <= index < len(self.leaves):
                 self.started[str(start.get("key"))] = index
                 self.used.add(index)
+            if isinstance(pid := start.get("pid"), int) and pid > 1:
+                self.pids[str(start.get("key"))] = pid
             batch.starts.append(start)
         for raw in _rows(msg.get("ends")):
             end = dict(zip(END_FIELDS, raw, strict=False))
             self.started.pop(str(end.get("key")), None)
+            self.pids.pop(str(end.get("key")), None)
             batch.ends.append(end)
         self.finished = batch.done
         self.batches.put_nowait(batch)
@@ -109,11 +114,19 @@ class WindowLink:
             batch.ends.append({"key": key, "pid": None, "status": None, "cpu": None,
                                "maxrss": None, "refused": None})
         self.started.clear()
+        self.pids.clear()
         self.finished = True
         self.batches.put_nowait(batch)
 
     def kill(self) -> None:
-        """SIGKILL whatever runs in the window's leaves. Never raises."""
+        """SIGKILL whatever runs in the window's leaves and, uncarved, the process group of
+        each fiber whose start was reported and its end not (its pid is the template's
+        unreaped child until the template reaps it and reports; between the two it could
+        be reused: not enforced uncarved, where fiberd holds no pidfd of a window fiber).
+        Never raises."""
+        for pid in self.pids.values():
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
         for leaf in self.leaves:
             if leaf is not None:
                 with contextlib.suppress(OSError):

@@ -247,8 +247,9 @@ class Server:
         ran its seconds, start what may start, send each one's report; the poll's wait,
         shortened to the next window's due time."""
         for window in list(self.windows.values()):
-            due = window.enforce()
+            window.enforce()
             window.pump(self.home, set(_SPARE_UNBLOCKS), self.doors, self._adopt)
+            due = window.enforce()  # with what started now
             window.report()
             if window.done:
                 del self.windows[window.id]
