@@ -149,13 +149,13 @@ def test_removal_and_epoch_bump_close_the_window_and_kill_its_fibers(
 def test_no_window_fiber_runs_past_its_seconds(site: Site, tmp_path: Path) -> None:
     mint = site.token
     site.token = lambda *a, **kw: mint(*a, **{**kw, "seconds": 0.5})  # type: ignore[method-assign]
-    with fiberd_in_thread(site, task_window="template") as served:
-        with FiberdClient(served.path) as client:
-            began = time.monotonic()
-            started = client.clone_batch([stamped(tmp_path / "log", f"k{i}", 30)
-                                          for i in range(2)], wait=True, window=2)
-            _, exits = stream(client, started.items)
-            took = time.monotonic() - began
+    with fiberd_in_thread(site, task_window="template") as served, \
+            FiberdClient(served.path) as client:
+        began = time.monotonic()
+        started = client.clone_batch([stamped(tmp_path / "log", f"k{i}", 30)
+                                      for i in range(2)], wait=True, window=2)
+        _, exits = stream(client, started.items)
+        took = time.monotonic() - began
     assert {x["signal"] for x in exits} == {signal.SIGKILL} and len(exits) == 2
     assert took < 20
 
@@ -211,7 +211,7 @@ def test_a_template_killed_mid_window_loses_no_record_of_a_started_fiber(
     with fiberd_in_thread(site, task_window="template", cgroup_root=str(cgroup_root)) as served, \
             FiberdClient(served.path) as client:
         started = client.clone_batch(items, wait=True, window=2)
-        entries, exits = stream(client, started.items)
+        entries, _ = stream(client, started.items)
         rows = [r for r in records(served) if r.get("window")]
     ran = {m[1:] for m in stamps(log) if m.startswith("+")}
     assert ran == {"k0", "k1"}
