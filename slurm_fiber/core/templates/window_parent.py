@@ -27,7 +27,9 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.core.cgroups import manager as cgroups
+from slurm_fiber.core.cgroups.common import populated
+from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
+from slurm_fiber.core.cgroups.v1 import mirrors
 
 START_FIELDS = ("key", "pid", "leaf")
 END_FIELDS = ("key", "pid", "status", "cpu", "maxrss", "refused")
@@ -130,8 +132,8 @@ class WindowLink:
         for leaf in self.leaves:
             if leaf is not None:
                 with contextlib.suppress(OSError):
-                    if cgroups.populated(leaf):
-                        cgroups.kill(leaf)
+                    if populated(leaf):
+                        cgroup_kill(leaf)
 
     def order(self, size: int, left: float, seconds: float | None,
               tasks: list[dict[str, object]]) -> dict[str, object]:
@@ -139,7 +141,7 @@ class WindowLink:
         return {"t": "window", "id": self.id, "size": size, "left": left, "seconds": seconds,
                 "tasks": tasks,
                 "leaves": [[str(leaf) if leaf else None,
-                            [str(m) for m in cgroups.mirrors(leaf)] if leaf else []]
+                            [str(m) for m in mirrors(leaf)] if leaf else []]
                            for leaf in self.leaves]}
 
 
