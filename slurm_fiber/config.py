@@ -40,6 +40,7 @@ the working directory (environment and flags).
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | fiber_user | (none) | a root fiberd must name the user fibers run as (``root``: keep root) |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
+| task_window | fiberd | template: the task-window prototype runs exec batches (design §4) |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 | metrics_listen | (none) | serve HTTP ``/metrics`` on ``HOST:PORT`` (``PORT`` alone: 127.0.0.1) |
@@ -124,6 +125,7 @@ class FiberdConfig:
     strict_limits: bool = False
     fiber_user: str | None = None  # a root fiberd's: whom fibers run as (core/identity.py)
     template_timeout: float = 10.0
+    task_window: str = "fiberd"  # "template": the task-window prototype (design §4)
     log_format: str = "text"
     log_level: str = "info"
     metrics_listen: tuple[str, int] | None = None
@@ -425,6 +427,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("template_timeout", _seconds(0.1, 3600),
            "seconds a template may take to answer (or stay stopped) before it is killed "
            "and re-warmed"),
+    Option("task_window", _choice("fiberd", "template"),
+           "fiberd: fiberd starts each item of a windowed batch; template (a prototype, "
+           "off by default): the template runs a windowed batch of exec items itself, "
+           "reporting starts and ends in batches"),
     Option("log_format", _choice("text", "json"), "text or json"),
     Option("log_level", _choice("debug", "info", "warning", "error"),
            "debug, info, warning or error"),

@@ -226,6 +226,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
+                task_window=config.task_window,
                 template_timeout=config.template_timeout, identity=identity,
                 history=config.history, history_seconds=config.history_seconds)
     refusals = RefusalLog(audit, clock)  # rate-limited per caller (core/refusal_log.py)

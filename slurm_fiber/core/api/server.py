@@ -91,6 +91,7 @@ from slurm_fiber.core.api.service import (
 )
 from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
+from slurm_fiber.core.api.window_stream import stream_window, window_requests
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics
@@ -526,6 +527,21 @@ class _Connection:
         ``stream_exits`` refills the window."""
         server, count, peer = self.server, len(op.items), self.peer
         assert peer is not None
+        opener = getattr(server.service, "open_window", None)  # the runtime's task windows
+        if opener is not None and window_requests(requests, stdios):
+            run = await opener(requests, stdios, [str(item.key) for item in valid],
+                               op.window or 1)
+            if run is not None:  # the runtime took the batch as a task window
+                if not isinstance(run, Miss):
+                    frame.fds.clear()  # handed to the template and closed
+                frame.close_fds()
+                refused = [self.refused_item(rid, item.key, item.error)
+                           for item in op.items if item.error is not None]
+                if isinstance(run, Miss):
+                    refused += [{"key": item.key, "ok": False, "miss": run.to_json()}
+                                for item in valid]
+                await stream_window(self, rid, run, refused, PeerGone)
+                return
         kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
         server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap
         close_all(fd for fd in frame.fds if fd not in kept)  # the refused items'

@@ -88,6 +88,10 @@ class AuditEvent(enum.StrEnum):
     TEMPLATE_LOST = "template_lost"
     CLONE_FAILED = "clone_failed"
     FIBER_EXIT = "fiber_exit"
+    # task windows (core/runtime/task_window.py)
+    WINDOW_OPEN = "window_open"
+    WINDOW_CLOSE = "window_close"
+    FIBER_START = "fiber_start"
     # the daemon around it
     START = "start"
     STOP = "stop"

@@ -72,6 +72,7 @@ from slurm_fiber.core.devices import DeviceChannel
 from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber, FiberEnd
 from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.core.runtime.identity import FiberIdentity
+from slurm_fiber.core.runtime.task_window import TaskWindowRun, open_window
 from slurm_fiber.core.seam import Home, ReleaseDevices
 from slurm_fiber.core.templates.parent import (
     DEFAULT_TIMEOUT,
@@ -184,8 +185,13 @@ class Core:
                  prune_after: float = DEFAULT_PRUNE_AFTER, strict_limits: bool = False,
                  identity: FiberIdentity | None = None,
                  history: int = DEFAULT_HISTORY,
-                 history_seconds: float = DEFAULT_HISTORY_SECONDS) -> None:
+                 history_seconds: float = DEFAULT_HISTORY_SECONDS,
+                 task_window: str = "fiberd") -> None:
         self.home = home
+        # "template": a windowed batch of exec items runs as a task window
+        # (core/runtime/task_window.py); "fiberd" (the default): fiberd starts each item
+        self.task_window = task_window
+        self.windows: dict[str, TaskWindowRun] = {}  # task windows open, by id
         self.identity = identity  # whom templates and fibers run as (core/identity.py)
         self.book = book
         self.verifier = verifier
@@ -298,10 +304,11 @@ class Core:
         self._epoch_reason = reason
         self._write(AuditEvent.EPOCH_BUMP, epoch=epoch, reason=reason)
         self._deadlines.rearm()
+        closing = [w.close("revoked") for w in list(self.windows.values()) if w.epoch < epoch]
         self._note_releases([f for g in list(self._grants.values())
                              for f in g.template.fibers.values() if f.epoch < epoch], "revoked")
-        await asyncio.gather(*(g.template.stop_fibers(self.grace, before_epoch=epoch)
-                               for g in list(self._grants.values())))
+        await asyncio.gather(*closing, *(g.template.stop_fibers(self.grace, before_epoch=epoch)
+                                         for g in list(self._grants.values())))
         return epoch
 
     async def lose_scope(self, reason: str, removes_grants: bool) -> None:
@@ -452,12 +459,59 @@ class Core:
             grant = self._grants.get(uid)
         # Counted with its fibers: the Clones of this grant still starting (another
         # connection's, or a windowed batch's), or a burst could pass ``fibers``.
-        running = len(grant.template.fibers) + self._starting[uid] if grant is not None else 0
-        decision = self.book.decide_clone(uid, _template_view(grant), running)
+        decision = self.decide(uid, 1, caller)
         if isinstance(decision, Miss):
-            return self._miss(uid, decision, caller)
+            return decision
         assert grant is not None
         return await self._start(grant, decision, request, stdio, caller, forked)
+
+    # ------------------------------------------------------------ task windows
+
+    async def open_window(self, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
+                          keys: list[str], size: int) -> TaskWindowRun | Miss | None:
+        """A task window for a windowed batch (core/runtime/task_window.py), when
+        ``task_window`` is "template"; None: fiberd's own path runs the batch."""
+        if self.task_window != "template":
+            return None
+        try:
+            return await open_window(self, requests, stdios, keys, size)
+        except AuditWriteFailed as err:
+            return _audit_failed(err)
+
+    def decide(self, uid: str, places: int, caller: dict[str, int]) -> Start | Miss:
+        """The book's decision for ``places`` more fibers of ``uid`` (a miss audited),
+        counting its fibers running, its Clones still starting (another connection's,
+        or a windowed batch's, or a burst could pass ``fibers``) and its task windows'
+        places."""
+        grant = self._grants.get(uid)
+        running = len(grant.template.fibers) + self._starting[uid] + sum(
+            w.size for w in self.windows.values() if w.uid == uid) \
+            if grant is not None else 0
+        decision = self.book.decide_clone(uid, _template_view(grant), running + places - 1)
+        if isinstance(decision, Miss):
+            return self._miss(uid, decision, caller)
+        return decision
+
+    async def resolve(self, request: CloneRequest) -> str | Miss:
+        """The UID a Clone is for (``_resolve``), the book's admissions saved."""
+        resolved = await self._resolve(request)
+        if isinstance(resolved, str) and self.book.unsaved:
+            try:
+                await self._saved()
+            except OSError as err:
+                return Miss(MissCode.COLD, f"admission of {resolved!r} not saved yet: {err}",
+                            retry_after=RETRY_HINT, detail="state_unsaved")
+        return resolved
+
+    def grant(self, uid: str) -> _Grant | None:
+        return self._grants.get(uid)
+
+    def miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
+        """Audit a miss and return it."""
+        return self._miss(uid, miss, caller)
+
+    def wall(self, mono: float) -> float:
+        return self._wall(mono)
 
     def list_fibers(self, after: str | None = None, limit: int | None = None,
                     ended: bool = False) -> tuple[Sequence[JsonMap], str | None]:
@@ -719,6 +773,8 @@ class Core:
                 return
             if grant.watcher is not None:
                 grant.watcher.cancel()
+            await asyncio.gather(*(w.close(cause) for w in list(self.windows.values())
+                                   if w.uid == uid))
             self._note_releases(list(grant.template.fibers.values()), cause)
             stopping = asyncio.ensure_future(self._stop_grant(grant))
             self._retiring.add(stopping)
@@ -997,6 +1053,25 @@ class Core:
 
     def _write(self, event: AuditEvent, **fields: object) -> None:
         self.audit.write(event, **_present(**fields))
+
+    async def write_many_durably(self, records: Sequence[tuple[str, dict[str, object]]],
+                                 ) -> None:
+        """``_write_durably`` of several records in one append and one fsync."""
+        if self.audit.fsync is not FsyncPolicy.ALWAYS:
+            self.audit.write_many([(event, _present(**fields)) for event, fields in records])
+            return
+        if self._syncer is None:
+            self._syncer = AuditSyncer(self.audit.fileno(), self.python)
+        self.audit.write_many([(event, _present(**fields)) for event, fields in records],
+                              durable=False)
+        appended = self.audit.appended
+        try:
+            await self._syncer.synced()
+        except OSError as err:
+            raise AuditWriteFailed(err.errno or errno.EIO, f"audit log {self.audit.path}: "
+                                   f"records written, not made durable "
+                                   f"({err.strerror or err})") from None
+        self.audit.synced_through(appended)
 
     async def _write_durably(self, event: AuditEvent, **fields: object) -> None:
         """Write a decision's record and return once it is durable, as ``_write`` does, but

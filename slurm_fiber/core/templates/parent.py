@@ -81,6 +81,7 @@ from slurm_fiber.core.templates.lifecycle import (
     WarmError,
 )
 from slurm_fiber.core.templates.spares import Kind, Spare, SparePool
+from slurm_fiber.core.templates.window_parent import WindowLink
 from slurm_fiber.core.trust.grant import TemplateSpec
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, stopped
 
@@ -233,6 +234,8 @@ class Template:
                        Kind.SPAWN: SparePool(Kind.SPAWN, 0)}
         self._spawning: dict[str, _Spawn] = {}  # by spare id, until its Clone has it
         self._leaves = LeafPool(cgroup)
+        self.windows: dict[str, WindowLink] = {}  # task windows running (window_parent.py)
+        self._window_leaves = 0  # leaves they hold: kept free for the next window
 
     @classmethod
     async def start(cls, uid: str, spec: TemplateSpec, env: Mapping[str, str],
@@ -474,6 +477,50 @@ class Template:
             raise
         return spare
 
+    # ------------------------------------------------------------ task windows
+
+    async def window_leaves(self, window_id: str, count: int) -> list[Path | None]:
+        """``count`` free leaves for a task window (None each when uncarved). Raises
+        LeafCreateFailed (those taken are given back)."""
+        leaves: list[Path | None] = []
+        try:
+            for n in range(count):
+                leaves.append(await self._leaves.take(f"{window_id}-{n}"))
+        except LeafCreateFailed:
+            self.give_back_window(leaves)
+            raise
+        self._window_leaves += count
+        return leaves
+
+    def give_back_window(self, leaves: list[Path | None]) -> None:
+        """A window's leaves, empty now (killed, or all its tasks ended)."""
+        self._window_leaves = max(0, self._window_leaves - len(leaves))
+        for leaf in leaves:
+            if leaf is not None:
+                self._give_back(leaf, None, None)
+
+    async def open_window(self, link: WindowLink, msg: dict[str, object],
+                          fds: list[int]) -> None:
+        """Send a task window's order (core/templates/child/window_run.py); its reports
+        go to ``link``. Raises TemplateNotReady."""
+        if not self.life.ready or self._sock is None:
+            raise self._not_ready()
+        self.windows[link.id] = link
+        try:
+            await _send(self._sock, msg, fds, "the template", self.clock, self.timeout)
+        except ForkFailed:
+            self.windows.pop(link.id, None)
+            raise self._not_ready() from None
+        self._moved_at = self.clock.mono()
+
+    def window_order(self, window_id: str, **fields: object) -> None:
+        """``window_close`` (``left`` absent) or ``window_extend`` to the template; best
+        effort: fiberd's kill through the leaves does not depend on it."""
+        kind = "window_extend" if "left" in fields else "window_close"
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.send(wire.encode({"t": kind, "id": window_id, **fields}))
+
     def _spawns(self) -> bool:
         """Whether an exec Clone now is spawned rather than handed an idle spare."""
         if self.exec_spawn != "hot":
@@ -518,7 +565,8 @@ class Template:
         are kept as spares are wanted, plus one per spawned fiber still running: a map of
         exec fibers finds its next leaf free, rather than making one and removing one
         per task."""
-        wanted = sum(p.target for p in self._pools.values()) + self._pools[Kind.SPAWN].running()
+        wanted = sum(p.target for p in self._pools.values()) + self._pools[Kind.SPAWN].running() \
+            + self._window_leaves
         self._leaves.give_back(leaf, peak, oom_kills, keep=self.life.ready,
                                limit=max(wanted, 1))
 
@@ -729,6 +777,9 @@ class Template:
             guard.cancel()
         await pidfd_wait(pidfd)
         self._kill_process()  # what it left in its process group or cgroup leaf
+        for link in list(self.windows.values()):
+            link.gone()  # its windows' leaves killed, what no report told learnt from them
+        self.windows.clear()
         status = proc.wait()
         os.close(pidfd)
         sock.close()
@@ -799,6 +850,14 @@ class Template:
     def _dispatch(self, msg: dict[str, object], fds: list[int]) -> None:
         """Act on one message from the template; its ``fds`` are taken (used or closed)."""
         kind = msg["t"]
+        if kind == "window_report":
+            _close_all(fds)
+            link = self.windows.get(str(msg.get("id")))
+            if link is not None:
+                link.reported(msg)
+                if link.finished:
+                    del self.windows[link.id]
+            return
         spawn = self._pools[Kind.SPAWN]
         spare = spawn.answered(str(msg.get("id"))) if kind in ("spawned", "spawn_failed") \
             else None
@@ -904,6 +963,10 @@ class Template:
         order = self._order(request)
         order["stdio"] = [fd is not None for fd in stdio]
         return order, [fd for fd in stdio if fd is not None], opened
+
+    def run_order(self, request: FiberRequest) -> dict[str, object]:
+        """The run order the template gets for ``request`` (a task window's task's)."""
+        return self._order(request)
 
     def _order(self, request: FiberRequest) -> dict[str, object]:
         env = {k: v for k, v in request.env.items() if k not in ALL_VISIBILITY_VARS}

@@ -107,6 +107,8 @@ from slurm_fiber.core.templates.child.fiber_setup import (
 )
 from slurm_fiber.core.templates.child.lean_fork import LeanFork
 from slurm_fiber.core.templates.child.prctl import die_with_parent, no_new_privs
+from slurm_fiber.core.templates.child.window_run import MAX_FDS as WINDOW_MAX_FDS
+from slurm_fiber.core.templates.child.window_run import TaskWindow
 from slurm_fiber.core.templates.dirtrust import safe_path_entry, trusted_owners
 from slurm_fiber.safefs import UnsafePath, open_dir
 
@@ -195,6 +197,7 @@ class Server:
         self.signalled = False  # a SIGCHLD came since the last walk of all children
         self.walked_at = 0.0  # when the last walk ended (time.monotonic())
         self.walk_took = 0.0  # and the CPU seconds its looking took
+        self.windows: dict[str, TaskWindow] = {}  # task windows (core/.../window_run.py)
 
     def _terminate(self, *_: object) -> None:
         self.kill_all()
@@ -224,6 +227,8 @@ class Server:
         poller.register(self.exits.fileno(), select.POLLIN)
         while True:
             wait = sweep_wait(self.signalled, time.monotonic(), self.walked_at, self.walk_took)
+            if self.windows:
+                wait = self.run_windows(wait)
             for fd, _ in poller.poll(None if wait is None else wait * 1000):
                 if fd == self.exits.fileno():
                     for pid in self.exits.pids():
@@ -236,6 +241,24 @@ class Server:
                     return
             if sweep_due(self.signalled, time.monotonic(), self.walked_at, self.walk_took):
                 self.walk()
+
+    def run_windows(self, wait: float | None) -> float | None:
+        """One pass over the task windows (core/templates/child/window_run.py): kill what
+        ran its seconds, start what may start, send each one's report; the poll's wait,
+        shortened to the next window's due time."""
+        for window in list(self.windows.values()):
+            window.enforce()
+            window.pump(self.home, set(_SPARE_UNBLOCKS), self.doors, self._adopt)
+            due = window.enforce()  # with what started now
+            window.report()
+            if window.done:
+                del self.windows[window.id]
+            elif due is not None:
+                wait = due if wait is None else min(wait, due)
+        return wait
+
+    def _adopt(self, pid: int, key: str, cgroup: str | None) -> None:
+        self.children[pid] = (key, cgroup)
 
     def _drain_wakeups(self) -> None:
         try:
@@ -278,6 +301,9 @@ class Server:
             os.killpg(pid, signal.SIGKILL)  # the zombie still holds the group's id
         _, status, ru = os.wait4(pid, 0)
         spare_id, _ = self.children.pop(pid, (None, None))
+        cpu = ru.ru_utime + ru.ru_stime
+        if any(w.ended(pid, status, cpu, ru.ru_maxrss * 1024) for w in self.windows.values()):
+            return  # in the window's next report
         _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
                           "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
 
@@ -285,7 +311,7 @@ class Server:
         """Serve one message; False when the parent is gone or said stop."""
         # Close-on-exec from the start: a received fd must reach no program but the one
         # it was sent for.
-        data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, wire.MAX_FDS,
+        data, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE + 1, WINDOW_MAX_FDS,
                                           socket.MSG_CMSG_CLOEXEC)
         if not data:
             return False
@@ -297,7 +323,9 @@ class Server:
             return False
         if msg["t"] == "reap" and isinstance(msg.get("pid"), int):
             self.reap(msg["pid"])
-        if msg["t"] == "spare" and len(fds) == 1:
+        if msg["t"] in ("window", "window_close", "window_extend"):
+            self.window_order(msg, fds)
+        elif msg["t"] == "spare" and len(fds) == 1:
             self.spare(msg, fds[0])
         elif msg["t"] == "spawn":
             self.spawn(msg, fds)
@@ -305,6 +333,28 @@ class Server:
             for fd in fds:
                 os.close(fd)
         return True
+
+    def window_order(self, msg: dict[str, object], fds: list[int]) -> None:
+        """Open, close or extend a task window (core/templates/child/window_run.py); a
+        window order that cannot be read is answered with a ``done`` report starting nothing."""
+        window_id = str(msg.get("id"))
+        if msg["t"] == "window":
+            try:
+                self.windows[window_id] = TaskWindow.from_message(
+                    msg, fds, lambda m: _send(self.sock, m))
+            except ValueError as e:
+                _send(self.sock, {"t": "window_report", "id": window_id, "starts": [],
+                                  "ends": [], "done": True, "error": str(e)})
+            return
+        for fd in fds:
+            os.close(fd)
+        window = self.windows.get(window_id)
+        if window is None:
+            return
+        if msg["t"] == "window_close":
+            window.close()
+        elif isinstance(left := msg.get("left"), int | float):
+            window.extend(float(left))
 
     def spare(self, msg: dict[str, object], order_fd: int) -> None:
         """Fork one spare (see the module doc); answer ``spared`` or ``fork_failed``."""

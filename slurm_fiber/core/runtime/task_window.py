@@ -1,0 +1,293 @@
+"""A task window (``task_window = "template"``): fiberd decides once, the template runs the tasks.
+
+``open_window`` is the runtime's side of a windowed ``clone_batch`` of exec items when
+fiberd runs with ``task_window = "template"`` (off by default; docs/design.md, "Task
+windows"). It resolves the grant and decides once for the whole window (the book's
+``decide_clone``, counting the window's ``size`` places against the grant's ``fibers``
+limit), writes the window's admission record (``window_open``) and makes it durable
+before the template hears of the window, then hands the template the tasks
+(core/templates/window_parent.py, core/templates/child/window_run.py). From then on:
+
+- no fiber of the window runs past min(lease, fence): the template starts none at or
+  after the deadline fiberd gave it, and fiberd, asking the book again when the deadline
+  comes (a sync may have moved the fence, a renewal the lease), either extends it or
+  closes the window and kills its leaves; a fence, an epoch bump, a removal and fiberd's
+  shutdown close it at once, and ``close`` returns once nothing of it runs;
+- every fiber is in the audit log: each report's starts and ends are written as
+  ``fiber_start``/``fiber_exit`` records, in one append, and made durable before
+  ``batches`` gives them to the client; a fiber the template started and never
+  reported (it died) is written as a lost start from its leaf's CPU figures;
+- per-fiber ``seconds`` are kept by the template (it kills the leaf); what fiberd
+  guarantees itself is the window's deadline.
+
+Not in the window path (answered by fiberd's own path instead): call items, items of a
+template that runs as another account (``fiber_user``). Window fibers are not listed by
+``list_fibers`` and cannot be stopped one by one; memory peaks and OOM counts are not
+read per fiber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from slurm_fiber.core.api.service import CloneRequest, FiberExit, Stdio
+from slurm_fiber.core.audit.log import AuditEvent, AuditWriteFailed
+from slurm_fiber.core.book.decisions import Deadline, closed_miss
+from slurm_fiber.core.book.misses import Miss, MissCode
+from slurm_fiber.core.cgroups.leaves import LeafCreateFailed
+from slurm_fiber.core.templates.child.window_run import MAX_TASKS
+from slurm_fiber.core.templates.parent import FiberRequest, Template, TemplateNotReady
+from slurm_fiber.core.templates.window_parent import Batch, WindowLink, close_fds
+
+if TYPE_CHECKING:
+    from slurm_fiber.core.runtime.core import Core
+
+log = logging.getLogger(__name__)
+
+TASK_WINDOW_CHOICES = ("fiberd", "template")
+_IDS = itertools.count(1)
+_PREFIX = os.urandom(2).hex()
+
+CLOSE_MISSES = {  # a window's close cause -> the miss its tasks not started get
+    "fence": MissCode.FENCED, "lease": MissCode.EXPIRED, "revoked": MissCode.FENCED,
+    "removed": MissCode.DENIED, "shutdown": MissCode.CLOSED, "cancelled": MissCode.CLOSED,
+}
+
+
+@dataclass
+class TaskWindowRun:
+    """One open window (module doc): ``batches`` yields its events for the client."""
+
+    core: Core
+    id: str
+    uid: str
+    jti: str
+    epoch: int
+    template: Template
+    link: WindowLink
+    keys: list[str]
+    size: int
+    cause: str | None = None  # why it was closed, once it is
+    answered: set[str] = field(default_factory=set)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    _keeper: asyncio.Task[None] | None = None
+
+    def fiber_id(self, key: object) -> str:
+        return f"{self.id}.{self.keys.index(str(key))}" if key in self.keys else f"{self.id}.?"
+
+    async def batches(self) -> AsyncIterator[tuple[list[dict[str, object]],
+                                                   list[FiberExit], bool]]:
+        """Each batch the template reports, as (started entries, exits, last), once its
+        records are durable. The last batch answers the tasks that will never start."""
+        try:
+            while True:
+                batch = await self.link.batches.get()
+                entries, exits = await self._audit(batch)
+                if batch.done:
+                    entries += self._unstarted()
+                    self.template.give_back_window(self.link.leaves)
+                    self.closed.set()
+                yield entries, exits, batch.done
+                if batch.done:
+                    return
+        finally:
+            if not self.closed.is_set():  # the client left: close, kill, wait for the end
+                await self.close("cancelled")
+            self.core.windows.pop(self.id, None)
+            if self._keeper is not None:
+                self._keeper.cancel()
+
+    def cancel(self) -> list[str]:
+        """Start nothing more (the client's ``cancel``): the keys that will not start,
+        answered so (the running fibers go on)."""
+        self.template.window_order(self.id)
+        keys = [key for key in self.keys if key not in self.answered]
+        self.answered.update(keys)
+        return keys
+
+    async def close(self, cause: str) -> None:
+        """Start nothing more, kill what runs (its leaves), and return once the template's
+        last report is in (or it is gone, or ``template_timeout`` passed: the leaves are
+        killed again then). Audited once (``window_close``)."""
+        if self.cause is None:
+            self.cause = cause
+            with contextlib.suppress(OSError):
+                self.core.audit.write(AuditEvent.WINDOW_CLOSE, uid=self.uid, window=self.id,
+                                      cause=cause, epoch=self.epoch)
+            self.template.window_order(self.id)
+            self.link.kill()
+        if self.closed.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.template.timeout):
+                await self.closed.wait()
+                return
+        self.link.gone()  # no last report in time: the leaves are killed, what ran is read
+
+    async def keep_deadline(self, first: Deadline) -> None:
+        """Ask the book again whenever the window's deadline comes: extend the template's,
+        or close the window (its cause: lease, fence, revoked, removed)."""
+        told = first.at
+        while not self.closed.is_set():
+            live = self.core.book.deadline(self.uid, self.epoch, float("inf"))
+            now = self.core.clock.mono()  # after the book's own reading: a due one is due
+            if live.at <= now:
+                await self.close(live.cause.value)
+                return
+            if live.at > told:
+                self.template.window_order(self.id, left=live.at - now)
+                told = live.at
+            await self.core.clock.sleep(live.at - now)
+
+    async def _audit(self, batch: Batch) -> tuple[list[dict[str, object]], list[FiberExit]]:
+        """The batch's records, durable; its started entries and exits for the client."""
+        records: list[tuple[str, dict[str, object]]] = []
+        entries: list[dict[str, object]] = []
+        exits: list[FiberExit] = []
+        base = {"uid": self.uid, "epoch": self.epoch, "window": self.id}
+        for start in batch.starts:
+            key = start.get("key")
+            fid = self.fiber_id(key) if key is not None else None
+            records.append((AuditEvent.FIBER_START, {
+                **base, "fiber": fid, "pid": start.get("pid"), "key": key,
+                **({"lost": True, "leaf": start.get("leaf"),
+                    "usage_usec": start.get("usage_usec")} if batch.lost else {})}))
+            if key is not None:
+                self.answered.add(str(key))
+                entries.append({"key": key, "ok": True, "fiber": {
+                    "id": fid, "pid": start.get("pid"), "grant": self.uid, "mode": "exec",
+                    "epoch": self.epoch, "window": self.id, "state": "running"}})
+        for end in batch.ends:
+            key = str(end.get("key"))
+            refused = end.get("refused")
+            if isinstance(refused, str) and key not in self.answered:
+                self.answered.add(key)
+                records.append((AuditEvent.CLONE_FAILED, {**base, "key": key,
+                                                          "reason": refused}))
+                entries.append({"key": key, "ok": False, "error": {
+                    "code": "bad_request", "reason": refused}})
+                continue
+            fiber_exit = self._exit(end, batch.lost)
+            records.append((AuditEvent.FIBER_EXIT, {**base, "fiber": fiber_exit.fiber_id,
+                                                    "exit": fiber_exit.to_json()}))
+            exits.append(fiber_exit)
+        if batch.error:
+            records.append((AuditEvent.PROBLEM, {**base, "reason": batch.error}))
+        if records:
+            try:
+                await self.core.write_many_durably(records)
+            except AuditWriteFailed as err:  # said, not hidden: the fibers are killed
+                log.error("window %s: records not durable: %s", self.id, err)
+                await self.close("audit_failed")
+        return entries, exits
+
+    def _exit(self, end: dict[str, object], lost: bool) -> FiberExit:
+        status = end.get("status")
+        cpu = end.get("cpu")
+        maxrss = end.get("maxrss")
+        rusage: dict[str, object] = {}
+        if isinstance(cpu, float | int):
+            rusage["cpu_time"] = cpu
+        if isinstance(maxrss, int):
+            rusage["maxrss_kib"] = maxrss // 1024
+        code = sig = None
+        if isinstance(status, int):
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        reason = None
+        if self.cause is not None and sig is not None:
+            reason = {"code": self.cause, "message": f"task window closed ({self.cause})"}
+        return FiberExit(fiber_id=self.fiber_id(end.get("key")), exit_code=code, signal=sig,
+                         rusage=rusage, reason=reason,
+                         error={"type": "FiberLost", "message": "its template died before "
+                                "reporting its end"} if lost else None)
+
+    def _unstarted(self) -> list[dict[str, object]]:
+        cause = self.cause or "template"
+        code = CLOSE_MISSES.get(cause, MissCode.COLD)
+        miss = Miss(code, f"task window {self.id} closed ({cause}) before this task "
+                    "started", retry_after=1.0 if code.retryable else None)
+        return [{"key": key, "ok": False, "miss": miss.to_json()}
+                for key in self.keys if key not in self.answered]
+
+
+async def open_window(core: Core, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
+                      keys: list[str], size: int) -> TaskWindowRun | Miss | None:
+    """Open a window for a windowed batch's exec items (module doc): the run, a miss for
+    them all (audited), or None when the window path does not take them (call items,
+    another account's template): fiberd's own path then. ``stdios``' descriptors are
+    handed to the template and closed here once the order is sent; on a miss or None
+    they are left to the caller."""
+    if not requests or len(requests) > MAX_TASKS or any(
+            r.exec is None or r.call is not None for r in requests):
+        return None
+    first = requests[0]
+    caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
+              "batch": len(requests)}
+    if core.closing:
+        return core.miss(None, closed_miss(), caller)
+    resolved = await core.resolve(first)
+    if isinstance(resolved, Miss):
+        return core.miss(None, resolved, caller)
+    grant = core.grant(resolved)
+    if grant is not None and grant.template.identity is not None \
+            and grant.template.identity.uid != os.geteuid():
+        return None
+    decision = core.decide(resolved, size, caller)
+    if isinstance(decision, Miss):
+        return decision
+    assert grant is not None
+    template = grant.template
+    window_id = f"w{_PREFIX}-{next(_IDS)}"
+    try:
+        leaves = await template.window_leaves(window_id, len(requests))
+    except LeafCreateFailed as err:
+        return core.miss(resolved, Miss(MissCode.COLD, f"no cgroup leaf for the window: "
+                                        f"{err}", retry_after=1.0), caller)
+    link = WindowLink(window_id, keys, leaves)
+    window_deadline = core.book.deadline(resolved, decision.epoch, float("inf"))
+    seconds = decision.spec.limits.seconds
+    try:
+        await core.write_many_durably([(AuditEvent.WINDOW_OPEN, {
+            "uid": resolved, "jti": decision.jti, "window": window_id,
+            "epoch": decision.epoch, "size": size, "tasks": len(requests),
+            "deadline": core.wall(window_deadline.at),
+            "deadline_cause": window_deadline.cause.value, "seconds": seconds,
+            "carved": leaves[0] is not None, **caller})])
+    except AuditWriteFailed as err:
+        template.give_back_window(leaves)
+        return core.miss(resolved, Miss(MissCode.AUDIT_FAILED, str(err), retry_after=1.0),
+                         caller)
+    tasks: list[dict[str, object]] = []
+    fds: list[int] = []
+    for n, (request, stdio) in enumerate(zip(requests, stdios, strict=True)):
+        assert request.exec is not None
+        passed = (stdio.stdin, stdio.stdout, stdio.stderr)
+        order = template.run_order(FiberRequest(
+            id=f"{window_id}.{n}", mode="exec", argv=request.exec.argv, cwd=request.exec.cwd,
+            env=request.env, stdio=passed, jti=decision.jti, epoch=decision.epoch,
+            deadline=window_deadline.at))
+        tasks.append({"key": keys[n], "order": order})
+        fds += [fd for fd in passed if fd is not None]
+    run = TaskWindowRun(core, window_id, resolved, decision.jti, decision.epoch, template,
+                        link, keys, size)
+    left = window_deadline.at - core.clock.mono()
+    try:
+        await template.open_window(link, link.order(size, left, seconds, tasks), fds)
+    except TemplateNotReady:
+        template.give_back_window(leaves)
+        return core.miss(resolved, Miss(MissCode.COLD, "the template is not ready",
+                                        retry_after=1.0), caller)
+    finally:
+        close_fds(fds)
+    core.windows[window_id] = run
+    run._keeper = asyncio.ensure_future(run.keep_deadline(window_deadline))
+    return run
+

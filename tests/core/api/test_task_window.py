@@ -1,0 +1,242 @@
+"""Task windows (fiberd's ``task_window = "template"``, a prototype, off by default): fiberd
+decides a windowed batch of exec items once and the template starts each next task itself.
+Each safety test is named for the rule the window changes; against the real fiberd, its
+real template, real processes and (where named) real cgroup leaves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.core.templates.window_parent import WindowLink
+from tests.core.api.test_window import marking, most_at_once
+from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
+
+
+def records(served: ThreadFiberd) -> list[dict[str, object]]:
+    return [json.loads(line)
+            for line in Path(served.service.audit.path).read_text().splitlines()]
+
+
+def stream(client: FiberdClient, first: list[dict[str, object]],
+           within: float = 30) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """A windowed batch's answers (every ``started`` entry, in order) and exit events, read
+    to the final event."""
+    entries, exits = list(first), []
+    while True:
+        message = client.receive(wait_forever=True, within=within)
+        assert message["ok"], message
+        if message["event"] == "started":
+            entries += message["result"]["items"]
+        elif message["event"] == "exit":
+            exits.append(message["result"])
+        if message["final"]:
+            return entries, exits
+
+
+@pytest.fixture
+def windowed(site: Site) -> Iterator[ThreadFiberd]:
+    with fiberd_in_thread(site, task_window="template") as served:
+        yield served
+
+
+def test_the_window_path_is_off_by_default(fiberd_served: ThreadFiberd, tmp_path: Path) -> None:
+    items = [marking(tmp_path / "log", f"k{i}", 0) for i in range(3)]
+    with FiberdClient(fiberd_served.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        stream(client, started.items)
+    assert not [r for r in records(fiberd_served) if r["event"] == "window_open"]
+
+
+def test_a_task_window_keeps_n_running_and_answers_every_item(
+        windowed: ThreadFiberd, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    items = [marking(log, f"k{i}", 0.05 * (i % 3)) for i in range(7)]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        entries, exits = stream(client, started.items)
+        assert client.ready().ready
+    assert sorted(str(e["key"]) for e in entries) == [f"k{i}" for i in range(7)]
+    assert all(e["ok"] for e in entries) and len(exits) == 7
+    assert {x["status"] for x in exits} == {0}
+    assert most_at_once(log) <= 2
+    assert [str(e["key"]) for e in entries] == [f"k{i}" for i in range(7)]
+
+
+def fence_in(served: ThreadFiberd, seconds: float) -> None:
+    """Give ``served``'s book a control plane that synced now and a fence ``seconds`` after."""
+    def fence() -> None:
+        book = served.service.book
+        book.health.control_plane = True
+        book.health.mark_sync()
+        book.fence_ttl = seconds
+    served.on_loop(fence)
+
+
+def stamped(log: Path, key: str, seconds: float) -> dict[str, object]:
+    """An item that logs "+key <wall time>" as it starts and "-key <wall time>" as it ends."""
+    script = (f'echo "+{key} $(date +%s.%N)" >> {log}; sleep {seconds}; '
+              f'echo "-{key} $(date +%s.%N)" >> {log}')
+    return {"key": key, "exec": {"argv": ["sh", "-c", script]}}
+
+
+def stamps(log: Path) -> dict[str, float]:
+    out = {}
+    for line in log.read_text().splitlines():
+        mark, at = line.split()
+        out[mark] = float(at)
+    return out
+
+
+def test_fence_closes_the_window_and_nothing_starts_or_runs_after_it(
+        windowed: ThreadFiberd, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    fence_in(windowed, 1.0)
+    items = [stamped(log, f"k{i}", 0.6) for i in range(6)]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=1)
+        entries, exits = stream(client, started.items)
+    opened = next(r for r in records(windowed) if r["event"] == "window_open")
+    fence = float(opened["deadline"])  # type: ignore[arg-type]
+    assert opened["deadline_cause"] == "fence"
+    times = stamps(log)
+    began = [at for mark, at in times.items() if mark.startswith("+")]
+    assert began and max(began) < fence  # nothing started at or after the fence
+    ran = [e for e in entries if e["ok"]]
+    missed = [e for e in entries if not e["ok"]]
+    assert {e["miss"]["code"] for e in missed} == {"fenced"}  # type: ignore[index]
+    assert len(ran) + len(missed) == 6 and len(exits) == len(ran)
+    killed = [x for x in exits if x["signal"] == signal.SIGKILL]
+    assert len(killed) == 1 and killed[0]["reason"]["code"] == "fence"  # type: ignore[index]
+    assert not [r for r in records(windowed) if r["event"] == "fiber_start"
+                and float(r["time"]) > fence + 5]  # type: ignore[arg-type]
+    assert [r["cause"] for r in records(windowed) if r["event"] == "window_close"] == ["fence"]
+
+
+@pytest.mark.parametrize("how", ["epoch_bump", "removal"])
+def test_removal_and_epoch_bump_close_the_window_and_kill_its_fibers(
+        windowed: ThreadFiberd, site: Site, tmp_path: Path, how: str) -> None:
+    log = tmp_path / "log"
+    items = [stamped(log, f"k{i}", 30) for i in range(5)]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        if how == "epoch_bump":
+            async def bump() -> int:
+                return await windowed.service.bump_epoch("test: window revoked")
+            import asyncio
+            asyncio.run_coroutine_threadsafe(bump(), windowed.loop).result(30)
+        else:
+            site.remove()
+        entries, exits = stream(client, started.items)
+    cause = "revoked" if how == "epoch_bump" else "removed"
+    ran = [e for e in entries if e["ok"]]
+    assert 1 <= len(ran) <= 2 and len(exits) == len(ran)
+    assert {x["signal"] for x in exits} == {signal.SIGKILL}
+    missed = [e for e in entries if not e["ok"]]
+    assert len(missed) == 5 - len(ran)
+    assert not [m for m in stamps(log) if m.startswith("-")]  # none ran its 30 s
+    assert [r["cause"] for r in records(windowed) if r["event"] == "window_close"] == [cause]
+
+
+def test_no_window_fiber_runs_past_its_seconds(site: Site, tmp_path: Path) -> None:
+    mint = site.token
+    site.token = lambda *a, **kw: mint(*a, **{**kw, "seconds": 0.5})  # type: ignore[method-assign]
+    with fiberd_in_thread(site, task_window="template") as served, \
+            FiberdClient(served.path) as client:
+        began = time.monotonic()
+        started = client.clone_batch([stamped(tmp_path / "log", f"k{i}", 30)
+                                      for i in range(2)], wait=True, window=2)
+        _, exits = stream(client, started.items)
+        took = time.monotonic() - began
+    assert {x["signal"] for x in exits} == {signal.SIGKILL} and len(exits) == 2
+    assert took < 20
+
+
+def test_every_window_fiber_has_durable_records_admission_before_the_first(
+        site: Site, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        answer: list[object] = []
+        with fsync_stalled(served):
+            thread = threading.Thread(target=lambda: answer.append(client.clone_batch(
+                [stamped(log, f"k{i}", 0) for i in range(4)], wait=True, window=2)))
+            thread.start()
+            time.sleep(1.0)
+            assert not log.exists() and not answer  # the admission waits for its fsync
+        thread.join(30)
+        assert answer
+        _, exits = stream(client, answer[0].items)  # type: ignore[attr-defined]
+        assert len(exits) == 4
+        rows = records(served)
+    events = [r["event"] for r in rows if r.get("window")]
+    assert events[0] == "window_open"
+    starts = [r for r in rows if r["event"] == "fiber_start"]
+    ends = [r for r in rows if r["event"] == "fiber_exit" and r.get("window")]
+    assert sorted(r["key"] for r in starts) == [f"k{i}" for i in range(4)]  # type: ignore[type-var]
+    assert sorted(r["fiber"] for r in ends) == sorted(r["fiber"] for r in starts)  # type: ignore[type-var]
+
+
+def test_window_events_wait_for_their_records_fsync(site: Site, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        client.clone(exec={"argv": ["true"]}, wait=True)  # starts the fsync helper
+        client.wait_exit(within=30)
+        started = client.clone_batch([stamped(log, "k0", 0.5), stamped(log, "k1", 0.5)],
+                                     wait=True, window=1)
+        with fsync_stalled(served):
+            time.sleep(1.5)  # k0 has ended and k1 started meanwhile: both reported
+            assert "-k0" in stamps(log)
+            with pytest.raises(TimeoutError):
+                client.receive(within=0.5)  # not told before the records are durable
+        _, exits = stream(client, started.items)
+        assert len(exits) == 2
+
+
+def test_a_template_killed_mid_window_loses_no_record_of_a_started_fiber(
+        site: Site, tmp_path: Path, cgroup_root: Path) -> None:
+    log = tmp_path / "log"
+    kill_template = f'echo "+k1 0" >> {log}; kill -KILL $PPID; sleep 30'
+    items = [stamped(log, "k0", 30), {"key": "k1", "exec": {"argv": ["sh", "-c", kill_template]}},
+             stamped(log, "k2", 30)]
+    with fiberd_in_thread(site, task_window="template", cgroup_root=str(cgroup_root)) as served, \
+            FiberdClient(served.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        entries, _ = stream(client, started.items)
+        rows = [r for r in records(served) if r.get("window")]
+    ran = {m[1:] for m in stamps(log) if m.startswith("+")}
+    assert ran == {"k0", "k1"}
+    starts = [r for r in rows if r["event"] == "fiber_start"]
+    ends = [r for r in rows if r["event"] == "fiber_exit"]
+    # each fiber that ran has its start (reported, or learnt from its leaf) and its end
+    assert len(starts) == 2 and len(ends) == len([r for r in starts if r["key"]])
+    assert {r["key"] for r in starts if not r.get("lost")} <= {"k0", "k1"}
+    assert [e["key"] for e in entries if not e["ok"]] == ["k2"]
+    assert not (stamps(log).keys() & {"-k0", "-k1"})  # killed with their leaves
+
+
+def test_a_leaf_tells_a_start_the_template_never_reported(cgroup_root: Path) -> None:
+    leaves = [cgroup_root / "slot-0", cgroup_root / "slot-1", cgroup_root / "slot-2"]
+    for leaf in leaves:
+        leaf.mkdir()
+    link = WindowLink("w1", ["a", "b", "c"], list(leaves))
+    link.reported({"t": "window_report", "id": "w1", "starts": [["b", 1, 1]], "ends": [],
+                   "done": False})
+    procs = (leaves[0] / "cgroup.procs").open("w")
+    subprocess.run(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done"],
+                   preexec_fn=lambda: (procs.write("0"), procs.flush()), check=True)
+    link.gone()
+    first, last = link.batches.get_nowait(), link.batches.get_nowait()
+    assert first.starts == [{"key": "b", "pid": 1, "leaf": 1}]
+    assert last.done and last.lost
+    assert [(s["leaf"], s["key"]) for s in last.starts] == [(0, None)]  # slot-0: unreported
+    assert [e["key"] for e in last.ends] == ["b"]  # b's end never came: lost with it
