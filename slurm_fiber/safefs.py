@@ -280,3 +280,22 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, uid:
             raise
         raise type(err)(err.errno, err.strerror, fd_path(dir_fd, name)) from None
     os.fsync(dir_fd)
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644,
+                 uid: int = -1, gid: int = -1) -> None:
+    """``write_atomic`` by path: replace the file ``path`` names with ``data`` of exactly
+    ``mode`` (whatever the umask), whole or not at all.
+
+    The parent directory is opened as named (a link in it is followed): for
+    directories only the caller, root or a trusted account can write. Below a
+    directory another user controls, open it with ``open_dir`` and call
+    ``write_atomic``. Blocks on the disk flushes; raises OSError, leaving the
+    file as it was and no temporary file behind.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        write_atomic(dir_fd, name, data, mode=mode, uid=uid, gid=gid)
+    finally:
+        os.close(dir_fd)

@@ -33,7 +33,7 @@ from slurm_fiber.core.trust.tokens import (
     TokenVerifier,
     decode_unverified,
 )
-from slurm_fiber.safefs import UnsafePath, open_dir
+from slurm_fiber.safefs import UnsafePath, open_dir, replace_file
 
 EXIT_CODES = "Exit codes: 0 success / valid; 1 refused or failed (one line says why); 2 usage."
 keys_app = typer.Typer(help=f"Issuer signing keys and their JWKS.\n\n{EXIT_CODES}",
@@ -73,18 +73,6 @@ def _read_token(token: str) -> bytes:
     if token != "-":
         return token.encode("utf-8", "surrogateescape")
     return sys.stdin.buffer.read(MAX_TOKEN_BYTES + 1)
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data`` of exactly ``mode``, whatever the umask."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    os.fchmod(fd, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @keys_app.command("gen")
@@ -127,7 +115,7 @@ def keys_gen(
         jwks_path = out / f"{issuer}.jwks.json"
         keys = json.loads(jwks_path.read_text())["keys"] if jwks_path.exists() else []
         save_private_key(key, key_path)
-        _write_atomic(jwks_path, json.dumps({"keys": [*keys, jwk]}, indent=2).encode(), 0o644)
+        replace_file(jwks_path, json.dumps({"keys": [*keys, jwk]}, indent=2).encode(), mode=0o644)
     except OSError as err:
         where = f" {err.filename}" if err.filename else ""
         _fail(f"keys gen failed:{where}: {err.strerror or err}")

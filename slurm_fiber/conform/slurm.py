@@ -373,13 +373,8 @@ class SlurmStage(OpenedStage):
 
     async def deliver(self, uid: str, token: str) -> None:
         """Write ``<uid>.jwt`` (0600, the job user's) into the job's grantdir by rename."""
-        grantdir = self.paths.grantdir
-        tmp = grantdir / f".{uid}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(token)
-        os.chown(tmp, self.job.uid, self.job.gid)
-        tmp.rename(grantdir / f"{uid}.jwt")
+        safefs.replace_file(self.paths.grantdir / f"{uid}.jwt", token.encode(), mode=0o600,
+                     uid=self.job.uid, gid=self.job.gid)
 
     async def remove(self, uid: str) -> None:
         """Delete ``<uid>.jwt``."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from slurm_fiber.config import load_config
 from slurm_fiber.conform.stage import Capability, Issuer, Launch, OpenedStage, Published
 from slurm_fiber.core.devices import Device
 from slurm_fiber.homes.sdnotify import NOTIFY_ENV
+from slurm_fiber.safefs import replace_file
 
 DEVICES = (Device("gpu", 0, None, "GPU-conform-0"), Device("gpu", 1, None, "GPU-conform-1"))
 POLL_INTERVAL = 0.05  # seconds between grantdir polls: fast, so clauses settle quickly
@@ -93,11 +93,7 @@ class StandaloneStage(OpenedStage):
 
     async def deliver(self, uid: str, token: str) -> None:
         """Write ``<uid>.jwt`` (0600) by rename, as a careful admin tool would."""
-        tmp = self.grantdir / f".{uid}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(token)
-        tmp.rename(self.grantdir / f"{uid}.jwt")
+        replace_file(self.grantdir / f"{uid}.jwt", token.encode(), mode=0o600)
 
     async def remove(self, uid: str) -> None:
         """Delete ``<uid>.jwt``."""

@@ -1,8 +1,7 @@
 """The readiness file: a small JSON document replaced atomically on every publish.
 
-A reader never sees a partial document: the new content is written to a
-hidden temporary file in the same directory, flushed to disk, and renamed
-over the old one. The document is ``{"ready": bool, "warm": [uids], "time":
+A reader never sees a partial document: it is replaced whole
+(``safefs.replace_file``). The document is ``{"ready": bool, "warm": [uids], "time":
 unix seconds}`` and the writer's identity (``writer()``): ``pid``, ``pid_start``
 (its start time in clock ticks since boot, /proc/<pid>/stat) and ``boot_id``.
 
@@ -16,9 +15,10 @@ last publish is in it) and ask fiberd itself (its socket's ``ready``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+
+from slurm_fiber.safefs import replace_file
 
 
 def ready_document(warm: list[str], time: float) -> dict[str, object]:
@@ -78,38 +78,7 @@ def _boot_id() -> str | None:
         return None
 
 
-def write_atomically(path: str, content: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``content`` so readers see the old or the new file, never a mix.
-
-    Blocks on disk I/O (write, fsync, rename). Raises OSError when the
-    directory is missing or unwritable; the old file is then left as it was
-    and no temporary file is left behind.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def write_ready_file(path: str, warm: list[str], time: float) -> None:
     """Publish readiness to ``path`` atomically; blocks on disk I/O, raises OSError."""
     document = json.dumps(ready_document(warm, time), sort_keys=True) + "\n"
-    write_atomically(path, document.encode())
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    replace_file(path, document.encode())

@@ -202,3 +202,23 @@ def test_open_dir_makes_missing_dirs_with_exactly_the_mode_asked(tmp_path: Path)
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
         open_dir(tmp_path / "file" / "below", create_mode=0o700)
+
+
+def test_replace_file_by_path_is_write_atomic(area: Path, tmp_path: Path) -> None:
+    """The one path-based writer (ready files, the grant book, the JWKS): the mode asked
+    whatever the umask, a planted link at the name replaced rather than followed, no
+    temporary left, a missing directory an OSError."""
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    (area / "ready.json").symlink_to(victim)
+    old = os.umask(0o077)
+    try:
+        safefs.replace_file(area / "ready.json", b"{}\n", mode=0o644)
+    finally:
+        os.umask(old)
+    st = (area / "ready.json").lstat()
+    assert (st.st_mode & 0o777, (area / "ready.json").read_bytes()) == (0o644, b"{}\n")
+    assert victim.read_text() == "secret"
+    assert [p.name for p in area.iterdir()] == ["ready.json"]
+    with pytest.raises(FileNotFoundError):
+        safefs.replace_file(area / "absent" / "x", b"x")

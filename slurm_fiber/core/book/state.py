@@ -28,6 +28,7 @@ from typing import Any
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.spec import BadFiberClaim, fiber_spec_to_json, parse_fiber_spec
 from slurm_fiber.core.trust.grant import FiberSpec
+from slurm_fiber.safefs import replace_file
 
 FORMAT = "slurm_fiber.grantbook/1"
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -152,18 +153,7 @@ class StateFile:
         with self._lock:
             if stamp < self._written:
                 return
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_file(self.path, data, mode=0o600)
             self._written = stamp
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.slurm.control import ControlPlane
+from slurm_fiber.safefs import replace_file
 
 COMMENT_READY = "slurm-fiber: ready"
 COMMENT_NOT_READY = "slurm-fiber: not ready"
@@ -28,18 +28,6 @@ def ready_document(job_id: int, warm: list[str], wall: float) -> dict[str, objec
     """The JSON the ready file holds: the job, whether any template is warm, which, and when."""
     return {"job_id": job_id, "ready": bool(warm), "warm": warm, "updated": wall,
             **writer()}  # readers check it is alive (homes/readyfile.py read_ready)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` (hidden temp file, fsync, rename). Blocks; raises OSError."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class ReadyPublisher:
@@ -60,7 +48,7 @@ class ReadyPublisher:
     async def __call__(self, warm: list[str]) -> None:
         doc = ready_document(self.job_id, warm, self.clock.wall())
         data = (json.dumps(doc, sort_keys=True) + "\n").encode()
-        await asyncio.to_thread(write_atomic, self.ready_file, data)
+        await asyncio.to_thread(replace_file, self.ready_file, data)
         if self.control is not None:
             comment = COMMENT_READY if warm else COMMENT_NOT_READY
             await self.control.set_comment(self.job_id, comment)
