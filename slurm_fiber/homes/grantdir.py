@@ -62,6 +62,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.seam import GrantEvent
 from slurm_fiber.core.trust.grant import valid_uid
 from slurm_fiber.core.trust.tokens import TokenRefused, decode_unverified
+from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.safefs import UnsafePath, open_dir, read_upto
 
@@ -77,13 +78,8 @@ SLICE = 16  # names read per step of a scan; the event loop runs other work betw
 RACY_NS = 2_000_000_000
 
 
-class GrantDirRefused(Exception):
+class GrantDirRefused(CodedError):
     """The grantdir cannot be trusted or read: ``code`` to key on, ``reason`` for people."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ import os
 import struct
 from types import SimpleNamespace
 
+from slurm_fiber.errors import CodedError
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -104,13 +106,8 @@ def close_all(fds: Iterable[int]) -> None:
             pass
 
 
-class FramingError(Exception):
+class FramingError(CodedError):
     """The byte stream is unusable from here on (oversize or zero length); close it."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 class Frame:

@@ -40,6 +40,7 @@ from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
 from slurm_fiber.core.trust.grant import valid_uid
+from slurm_fiber.errors import CodedError
 
 VERSION = 5  # the newest this fiberd speaks
 VERSIONS = (1, 2, 3, 4, 5)  # every one it accepts (docs/socket-protocol.md, "Versions")
@@ -88,13 +89,13 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "internal"  # the runtime failed on this request; the server carries on
 
 
-class ApiError(Exception):
+class ApiError(CodedError):
     """A refusal: code, one-line reason and, for bad_request, the offending field."""
 
+    code: ErrorCode
+
     def __init__(self, code: ErrorCode, reason: str, field: str | None = None) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
+        super().__init__(code, reason)
         self.field = field
 
     def to_json(self) -> dict[str, object]:

@@ -85,6 +85,7 @@ from slurm_fiber.core.templates.parent import (
 )
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, VerifiedToken
 from slurm_fiber.core.trust.tokens import TokenRefused, TokenVerifier
+from slurm_fiber.errors import CodedError
 
 log = logging.getLogger("slurm_fiber.core.runtime.core")
 
@@ -96,14 +97,12 @@ DEFAULT_HISTORY = 1000  # ended fibers whose records are kept (inspect, ls --all
 DEFAULT_HISTORY_SECONDS = 3600.0  # ... and for how long after they ended
 
 
-class AdmitRefused(Exception):
+class AdmitRefused(CodedError):
     """An admission the core refused: ``code`` and a one-line ``reason`` (audited already)."""
 
     def __init__(self, miss: Miss) -> None:
-        super().__init__(miss.reason)
+        super().__init__(miss.code.value, miss.reason)
         self.miss = miss
-        self.code = miss.code.value
-        self.reason = miss.reason
 
 
 class CloneFailed(Exception):

@@ -52,6 +52,7 @@ from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
+from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
@@ -70,13 +71,11 @@ TOKEN_REFUSALS = 2  # rounds in a row answered 401 (token re-read before each) t
 log = logging.getLogger("slurm_fiber.homes.kubernetes")
 
 
-class DevicesUnknown(Exception):
-    """The claims' devices are not known yet: ``code`` to key on, ``reason`` for people."""
+class DevicesUnknown(CodedError):
+    """The claims' devices are not known yet: ``code`` devices_unknown, ``reason`` for people."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.code = "devices_unknown"
-        self.reason = reason
+        super().__init__("devices_unknown", reason)
 
 
 def _release_nothing() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.scontrol import Ping, QueueJob, parse_ping, parse_squeue_json
 
@@ -33,13 +34,8 @@ VERSION = re.compile(r"slurm(?:-wlm)?\s+(\d+)\.(\d+)")
 UNKNOWN_JOB = "Invalid job id"
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(CodedError):
     """A control-plane call failed: ``code`` (timeout, exec_failed, exit_status) and ``reason``."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 class ControlPlane(Protocol):

@@ -13,16 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
 
 
-class DevicesRefused(Exception):
+class DevicesRefused(CodedError):
     """The grant's devices cannot be had: ``code`` (device_held, lease_failed) and ``reason``."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ path needs of the job's variables, and it stays within fiberctl's import budget
 
 from __future__ import annotations
 
+from slurm_fiber.errors import CodedError
+
 # A node name is a path component of the node's state (paths.node_dir): it starts with a
 # letter or a digit, so it is never "", "." or "..", and holds no "/" or control character.
 NODE_RULE = "letters, digits and _ . + -, starting with a letter or digit"
@@ -16,7 +18,7 @@ _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _NODE_CHARS = _ALNUM | frozenset("_.+-")
 
 
-class SlurmParseError(ValueError):
+class SlurmParseError(CodedError, ValueError):
     """Slurm gave something this package cannot use.
 
     ``code`` is one of ``missing`` (a required value is absent), ``invalid`` (a
@@ -24,11 +26,6 @@ class SlurmParseError(ValueError):
     ``slurm_error`` (Slurm itself reported a failure) or ``unrecognised``
     (output in no format this package knows). ``str()`` is one line.
     """
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 def is_node_name(value: str) -> bool:
