@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_fiber.core.trust.issuers import public_jwk
-from slurm_fiber.core.trust.mint import generate_key, save_private_key
+from slurm_fiber.core.trust.mint import save_private_key
+from slurm_fiber.testing import Issuer
 
 TARGET_P50_S = 0.150
 BIN = Path(sys.executable).parent
@@ -39,9 +39,7 @@ CGROUP2 = Path("/sys/fs/cgroup/unified")
 def site(root: Path, delegate: bool, mint: bool = True) -> Path:
     """Write a site (key, JWKS, config) under ``root``; the config path."""
     root.mkdir(mode=0o755, exist_ok=True)
-    key = generate_key()
-    save_private_key(key, root / "site.key")
-    (root / "site.jwks.json").write_text(json.dumps({"keys": [public_jwk(key)]}))
+    save_private_key(Issuer("bench", root / "site.jwks.json").key, root / "site.key")
     lines = ['issuer = "bench"', f'state_root = "{root / "state"}"']
     if mint:
         lines.append(f'issuer_key = "{root / "site.key"}"')

@@ -33,5 +33,5 @@ def test_every_coded_exception_is_a_coded_error(err: CodedError, code: str) -> N
 
 
 def test_a_parse_error_is_still_a_value_error() -> None:
-    with pytest.raises(ValueError, match="^bad$"):
+    with pytest.raises(ValueError, match=r"^bad$"):
         raise SlurmParseError("invalid", "bad")

@@ -1,14 +1,15 @@
 """A throwaway standalone site: an issuer, one grant, and a real ``fiberd`` subprocess.
 
 Used by ``slurm-fiber quickstart`` and bench/clone.py. ``Site.create(root,
-preloads)`` makes, under ``root`` (mode 0700), a fresh Ed25519 issuer key
-(kept in memory only), its JWKS, and one grant token (or one per given UID)
-whose template preloads the given modules, dropped into the standalone
-home's grantdir. ``Site.start`` runs the ``fiberd`` console script of this
-interpreter's environment (the same venv) with flags only: the caller's
-``FIBERD_*`` variables and systemd's ``NOTIFY_SOCKET`` are not passed on, so
-nothing outside ``root`` configures it or hears from it. Every template and
-fiber carries ``SLURM_FIBER_RUN=<run id>`` in its environment, which is how
+preloads)`` makes, under ``root`` (mode 0700), a
+``slurm_fiber.testing.Site``: a fresh Ed25519 issuer key (kept in memory
+only), its JWKS, and one grant token (or one per given UID) whose template
+preloads the given modules, dropped into the standalone home's grantdir.
+``Site.start`` runs the ``fiberd`` console script of this interpreter's
+environment (the same venv) with flags only: the caller's ``FIBERD_*``
+variables and systemd's ``NOTIFY_SOCKET`` are not passed on, so nothing
+outside ``root`` configures it or hears from it. Every template and fiber
+carries ``SLURM_FIBER_RUN=<run id>`` in its environment, which is how
 ``Site.leftovers`` finds any process of this run still alive after the stop.
 Nothing here needs root.
 
@@ -17,7 +18,6 @@ All methods block. Failures raise ``SiteFailed`` with one line a person can act 
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -28,10 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_fiber import testing
 from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.trust.issuers import public_jwk
-from slurm_fiber.core.trust.mint import generate_key, mint
 from slurm_fiber.defaults import AUDIT_NAME, SOCKET_NAME
 from slurm_fiber.procs import marked
 
@@ -95,20 +94,15 @@ class Site:
         """Write the issuer's JWKS and a grant per UID in ``uids`` (one, ``quickstart``, by
         default; with ``limits``, if given) into a new layout under ``root``."""
         site = cls(root, tuple(preloads))
-        key = generate_key()
-        grantdir = site.state / "grants"
-        grantdir.mkdir(parents=True, mode=0o700)
-        for path in (root, site.state):
-            path.chmod(0o700)
-        (root / "issuer.jwks.json").write_text(json.dumps({"keys": [public_jwk(key)]}))
-        now = time.time()
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root.chmod(0o700)
+        grants = testing.Site(root, issuer=ISSUER, audience=AUDIENCE,
+                              jwks_name="issuer.jwks.json")
         spec = FiberSpec(template=TemplateSpec(preload=site.preloads,
                                                env={RUN_MARK: site.run_id}),
                          limits=limits or Limits())
         for uid in uids:
-            token = mint(key, issuer=ISSUER, uid=uid, audience=AUDIENCE, iat=now,
-                         exp=now + TOKEN_TTL, spec=spec)
-            (grantdir / f"{uid}.jwt").write_text(token)
+            grants.drop_token(uid, grants.mint(uid, spec, ttl=TOKEN_TTL))
         return site
 
     def flags(self, cgroup_root: str) -> list[str]:

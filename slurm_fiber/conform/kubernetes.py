@@ -24,7 +24,7 @@ home's release is a no-op: there is nothing a grant's removal could free.
 
 ``RealKubernetesStage`` (``--home slurm_fiber.conform.kubernetes:RealKubernetesStage``)
 is the same Pod on a real kube-apiserver v1.20.2 with etcd on loopback
-(``homes.kubernetes.realserver``: RBAC with ``deploy/kubernetes/rbac.yaml``
+(``testing.kubernetes.realserver``: RBAC with ``deploy/kubernetes/rbac.yaml``
 applied unchanged, a token from TokenRequest bound to the Pod). Silence
 SIGSTOPs the apiserver (connections hang; each round times out) and restore
 SIGCONTs it; losing scope deletes the Pod through the API (graceful, no
@@ -56,8 +56,16 @@ from slurm_fiber.conform.stage import (
     while_open,
 )
 from slurm_fiber.core.devices import Device
-from slurm_fiber.homes.kubernetes import realserver
-from slurm_fiber.homes.kubernetes.fake import (
+from slurm_fiber.homes.kubernetes.incluster import (
+    ENV_NODE_NAME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_SERVICE_ACCOUNT,
+    ENV_SERVICE_ACCOUNT_DIR,
+)
+from slurm_fiber.testing.kubernetes import realserver
+from slurm_fiber.testing.kubernetes.fake import (
     DEFAULT_GATE,
     PODS,
     RESOURCE_CLAIMS,
@@ -67,15 +75,7 @@ from slurm_fiber.homes.kubernetes.fake import (
     resource_claim,
     write_secret,
 )
-from slurm_fiber.homes.kubernetes.fake.store import ApiStatus
-from slurm_fiber.homes.kubernetes.incluster import (
-    ENV_NODE_NAME,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_POD_UID,
-    ENV_SERVICE_ACCOUNT,
-    ENV_SERVICE_ACCOUNT_DIR,
-)
+from slurm_fiber.testing.kubernetes.fake.store import ApiStatus
 
 NAMESPACE = "grants"  # deploy/kubernetes/rbac.yaml's: the fake applies its Role and binding
 POD = "grant-pod"

@@ -23,8 +23,9 @@ from slurm_fiber.core.api.service import CallTarget, CloneRequest, Peer, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.core.runtime.core import Core
-from slurm_fiber.daemon import Fiberd, FiberdRefused, serve, started
+from slurm_fiber.daemon import Fiberd, FiberdRefused
 from slurm_fiber.homes.select import HomeRefused
+from slurm_fiber.testing.inprocess import STOP_REQUESTED, in_process
 
 POLL = 0.02  # seconds between looks while waiting for a condition
 
@@ -100,15 +101,9 @@ async def launched(launch: Launch) -> AsyncIterator[Live]:
         # so (a site's root fiberd names an unprivileged fiber_user, core/identity.py).
         config = replace(config, fiber_user="root")
     try:
-        async with started(config, launch.environ, build=launch.build) as fiberd:
-            stop = asyncio.Event()
-            serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
-            try:
-                yield Live(fiberd)
-            finally:
-                stop.set()
-                why = await serving
-            if why != "stop requested":
-                raise ClauseFailed(f"fiberd stopped on its own: {why}")
+        async with in_process(config, launch.environ, build=launch.build) as running:
+            yield Live(running.fiberd)
+        if running.ended != STOP_REQUESTED:
+            raise ClauseFailed(f"fiberd stopped on its own: {running.ended}")
     except (HomeRefused, FiberdRefused) as err:
         raise ClauseFailed(f"fiberd refused to start: {err}") from None

@@ -24,9 +24,9 @@ from slurm_fiber.conform.kubernetes import KubernetesStage, condition_sent
 from slurm_fiber.conform.stage import Launch
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.seam import Home, ScopeLostHandler
-from slurm_fiber.homes.kubernetes import realserver
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.select import BuiltHome, build_home
+from slurm_fiber.testing.kubernetes import realserver
 from tests.conform.conformkit import conform, outcomes
 
 ALL_BUT_HOLDS = ("preadmission.warms", "removal.releases", "removal.denies",

@@ -16,7 +16,7 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import GrantDirRefused
-from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
+from slurm_fiber.testing.kubernetes.fake.secretvolume import atomic_write, write_secret
 from tests.homes.grantdirkit import Dir
 from tests.homes.homekit import token
 

@@ -3,14 +3,13 @@ hook environment, and `env -i` runs of the real console scripts as slurmd runs t
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.core.trust.issuers import public_jwk
-from slurm_fiber.core.trust.mint import generate_key, save_private_key
+from slurm_fiber.core.trust.mint import save_private_key
+from slurm_fiber.testing import Issuer
 
 VENV_BIN = Path(sys.executable).parent
 ISSUER = "citest"
@@ -35,12 +34,11 @@ class Site:
         self.root.mkdir(parents=True, exist_ok=True)
         open_up(self.root)
         (self.root / "keys").mkdir(mode=0o700, exist_ok=True)
-        self.key = generate_key()
+        issuer = Issuer(ISSUER, self.root / "site.jwks.json")
+        self.key, self.jwks = issuer.key, issuer.jwks
         self.key_path = self.root / "keys" / "site.key"
         if not self.key_path.exists():
             save_private_key(self.key, self.key_path)
-        self.jwks = self.root / "site.jwks.json"
-        self.jwks.write_text(json.dumps({"keys": [public_jwk(self.key)]}))
         self.state_root = self.root / "state"
         self.config = self.root / "site.toml"
         self.configure()

@@ -7,8 +7,9 @@ status condition, read a ResourceClaim), ``views`` (the API's JSON reduced
 to what the home decides on), ``scope`` (scope claims and scope-loss
 detection), ``claimdevices`` (a DRA allocation as core Devices),
 ``reading`` (one poll round: Pod and claims read and judged), ``home``
-(``KubernetesHome`` and ``build_kubernetes_home``, which fiberd calls), and
-``fake``, an in-memory API server for tests.
+(``KubernetesHome`` and ``build_kubernetes_home``, which fiberd calls). Its
+test doubles (the fake API server, the real-apiserver runner) are in
+``slurm_fiber.testing.kubernetes``.
 """
 
 from slurm_fiber.homes.kubernetes.home import KubernetesHome, build_kubernetes_home

@@ -1,9 +1,9 @@
 """Runtime test kit: a real issuer, a grantdir, and fiberd run in-process on the test's loop.
 
-``Site`` holds a real EdDSA key and JWKS file, mints grant tokens and drops
-them into (or removes them from) the grantdir of a standalone fiberd.
-``running_fiberd`` starts fiberd exactly as the ``fiberd`` command does
-(``daemon.started`` + ``daemon.serve``) and stops it cleanly afterwards.
+``Site`` (slurm_fiber.testing's) holds a real EdDSA key and JWKS file, mints grant
+tokens and drops them into (or removes them from) the grantdir of a standalone
+fiberd. ``running_fiberd`` starts fiberd exactly as the ``fiberd`` command does
+(``slurm_fiber.testing.inprocess``) and checks it stopped cleanly afterwards.
 Every template and fiber carries ``SF_TEST_MARK`` so leak checks find only
 this test's processes.
 """
@@ -12,45 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_fiber import testing
 from slurm_fiber.config import FiberdConfig, load_config
 from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
-from slurm_fiber.core.trust.issuers import public_jwk
-from slurm_fiber.core.trust.mint import generate_key, mint
-from slurm_fiber.daemon import Fiberd, serve, started
+from slurm_fiber.testing.inprocess import STOP_REQUESTED, InProcess, in_process
 
 REPO = Path(__file__).resolve().parents[3]
 AUDIENCE = "runtime-test"
 PEER = Peer(os.getpid(), os.getuid(), os.getgid())
 
 
-@dataclass
-class Site:
-    """An issuer and the directories of one standalone fiberd."""
+class Site(testing.Site):
+    """An issuer and the directories of one standalone fiberd; its grants' templates
+    preload the runtime targets and carry ``mark``."""
 
-    root: Path
-    mark: str
-    key: Any = field(default_factory=generate_key)
-
-    def __post_init__(self) -> None:
-        self.state = self.root / "state"
-        self.grantdir = self.state / "grants"
-        self.grantdir.mkdir(parents=True, mode=0o700)
-        self.state.chmod(0o700)
-        self.jwks = self.root / "site.jwks.json"
-        self.jwks.write_text(json.dumps({"keys": [public_jwk(self.key)]}))
+    def __init__(self, root: Path, mark: str, key: Any = None) -> None:
+        super().__init__(root, issuer="site", audience=AUDIENCE, key=key)
+        self.mark = mark
 
     def token(self, uid: str = "g1", *, ttl: float = 3600, preload: tuple[str, ...] = (),
               fibers: int | None = None, seconds: float | None = None,
@@ -62,20 +52,14 @@ class Site:
             template=TemplateSpec(preload=("tests.core.runtime.targetkit", *preload),
                                   env={"SF_TEST_MARK": self.mark, "PYTHONPATH": str(REPO)}),
             limits=Limits(fibers=fibers, seconds=seconds, memory=memory, pids=pids, cpu=cpu))
-        now = time.time()
-        return mint(self.key, issuer="site", uid=uid, audience=audience, iat=now,
-                    exp=now + ttl, spec=spec)
+        return self.mint(uid, spec, ttl=ttl, audience=audience)
 
     def drop(self, uid: str = "g1", token: str | None = None, **kw: Any) -> str:
         """Write a grant file atomically (by rename); returns its token."""
-        token = token or self.token(uid, **kw)
-        tmp = self.grantdir / f".{uid}.tmp"
-        tmp.write_text(token)
-        tmp.rename(self.grantdir / f"{uid}.jwt")
-        return token
+        return self.drop_token(uid, token or self.token(uid, **kw))
 
     def remove(self, uid: str = "g1") -> None:
-        (self.grantdir / f"{uid}.jwt").unlink()
+        super().remove(uid)
 
     def config(self, **over: object) -> FiberdConfig:
         flags: dict[str, object] = {
@@ -90,16 +74,8 @@ class Site:
 
 
 @dataclass
-class Live:
+class Live(InProcess):
     """A fiberd serving on this loop."""
-
-    fiberd: Fiberd
-    stop: asyncio.Event
-    serving: asyncio.Future[str]
-
-    @property
-    def core(self) -> Core:
-        return self.fiberd.running.core
 
     async def clone(self, grant: str | None = "g1", *, target: str | None = None,
                     args: tuple[object, ...] = (), argv: tuple[str, ...] = (),
@@ -116,16 +92,9 @@ async def running_fiberd(site: Site, environ: dict[str, str] | None = None,
                          **over: object) -> AsyncIterator[Live]:
     """fiberd started from ``site.config(**over)`` with the home's ``environ``; stopped (and
     asserted clean) on exit."""
-    config = site.config(**over)
-    async with started(config, environ or {}) as fiberd:
-        stop = asyncio.Event()
-        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
-        live = Live(fiberd, stop, serving)
-        try:
-            yield live
-        finally:
-            stop.set()
-            assert await serving == "stop requested"
+    async with in_process(site.config(**over), environ or {}) as running:
+        yield Live(running.fiberd, running.stop, running.serving)
+    assert running.ended == STOP_REQUESTED
 
 
 async def until(predicate: Callable[[], bool], within: float = 15.0) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.homes.kubernetes.fake import (
+from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, load_in_cluster
+from slurm_fiber.testing.kubernetes.fake import (
     PODS,
     RESOURCE_CLAIMS,
     Allocated,
@@ -22,7 +23,6 @@ from slurm_fiber.homes.kubernetes.fake import (
     grant_pod,
     resource_claim,
 )
-from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, load_in_cluster
 
 NAMESPACE = "grants"
 POD = "grant-pod-1"

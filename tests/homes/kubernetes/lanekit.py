@@ -3,7 +3,7 @@
 A ``Lane`` is what a scenario drives: where the server listens, the CA to
 trust, the grant Pod's UID, a token bound to it, and a forced replacement of
 the Pod under its name. ``real_lane`` starts a real kube-apiserver on
-loopback (``homes.kubernetes.realserver``) with the grant Pod created, or
+loopback (``testing.kubernetes.realserver``) with the grant Pod created, or
 skips the test with the reason when none was built here (CI builds it
 first, and there a skip fails the run).
 """
@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pytest
 
-from slurm_fiber.homes.kubernetes import realserver
+from slurm_fiber.testing.kubernetes import realserver
 
 
 class Lane(Protocol):

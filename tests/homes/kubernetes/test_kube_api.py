@@ -10,15 +10,15 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
-from slurm_fiber.homes.kubernetes.fake import (
+from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.homes.kubernetes.views import rfc3339
+from slurm_fiber.testing.kubernetes.fake import (
     DEFAULT_GATE,
     PODS,
     RESOURCE_CLAIMS,
     FakeApiServer,
     grant_pod,
 )
-from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
-from slurm_fiber.homes.kubernetes.views import rfc3339
 
 
 def run(config: InClusterConfig, clock: FakeClock, use: Callable[[KubeApi], Awaitable[Any]],

@@ -14,8 +14,8 @@ from slurm_fiber.core.devices import Device
 from slurm_fiber.core.trust.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.homes import Home, LosesScope
 from slurm_fiber.homes.kubernetes import KubernetesHome, build_kubernetes_home
-from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer
 from slurm_fiber.homes.kubernetes.incluster import InClusterError
+from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer
 
 GPU_GRANT = VerifiedToken("g1", "iss", "j", ("aud",), 0.0, 0.0, None,
                           FiberSpec(devices=("gpu",)), b"")

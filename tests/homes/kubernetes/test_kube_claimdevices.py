@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from slurm_fiber.homes.kubernetes.claimdevices import claim_devices, device_kind
-from slurm_fiber.homes.kubernetes.fake import Allocated, resource_claim
 from slurm_fiber.homes.kubernetes.views import claim_view
+from slurm_fiber.testing.kubernetes.fake import Allocated, resource_claim
 
 
 def claim(name: str, *devices: Allocated) -> object:

@@ -17,8 +17,8 @@ import pytest
 
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.fibers.handles import FiberView
-from slurm_fiber.homes.kubernetes.fake import PODS, RESOURCE_CLAIMS, FakeApiServer, resource_claim
-from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
+from slurm_fiber.testing.kubernetes.fake import PODS, RESOURCE_CLAIMS, FakeApiServer, resource_claim
+from slurm_fiber.testing.kubernetes.fake.secretvolume import atomic_write
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import Live, Site, running_fiberd, until, warm
 

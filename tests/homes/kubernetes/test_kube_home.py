@@ -21,7 +21,9 @@ from slurm_fiber.core.devices import Device
 from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import Home, LosesScope
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
-from slurm_fiber.homes.kubernetes.fake import (
+from slurm_fiber.homes.kubernetes.home import DevicesUnknown, KubernetesHome
+from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.testing.kubernetes.fake import (
     DEFAULT_GATE,
     PODS,
     RESOURCE_CLAIMS,
@@ -29,9 +31,7 @@ from slurm_fiber.homes.kubernetes.fake import (
     grant_pod,
     resource_claim,
 )
-from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
-from slurm_fiber.homes.kubernetes.home import DevicesUnknown, KubernetesHome
-from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.testing.kubernetes.fake.secretvolume import atomic_write, write_secret
 from tests.homes.homekit import token
 from tests.homes.kubernetes.conftest import GPUS, NAMESPACE, POD
 

@@ -13,8 +13,8 @@ from slurm_fiber.config import load_config
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes import incluster
 from slurm_fiber.homes.kubernetes.api import KubeApi
-from slurm_fiber.homes.kubernetes.fake import DEFAULT_GATE, FakeApiServer
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.testing.kubernetes.fake import DEFAULT_GATE, FakeApiServer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
 VERBS = {"GET": "get", "PATCH": "patch"}

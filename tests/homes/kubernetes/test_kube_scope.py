@@ -9,7 +9,11 @@ import pytest
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
-from slurm_fiber.homes.kubernetes.fake import (
+from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, PodIdentity
+from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
+from slurm_fiber.homes.kubernetes.scope import LossKind, ScopeLoss, ScopeTracker, scope_claims
+from slurm_fiber.homes.kubernetes.views import pod_view
+from slurm_fiber.testing.kubernetes.fake import (
     PODS,
     RESOURCE_CLAIMS,
     Allocated,
@@ -17,10 +21,6 @@ from slurm_fiber.homes.kubernetes.fake import (
     grant_pod,
     resource_claim,
 )
-from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, PodIdentity
-from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
-from slurm_fiber.homes.kubernetes.scope import LossKind, ScopeLoss, ScopeTracker, scope_claims
-from slurm_fiber.homes.kubernetes.views import pod_view
 
 
 class Rounds:

@@ -26,9 +26,6 @@ import pytest
 
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.fibers.handles import FiberView
-from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer, grant_pod
-from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write
-from slurm_fiber.homes.kubernetes.fake.server import TOKEN_CACHE_TTL
 from slurm_fiber.homes.kubernetes.incluster import (
     ENV_NODE_NAME,
     ENV_POD_NAME,
@@ -38,6 +35,9 @@ from slurm_fiber.homes.kubernetes.incluster import (
     ENV_SERVICE_ACCOUNT,
     ENV_SERVICE_ACCOUNT_DIR,
 )
+from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer, grant_pod
+from slurm_fiber.testing.kubernetes.fake.secretvolume import atomic_write
+from slurm_fiber.testing.kubernetes.fake.server import TOKEN_CACHE_TTL
 from tests.core.processkit import aio, marked_procs
 from tests.core.runtime.fiberdkit import Site, running_fiberd, until, warm
 from tests.homes.kubernetes.cutoffkit import Cutoff

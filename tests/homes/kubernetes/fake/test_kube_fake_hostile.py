@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.homes.kubernetes.fake import PODS, ApiStatus, FakeApiServer, grant_pod
+from slurm_fiber.testing.kubernetes.fake import PODS, ApiStatus, FakeApiServer, grant_pod
 
 POD_PATH = "/api/v1/namespaces/grants/pods/p/status"  # the Role lets the token patch it
 

@@ -17,9 +17,9 @@ import time
 import pytest
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer, grant_pod
-from slurm_fiber.homes.kubernetes.fake.rbac import load_manifest
-from slurm_fiber.homes.kubernetes.fake.server import TOKEN_CACHE_TTL
+from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer, grant_pod
+from slurm_fiber.testing.kubernetes.fake.rbac import load_manifest
+from slurm_fiber.testing.kubernetes.fake.server import TOKEN_CACHE_TTL
 from tests.homes.kubernetes.conftest import NAMESPACE, POD, POD_UID
 
 BASE = f"/api/v1/namespaces/{NAMESPACE}"

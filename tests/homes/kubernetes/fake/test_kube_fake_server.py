@@ -24,8 +24,8 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from slurm_fiber.core.clock import FakeClock
-from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, load_in_cluster
+from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer
 
 Use = Callable[[AsyncClient], Awaitable[Any]]
 

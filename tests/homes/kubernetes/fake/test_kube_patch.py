@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.homes.kubernetes.fake.patch import (
+from slurm_fiber.testing.kubernetes.fake.patch import (
     PatchError,
     json_patch,
     merge_patch,

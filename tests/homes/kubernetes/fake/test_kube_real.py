@@ -1,6 +1,6 @@
 """The fake against a real kube-apiserver v1.20.2: the same request gets the same answer.
 
-One real apiserver (``homes.kubernetes.realserver``, loopback, RBAC with
+One real apiserver (``testing.kubernetes.realserver``, loopback, RBAC with
 deploy/kubernetes/rbac.yaml applied unchanged) and one fake hold the same
 grant Pod; each request is sent to both with the Pod's bound service account
 token, and the code, reason and message must agree. Also the home's own
@@ -22,8 +22,8 @@ import pytest
 
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
-from slurm_fiber.homes.kubernetes.fake import PODS, FakeApiServer, grant_pod
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig, PodIdentity
+from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer, grant_pod
 from tests.homes.kubernetes.lanekit import RealLane, real_lane
 
 NAMESPACE = "grants"

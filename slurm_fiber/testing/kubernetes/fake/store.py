@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.homes.kubernetes.fake.patch import (
+from slurm_fiber.homes.kubernetes.views import rfc3339
+from slurm_fiber.testing.kubernetes.fake.patch import (
     PatchError,
     json_patch,
     merge_patch,
     strategic_merge_patch,
 )
-from slurm_fiber.homes.kubernetes.views import rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"

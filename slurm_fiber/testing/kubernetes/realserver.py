@@ -41,8 +41,8 @@ import httpx2
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from slurm_fiber.homes.kubernetes.fake.rbac import RBAC_MANIFEST, load_manifest
-from slurm_fiber.homes.kubernetes.fake.tls import mint_serving_cert
+from slurm_fiber.testing.kubernetes.fake.rbac import RBAC_MANIFEST, load_manifest
+from slurm_fiber.testing.kubernetes.fake.tls import mint_serving_cert
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = CHECKOUT / "deploy" / "kubernetes" / "real-apiserver" / "build"

@@ -56,7 +56,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from slurm_fiber.core.clock import Clock, SystemClock
-from slurm_fiber.homes.kubernetes.fake.rbac import (
+from slurm_fiber.testing.kubernetes.fake.rbac import (
     ADMIN,
     Attributes,
     Principal,
@@ -64,8 +64,8 @@ from slurm_fiber.homes.kubernetes.fake.rbac import (
     forbidden,
     load_manifest,
 )
-from slurm_fiber.homes.kubernetes.fake.store import KINDS, PODS, ApiStatus, Kind, Store
-from slurm_fiber.homes.kubernetes.fake.tls import mint_serving_cert
+from slurm_fiber.testing.kubernetes.fake.store import KINDS, PODS, ApiStatus, Kind, Store
+from slurm_fiber.testing.kubernetes.fake.tls import mint_serving_cert
 
 ROUTE = re.compile(
     r"^(?P<prefix>/api/v1|/apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<namespace>[^/]+))?"

@@ -9,15 +9,15 @@ the home's real client code runs against it unchanged. ``write_secret``
 updates a Secret volume on disk the way the kubelet does (the ``..data`` swap).
 """
 
-from slurm_fiber.homes.kubernetes.fake.objects import (
+from slurm_fiber.testing.kubernetes.fake.objects import (
     DEFAULT_GATE,
     Allocated,
     grant_pod,
     resource_claim,
 )
-from slurm_fiber.homes.kubernetes.fake.secretvolume import atomic_write, write_secret
-from slurm_fiber.homes.kubernetes.fake.server import FakeApiServer, Seen
-from slurm_fiber.homes.kubernetes.fake.store import PODS, RESOURCE_CLAIMS, ApiStatus, Store
+from slurm_fiber.testing.kubernetes.fake.secretvolume import atomic_write, write_secret
+from slurm_fiber.testing.kubernetes.fake.server import FakeApiServer, Seen
+from slurm_fiber.testing.kubernetes.fake.store import PODS, RESOURCE_CLAIMS, ApiStatus, Store
 
 __all__ = [
     "DEFAULT_GATE",
