@@ -108,7 +108,8 @@ BENCH_EXTRA: list[str] = tomllib.loads((CHECKOUT / "pyproject.toml").read_text()
 FNS = "bench.taskfns"
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
 FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "yes",
-         "dask": "no", "fiber": "yes + cgroup", "fibermap": "yes + cgroup"}
+         "dask": "no", "fiber": "yes + cgroup", "fibermap": "yes + cgroup",
+         "fibermap_tw": "yes + cgroup"}
 SEQUENTIAL = ("subprocess", "pool", "forkserver", "dask", "fiber")
 
 DASK_GONE_WITHIN = 30.0  # seconds to wait for a closed Dask cluster's processes to exit
@@ -169,8 +170,9 @@ class Systems:
     """Each system's set-up (untimed) and its W1/W2 runners; ``skipped`` says why not."""
 
     def __init__(self, jobs: int, preloads: tuple[str, ...], site: Site,
-                 skip: set[str]) -> None:
+                 skip: set[str], window_site: Site | None = None) -> None:
         self.jobs, self.preloads, self.site = jobs, preloads, site
+        self.window_site = window_site  # a fiberd with task_window = "template" (--window-path)
         self.skipped: dict[str, str] = {s: "skipped by --skip" for s in skip}
         self.seq: dict[tuple[str, str], Seq] = {}
         self.batch: dict[tuple[str, str], Batch] = {}
@@ -182,6 +184,8 @@ class Systems:
                      "fibermap"):
             if name not in self.skipped:
                 getattr(self, f"_{name}")()
+        if window_site is not None and "fibermap_tw" not in self.skipped:
+            self._fibermap_tw(window_site)
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -192,16 +196,19 @@ class Systems:
         cluster); entering it is not timed."""
         return self.sessions.get(name, contextlib.nullcontext)()
 
-    def _cpu_counted(self, key: str, run: Callable[[int], None], daemon: bool) -> Par:
+    def _cpu_counted(self, key: str, run: Callable[[int], None], daemon: bool,
+                     site: Site | None = None) -> Par:
         """``run`` (a throughput run in child processes), also adding up the CPU it cost
         to ``cpu[key]``: its child processes' (``client``, all reaped when it returns)
-        and, with ``daemon``, fiberd's and what runs under it (bench/clone.py's roles)."""
+        and, with ``daemon``, the fiberd's of ``site`` (default: the site's) and what runs
+        under it (bench/clone.py's roles)."""
         def counted(n: int) -> None:
-            assert self.site.proc is not None
+            proc = (site or self.site).proc
+            assert proc is not None
             roles = ("fiberd", "template", "fibers", "helpers") if daemon else ()
-            before, kids = cpu_by_role(self.site.proc.pid), _children_cpu()
+            before, kids = cpu_by_role(proc.pid), _children_cpu()
             run(n)
-            after = cpu_by_role(self.site.proc.pid)
+            after = cpu_by_role(proc.pid)
             acc = self.cpu.setdefault(key, {})
             for role in roles:
                 acc[role] = acc.get(role, 0.0) + after[role] - before[role]
@@ -329,6 +336,18 @@ class Systems:
             "fibermap/W1", lambda n: run(["--", "true"], n), True)
         self.par["fibermap", "W2"] = self._cpu_counted(
             "fibermap/W2", lambda n: run(["--call", f"{FNS}:square_arg"], n), True)
+
+
+    def _fibermap_tw(self, site: Site) -> None:
+        """``fiberctl map`` of ``true`` against a fiberd with ``task_window = "template"``
+        (the task-window prototype, docs/design.md): W1 only, its only workload (call
+        items take fiberd's own path there, the same as ``fibermap``'s W2)."""
+        def run(n: int) -> None:
+            subprocess.run([FIBERCTL, "map", "-S", str(site.socket), "-g", GRANT,
+                            "-j", str(self.jobs), "--range", f"1-{n}", "--", "true"],
+                           check=True, stdout=subprocess.DEVNULL, cwd="/")
+
+        self.par["fibermap_tw", "W1"] = self._cpu_counted("fibermap_tw/W1", run, True, site)
 
 
 SRUN_TRUE = ["srun", "--overlap", "-n1", "true"]
@@ -520,6 +539,16 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
             "value": over(fig("fibermap", "W1", "tasks_per_s"),
                           fig("parallel", "W1", "tasks_per_s")), "target": ">= 3"},
     }
+    if "fibermap_tw" in systems and "W1" in systems["fibermap_tw"]:  # --window-path template
+        targets["w1_throughput_map_tw_over_parallel"] = {
+            "value": over(fig("fibermap_tw", "W1", "tasks_per_s"),
+                          fig("parallel", "W1", "tasks_per_s")), "target": ">= 3"}
+        targets["w1_throughput_map_tw_over_dask"] = {
+            "value": over(fig("fibermap_tw", "W1", "tasks_per_s"),
+                          fig("dask", "W1", "tasks_per_s")), "target": ">= 1"}
+        targets["w1_throughput_map_tw_over_map"] = {
+            "value": over(fig("fibermap_tw", "W1", "tasks_per_s"),
+                          fig("fibermap", "W1", "tasks_per_s")), "target": ">= 1"}
     for t in targets.values():
         v, goal = t["value"], str(t["target"])
         limit = float(goal.split()[1])
@@ -698,6 +727,11 @@ def main() -> int:
     parser.add_argument("--cgroup-root", default="delegate", help="fiberd's cgroup root")
     parser.add_argument("--cgroup-backend", default="auto", choices=BACKEND_CHOICES,
                         help="fiberd's cgroup backend (v2 vs hybrid: what v1 placement costs)")
+    parser.add_argument("--window-path", default="fiberd",
+                        help="fiberd, template or both (fiberd,template): with template, "
+                        "also fibermap_tw, fiberctl map of true against a second fiberd "
+                        "running windows in its template (task_window = template), in "
+                        "the same interleaved rounds")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
     parser.add_argument("--slurm", action="store_true",
                         help="also fiberctl against srun steps in a job on the test cluster")
@@ -727,17 +761,27 @@ def main() -> int:
                                                              os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="slurm-fiber-bench-tasks-") as tmp:
         site = Site.create(Path(tmp), (*preloads, FNS))
+        paths = set(opts.window_path.split(","))
+        window_site = Site.create(Path(tmp) / "tw", (*preloads, FNS)) \
+            if "template" in paths else None
+        skip = {s for s in opts.skip.split(",") if s}
+        if "fiberd" not in paths:
+            skip |= {"fiber", "fibermap"}
         systems = None
         try:
             site.backend = opts.cgroup_backend
             site.start(opts.cgroup_root)
             site.wait_warm(120, lambda state, s: None)
+            if window_site is not None:
+                window_site.backend = opts.cgroup_backend
+                window_site.options["task-window"] = "template"
+                window_site.start(opts.cgroup_root)
+                window_site.wait_warm(120, lambda state, s: None)
             status = site.request("status")
             mode = status.get("mode")
             cgroups = status.get("cgroups")
             backend = cgroups.get("backend") if isinstance(cgroups, dict) else None
-            systems = Systems(opts.jobs, preloads, site,
-                              {s for s in opts.skip.split(",") if s})
+            systems = Systems(opts.jobs, preloads, site, skip, window_site)
             seq, par = measure(systems, opts.n, seq_n, rounds)
             bound = spare_pipeline([*preloads, FNS], seq_n)
             skipped = dict(systems.skipped)
@@ -746,7 +790,9 @@ def main() -> int:
             if systems is not None:
                 systems.close()
             site.stop()
-        left = site.leftovers()
+            if window_site is not None:
+                window_site.stop()
+        left = site.leftovers() + (window_site.leftovers() if window_site else [])
     hierarchies = fiber_hierarchies(mode == "carved", backend)
     floor = {w: confined_floor(w, max(FLOOR_TASKS, opts.n // opts.jobs), opts.jobs,
                                [*preloads, FNS], hierarchies) for w in WORKLOADS}

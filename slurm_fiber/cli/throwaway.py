@@ -71,6 +71,7 @@ class Site:
     run_id: str = field(default_factory=lambda: secrets.token_hex(6))
     backend: str = "auto"
     proc: subprocess.Popen[bytes] | None = None
+    options: dict[str, str] = field(default_factory=dict)  # more fiberd flags, e.g. task-window
 
     @property
     def state(self) -> Path:
@@ -111,7 +112,7 @@ class Site:
             "audit-path": str(self.audit_path),
             "trust": f"{ISSUER}={self.root / 'issuer.jwks.json'}", "audience": AUDIENCE,
             "poll-interval": "0.1", "grace": "1", "cgroup-root": cgroup_root,
-            "cgroup-backend": self.backend, "ready-file": "none",
+            "cgroup-backend": self.backend, "ready-file": "none", **self.options,
         }
         if os.geteuid() == 0:
             # A throwaway site lives in root's private dir with this interpreter, which no

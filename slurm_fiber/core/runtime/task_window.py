@@ -90,6 +90,8 @@ class TaskWindowRun:
             while True:
                 batch = await self.link.batches.get()
                 entries, exits = await self._audit(batch)
+                if not batch.done:  # durable: the template may send its next report
+                    self.template.window_order(self.id, "window_ack")
                 if batch.done:
                     entries += self._unstarted()
                     self.template.give_back_window(self.link.leaves)
@@ -107,7 +109,7 @@ class TaskWindowRun:
     def cancel(self) -> list[str]:
         """Start nothing more (the client's ``cancel``): the keys that will not start,
         answered so (the running fibers go on)."""
-        self.template.window_order(self.id)
+        self.template.window_order(self.id, "window_close")
         keys = [key for key in self.keys if key not in self.answered]
         self.answered.update(keys)
         return keys
@@ -121,7 +123,7 @@ class TaskWindowRun:
             with contextlib.suppress(OSError):
                 self.core.audit.write(AuditEvent.WINDOW_CLOSE, uid=self.uid, window=self.id,
                                       cause=cause, epoch=self.epoch)
-            self.template.window_order(self.id)
+            self.template.window_order(self.id, "window_close")
             self.link.kill()
         if self.closed.is_set():
             return
@@ -142,7 +144,7 @@ class TaskWindowRun:
                 await self.close(live.cause.value)
                 return
             if live.at > told:
-                self.template.window_order(self.id, left=live.at - now)
+                self.template.window_order(self.id, "window_extend", left=live.at - now)
                 told = live.at
             await self.core.clock.sleep(live.at - now)
 

@@ -493,11 +493,13 @@ class Template:
         return leaves
 
     def give_back_window(self, leaves: list[Path | None]) -> None:
-        """A window's leaves, empty now (killed, or all its tasks ended)."""
-        self._window_leaves = max(0, self._window_leaves - len(leaves))
+        """A window's leaves, empty now (killed, or all its tasks ended): kept for the next
+        window (as many as windows take at most) rather than removed and made again. Their
+        memory figures are not renewed (the window path reads no peak)."""
         for leaf in leaves:
             if leaf is not None:
                 self._give_back(leaf, None, None)
+        self._window_leaves = max(0, self._window_leaves - len(leaves))
 
     async def open_window(self, link: WindowLink, msg: dict[str, object],
                           fds: list[int]) -> None:
@@ -513,10 +515,9 @@ class Template:
             raise self._not_ready() from None
         self._moved_at = self.clock.mono()
 
-    def window_order(self, window_id: str, **fields: object) -> None:
-        """``window_close`` (``left`` absent) or ``window_extend`` to the template; best
-        effort: fiberd's kill through the leaves does not depend on it."""
-        kind = "window_extend" if "left" in fields else "window_close"
+    def window_order(self, window_id: str, kind: str, **fields: object) -> None:
+        """``window_close``, ``window_extend`` (``left``) or ``window_ack`` to the template;
+        best effort: fiberd's kill through the leaves does not depend on it."""
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.send(wire.encode({"t": kind, "id": window_id, **fields}))

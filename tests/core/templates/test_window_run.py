@@ -24,6 +24,7 @@ async def run_window(tmp_path: Path, mark: str, left: float, count: int) -> list
         batches = []
         while not batches or not batches[-1].done:
             batches.append(await asyncio.wait_for(link.batches.get(), 30))
+            t.window_order("w1", "window_ack")  # as fiberd does once a batch is durable
         return batches
     finally:
         await t.stop(1)

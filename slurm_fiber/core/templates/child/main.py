@@ -323,7 +323,7 @@ class Server:
             return False
         if msg["t"] == "reap" and isinstance(msg.get("pid"), int):
             self.reap(msg["pid"])
-        if msg["t"] in ("window", "window_close", "window_extend"):
+        if msg["t"] in ("window", "window_close", "window_extend", "window_ack"):
             self.window_order(msg, fds)
         elif msg["t"] == "spare" and len(fds) == 1:
             self.spare(msg, fds[0])
@@ -353,6 +353,8 @@ class Server:
             return
         if msg["t"] == "window_close":
             window.close()
+        elif msg["t"] == "window_ack":
+            window.acked()
         elif isinstance(left := msg.get("left"), int | float):
             window.extend(float(left))
 

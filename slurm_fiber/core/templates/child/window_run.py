@@ -14,9 +14,10 @@ its v1 mirrors; none when uncarved). ``TaskWindow`` then, on the template's own 
 - kills a fiber (its leaf's ``cgroup.kill`` and its process group) once it has run its
   ``seconds``;
 - reports what happened as ``window_report`` messages (``starts``: key, pid, leaf index;
-  ``ends``: key, pid, wait status, CPU, maxrss), one per pass of the template's loop,
-  so starts and ends that come together share a message; the last one has ``done``,
-  sent once nothing runs and nothing more will start.
+  ``ends``: key, pid, wait status, CPU, maxrss), one at a time: the next goes once
+  fiberd has acked the last (``window_ack``: its records are durable), holding all that
+  happened meanwhile, so the busier fiberd is the bigger its batches; the last one has
+  ``done``, sent once nothing runs and nothing more will start.
 
 ``extend`` moves the deadline later (fiberd asked the book again when it came: a sync
 extended the fence, a renewal the lease); ``close`` starts nothing more (fiberd kills
@@ -81,6 +82,7 @@ class TaskWindow:
     ends: list[list[object]] = field(default_factory=list)
     closed: bool = False
     done: bool = False
+    unacked: bool = False  # a report is out and fiberd has not said its records are durable
     next_leaf: int = 0
 
     @classmethod
@@ -168,12 +170,18 @@ class TaskWindow:
         """fiberd found the deadline later (``left`` seconds from now)."""
         self.deadline = max(self.deadline, time.monotonic() + left)
 
+    def acked(self) -> None:
+        """fiberd made the last report's records durable: the next may go."""
+        self.unacked = False
+
     def report(self) -> None:
-        """Send what happened since the last report, if anything; ``done`` once nothing
-        runs and nothing will start."""
+        """Send what happened since the last report, if anything and fiberd has acked the
+        last one (so what happens while fiberd writes and fsyncs a batch goes in the next
+        one, whatever the rate); ``done`` once nothing runs and nothing will start."""
         finished = not self.tasks and not self.running
-        if not (self.starts or self.ends or (finished and not self.done)):
+        if self.unacked or not (self.starts or self.ends or (finished and not self.done)):
             return
+        self.unacked = True
         self.done = finished
         msg: dict[str, object] = {"t": "window_report", "id": self.id, "starts": self.starts,
                                   "ends": self.ends, "done": finished}
