@@ -54,7 +54,7 @@ from stop_bound import stop_bound  # bench/stop_bound.py
 from slurm_fiber.cli.latency import MeasureFailed, clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import Site, SiteFailed
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SLEEP_ARGV = ["sleep", "600"]

@@ -44,8 +44,8 @@ from pathlib import Path
 
 from hooks import percentiles as hook_percentiles  # bench/ is sys.path[0] for a script
 
-from slurm_fiber.core.api.client import FiberdClient
-from slurm_fiber.discovery import discover_socket
+from slurm_fiber.client.connection import FiberdClient
+from slurm_fiber.client.discovery import discover_socket
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -98,9 +98,9 @@ from fork_floor import spare_pipeline
 from slurm_fiber.cli.latency import clone_round_trips, percentiles
 from slurm_fiber.cli.quickstart import DEFAULT_PRELOADS
 from slurm_fiber.cli.throwaway import GRANT, Site
+from slurm_fiber.client.executor import Executor
+from slurm_fiber.client.tasks import Task, TaskRunner
 from slurm_fiber.core.cgroups.manager import BACKEND_CHOICES
-from slurm_fiber.executor import Executor
-from slurm_fiber.tasks import Task, TaskRunner
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 BENCH_EXTRA: list[str] = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())[

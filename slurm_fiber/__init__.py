@@ -19,7 +19,7 @@ def __getattr__(name: str) -> object:
 
         return version()
     if name == "Executor":
-        from slurm_fiber.executor import Executor
+        from slurm_fiber.client.executor import Executor
 
         return Executor
     raise AttributeError(f"module 'slurm_fiber' has no attribute {name!r}")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.api.framing import FramingError
-from slurm_fiber.core.api.protocol import ApiError, ErrorCode
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.runtime.core import AdmitRefused
 from slurm_fiber.errors import CodedError
@@ -15,6 +13,8 @@ from slurm_fiber.homes.kubernetes.home import DevicesUnknown
 from slurm_fiber.homes.slurm.control import ControlPlaneError
 from slurm_fiber.homes.slurm.hometypes import DevicesRefused
 from slurm_fiber.homes.slurm.names import SlurmParseError
+from slurm_fiber.protocol.framing import FramingError
+from slurm_fiber.protocol.validate import ApiError, ErrorCode
 
 
 @pytest.mark.parametrize("err, code", [

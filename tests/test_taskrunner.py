@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-from slurm_fiber.core.api.framing import FrameDecoder, encode_frame
+from slurm_fiber.client.executor import encode_call
+from slurm_fiber.client.tasks import Task, TaskRunner
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.executor import encode_call
-from slurm_fiber.tasks import Task, TaskRunner
+from slurm_fiber.protocol.framing import FrameDecoder, encode_frame
 from tests.core.api.servicekit import serve
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
 
 MODES = ("call", "exec")
 CALL_TARGET = "json:dumps"  # in every template that preloads json; returns its argument as text

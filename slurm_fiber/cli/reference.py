@@ -138,8 +138,8 @@ def _fiberd_run() -> Cmd:
 
 
 def _fiberctl() -> Cmd:
-    from slurm_fiber.cli.fiberctl import build_parser
-    from slurm_fiber.cli.fibermap import build_parser as map_parser
+    from slurm_fiber.client.fiberctl import build_parser
+    from slurm_fiber.client.fibermap import build_parser as map_parser
 
     cmd = from_argparse(build_parser(), "fiberctl")
     for i, sub in enumerate(cmd.commands):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_fiber import testing
-from slurm_fiber.core.api.client import FiberdClient, Refused, Unreachable
+from slurm_fiber.client.connection import FiberdClient, Refused, Unreachable
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.defaults import AUDIT_NAME, SOCKET_NAME
 from slurm_fiber.procs import marked

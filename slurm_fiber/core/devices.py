@@ -29,17 +29,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from slurm_fiber.protocol.names import GPU_VISIBILITY_VARS
+
 # Vendor variables per device kind. "gpu" is exposed through every vendor's
 # variable, since which runtime the engine uses is not known here.
-VISIBILITY_VARS: dict[str, tuple[str, ...]] = {
-    "gpu": (
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-        "ZE_AFFINITY_MASK",
-    ),
-}
+VISIBILITY_VARS: dict[str, tuple[str, ...]] = {"gpu": GPU_VISIBILITY_VARS}
 ALL_VISIBILITY_VARS: tuple[str, ...] = tuple(v for vs in VISIBILITY_VARS.values() for v in vs)
 # The value that shows no device, where "" would not (see the module docstring).
 NO_DEVICE: dict[str, str] = {

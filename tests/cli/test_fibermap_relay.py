@@ -2,7 +2,7 @@
 
 The job starts both nodes' fiberd as tests/cli/test_fibermap_nodes.py's jobs do, then runs
 the map from the batch script on n1; the map reaches n2's fiberd through a relay srun runs
-there (slurm_fiber/nodes/), hands tasks out as each node's slots free up, and writes the
+there (slurm_fiber/client/nodes/), hands tasks out as each node's slots free up, and writes the
 output and joblog itself. The tasks coordinate through files in the work dir, never
 through how long something takes; the waits are bounded and polled every 0.05 s.
 """

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.cli.throwaway import GRANT, Site
+from slurm_fiber.client.executor import Executor, FiberKilled
 from slurm_fiber.core.trust.grant import Limits
-from slurm_fiber.executor import Executor, FiberKilled
 from tests.executor import fnkit
 from tests.executor.sitekit import started_site, stop_site
 

@@ -64,7 +64,7 @@ def test_the_site_venvs_fiberctl_imports_no_re(container_cluster: ContainerClust
                                 "run", "-S", "/nonexistent", "--", "true", user=USER)
     assert out.returncode == 69, out.stderr
     modules = imported(out.stderr)
-    assert "slurm_fiber.cli.fiberctl" in modules and "re" not in modules, out.stderr
+    assert "slurm_fiber.client.fiberctl" in modules and "re" not in modules, out.stderr
 
 
 def test_a_users_gpu_job_runs_fibers(container_cluster: ContainerCluster) -> None:

@@ -4,7 +4,7 @@ The job starts both nodes' fiberd (as tests/cli/test_fibermap_nodes.py's jobs do
 runs a Python script with the site's interpreter on n1: two calls, one slot per node,
 each of which returns only once both have started (files in the work dir, bounded), so
 they can only both succeed when they run at once, one on each node: n2's through the
-relay srun runs there (slurm_fiber/nodes/). Each returns its node and prints it; the
+relay srun runs there (slurm_fiber/client/nodes/). Each returns its node and prints it; the
 future keeps what it printed. Then a node lost mid-call: the first call that runs on n2
 SIGKILLs n2's relay; the Executor names n2 on stderr and runs that call again on n1.
 """
@@ -96,7 +96,7 @@ def call(i, work):  # the first call on n2 kills n2's relay (its node lost), the
                 env = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\\0")
             except OSError:
                 continue
-            if b"slurm_fiber.nodes.relay" in argv and b"SLURMD_NODENAME=n2" in env:
+            if b"slurm_fiber.client.nodes.relay" in argv and b"SLURMD_NODENAME=n2" in env:
                 os.kill(int(pid), signal.SIGKILL)
         time.sleep(30)
     return where

@@ -16,8 +16,7 @@ import pytest
 
 from slurm_fiber import Executor
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.trust.grant import Limits
-from slurm_fiber.executor import (
+from slurm_fiber.client.executor import (
     FiberKilled,
     FiberMissed,
     RemoteError,
@@ -25,7 +24,8 @@ from slurm_fiber.executor import (
     TaskTimeout,
     reference,
 )
-from slurm_fiber.tasks import NotReady
+from slurm_fiber.client.tasks import NotReady
+from slurm_fiber.core.trust.grant import Limits
 from tests.executor import fnkit
 from tests.executor.sitekit import started_site, stop_site
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.tasks import caller_path
+from slurm_fiber.client.tasks import caller_path
 
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
 README = Path(__file__).parents[2] / "README.md"

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_fiber.cli.throwaway import Site
-from slurm_fiber.core.api.client import Unreachable
-from slurm_fiber.nodes.link import Link
-from slurm_fiber.tasks import Task, TaskRunner, UntrustedServer
+from slurm_fiber.client.connection import Unreachable
+from slurm_fiber.client.nodes.link import Link
+from slurm_fiber.client.tasks import Task, TaskRunner, UntrustedServer
 from tests.executor.sitekit import started_site, stop_site
 
 
@@ -29,7 +29,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 def local_link(socket: str, uids: list[int] | None = None) -> Link:
     """A Link whose relay is a local process (srun's place)."""
     return Link("here", server_uids=uids, command=[
-        sys.executable, "-m", "slurm_fiber.nodes.relay", "--socket", socket])
+        sys.executable, "-m", "slurm_fiber.client.nodes.relay", "--socket", socket])
 
 
 def read(fd: int) -> bytes:

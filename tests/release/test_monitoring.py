@@ -15,7 +15,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_fiber import __version__
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.book.misses import MissCode
 from slurm_fiber.core.metrics.export import Labelled
 from slurm_fiber.core.metrics.families import FiberMetrics

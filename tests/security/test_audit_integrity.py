@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Missed
+from slurm_fiber.client.connection import FiberdClient, Missed
 from slurm_fiber.core.audit.log import AuditLog, AuditUnsafe
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.trust.grant import ScopeClaim

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.clock import SystemClock
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.api.rawkit import read_replies

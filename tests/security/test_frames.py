@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
-from slurm_fiber.core.api.framing import MAX_DEPTH
+from slurm_fiber.client.connection import FiberdClient
+from slurm_fiber.protocol.framing import MAX_DEPTH
 from tests.core.api.rawkit import read_replies
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Missed
+from slurm_fiber.client.connection import FiberdClient, Missed
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.runtime.fiberdkit import Site
 

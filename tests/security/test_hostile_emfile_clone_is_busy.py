@@ -17,7 +17,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.runtime.fiberdkit import Site
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from tests.cli.commandkit import fiberd, wait_socket
 from tests.core.runtime.fiberdkit import Site
 from tests.security.publicdirkit import public_dir

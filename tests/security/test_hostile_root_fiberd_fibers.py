@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from tests.cli.commandkit import flags, wait_ready, wait_socket
 from tests.core.processkit import UNIFIED, cgroup2_usable
 from tests.core.runtime.fiberdkit import REPO, Site

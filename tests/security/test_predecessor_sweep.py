@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Unreachable
+from slurm_fiber.client.connection import FiberdClient, Unreachable
 from slurm_fiber.core.cgroups.v1 import V1Layout
 from tests.cli.commandkit import PROCESSES, fiberd, wait_ready, wait_socket
 from tests.core.processkit import UNIFIED, cgroup2_usable, marked_procs, unified_cgroup, wait_marked

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Missed
+from slurm_fiber.client.connection import FiberdClient, Missed
 from slurm_fiber.core.trust.issuers import public_jwk
 from slurm_fiber.core.trust.mint import compact_jws
 from tests.core.runtime.fiberdkit import AUDIENCE, Site, ThreadFiberd, fiberd_in_thread

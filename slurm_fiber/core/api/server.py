@@ -47,38 +47,12 @@ import signal
 import socket
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from slurm_fiber.core.api.framing import (
-    DEFAULT_MAX_FRAME,
-    Frame,
-    FrameDecoder,
-    FramingError,
-    close_all,
-    encode_frame,
-)
-from slurm_fiber.core.api.protocol import (
-    MAX_BATCH_FDS,
-    ApiError,
-    BatchItem,
-    BatchOp,
-    CloneOp,
-    ErrorCode,
-    PlainOp,
-    Request,
-    error_reply,
-    max_fds,
-    miss_reply,
-    ok_reply,
-    parse_request,
-    peer_allowed,
-    request_id,
-)
-from slurm_fiber.core.api.replies import BatchStarted, Cancelled
 from slurm_fiber.core.api.service import (
     CloneRequest,
     FiberExit,
@@ -96,15 +70,51 @@ from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics
 from slurm_fiber.core.waiting import set_done
+from slurm_fiber.protocol import requests as rq
+from slurm_fiber.protocol.framing import (
+    Frame,
+    FrameDecoder,
+    FramingError,
+    close_all,
+    encode_frame,
+)
+from slurm_fiber.protocol.limits import DEFAULT_MAX_FRAME, MAX_BATCH_FDS, MAX_REPLY
+from slurm_fiber.protocol.replies import BatchStarted, Cancelled
+from slurm_fiber.protocol.validate import (
+    TABLE,
+    ApiError,
+    BatchItem,
+    ErrorCode,
+    Parsed,
+    error_reply,
+    max_fds,
+    ok_reply,
+    parse_request,
+    request_id,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_REPLY = 16 << 20  # replies (fiber lists) may be larger than requests
 _RECV_SIZE = 65536
 _ANC_SIZE = socket.CMSG_SPACE((MAX_BATCH_FDS + 1) * array.array("i").itemsize)  # room to
 # see "too many" (each descriptor received is closed unless its frame may carry it)
 _PEERCRED = struct.Struct("3i")
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+
+
+def miss_reply(rid: int | str | None, miss: Miss) -> dict[str, object]:
+    """A clone that started nothing (always final)."""
+    return {"id": rid, "ok": False, "final": True, "miss": miss.to_json()}
+
+
+def peer_allowed(peer: Peer, uids: frozenset[int], gids: frozenset[int]) -> bool:
+    """Whether a connecting peer may talk to fiberd: its uid or its primary gid is listed."""
+    return peer.uid in uids or peer.gid in gids
+
+
+def _api_error(error: Exception) -> ApiError:
+    """A batch item's refusal as validation made it (an ApiError, always)."""
+    return error if isinstance(error, ApiError) else ApiError(ErrorCode.BAD_REQUEST, str(error))
 
 
 def _out_of_fds(err: BaseException) -> bool:
@@ -435,21 +445,18 @@ class _Connection:
             await self.refuse(rid, op_name, ApiError(
                 ErrorCode.INTERNAL, f"fiberd failed on this request: {type(e).__name__}: {e}"))
 
-    async def dispatch(self, request: Request, frame: Frame) -> None:
-        """Answer a validated request as its row in the op table says."""
-        spec, op, rid = request.spec, request.op, request.id
-        assert self.peer is not None
-        if spec.streams:  # this connection's method of the handler's name (events, fds)
-            await getattr(self, spec.handler)(rid, op, frame)
-            return
-        assert not isinstance(op, CloneOp | BatchOp)
-        owner: object = self.server if spec.server_side else self.server.service
-        answer = getattr(owner, spec.handler)(*op.handler_args(self.peer))
-        if inspect.isawaitable(answer):
-            answer = await answer
-        await self.send(ok_reply(rid, spec.reply.of(answer).to_json()))
+    async def dispatch(self, parsed: Parsed, frame: Frame) -> None:
+        """Answer a validated request by its type's row in ``OPS``."""
+        answer = OPS[type(parsed.request)]
+        await answer(self, parsed.id, parsed.request, frame)
 
-    async def clone(self, rid: int | str | None, op: CloneOp, frame: Frame) -> None:
+    async def answer(self, rid: int | str | None, request: rq.Request, value: Any) -> None:
+        """Send ``value`` (what the Service returned, awaited) as ``request``'s reply type."""
+        if inspect.isawaitable(value):
+            value = await value
+        await self.send(ok_reply(rid, TABLE[request.OP].reply.of(value).to_json()))
+
+    async def clone(self, rid: int | str | None, op: rq.Clone, frame: Frame) -> None:
         server = self.server
         assert self.peer is not None
         started_at = server.clock.mono()
@@ -471,7 +478,7 @@ class _Connection:
         if op.wait:
             await self.stream_exits(rid, [outcome], op.hangup, op.early)
 
-    async def clone_batch(self, rid: int | str | None, op: BatchOp, frame: Frame) -> None:
+    async def clone_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame) -> None:
         """Start the batch's valid items through the Service; answer one ``started`` event
         with every item's outcome (fiber, miss or error) in order, then, with ``wait``, each
         started fiber's ``exit`` event (the last one final). With a ``window`` (v5), only
@@ -507,7 +514,7 @@ class _Connection:
         for item in op.items:
             outcome = by_item.get(id(item))
             if item.error is not None:
-                entries.append(self.refused_item(rid, item.key, item.error))
+                entries.append(self.refused_item(rid, item.key, _api_error(item.error)))
                 continue
             assert outcome is not None
             entries.append(self.item_entry(rid, item.key, outcome, elapsed))
@@ -519,7 +526,7 @@ class _Connection:
         if streams:
             await self.stream_exits(rid, fibers, op.hangup, op.early)
 
-    async def windowed_batch(self, rid: int | str | None, op: BatchOp, frame: Frame,
+    async def windowed_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame,
                              valid: list[BatchItem], requests: list[CloneRequest],
                              stdios: list[Stdio]) -> None:
         """``clone_batch`` with a ``window``: the refused items and the first ``window``
@@ -535,7 +542,7 @@ class _Connection:
                 if not isinstance(run, Miss):
                     frame.fds.clear()  # handed to the template and closed
                 frame.close_fds()
-                refused = [self.refused_item(rid, item.key, item.error)
+                refused = [self.refused_item(rid, item.key, _api_error(item.error))
                            for item in op.items if item.error is not None]
                 if isinstance(run, Miss):
                     refused += [{"key": item.key, "ok": False, "miss": run.to_json()}
@@ -546,7 +553,7 @@ class _Connection:
         server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap
         close_all(fd for fd in frame.fds if fd not in kept)  # the refused items'
         frame.fds.clear()  # the others' are the window's now, closed once answered
-        entries = [self.refused_item(rid, item.key, item.error)
+        entries = [self.refused_item(rid, item.key, _api_error(item.error))
                    for item in op.items if item.error is not None]
 
         took: dict[str, float] = {}  # each start's seconds, by key, for its entry
@@ -603,7 +610,7 @@ class _Connection:
         metrics.clone_started(elapsed, str(record.get("uid", "")))
         return {"key": key, "ok": True, "fiber": record}
 
-    async def cancel(self, rid: int | str | None, _op: PlainOp, _frame: Frame) -> None:
+    async def cancel(self, rid: int | str | None, _op: rq.Cancel, _frame: Frame) -> None:
         """``cancel`` outside a windowed batch's stream: nothing is left to cancel (the
         batch it was meant for has ended), so it is taken without a reply (module doc)."""
         log.debug("cancel %r from %s with no windowed batch streaming", rid, self.peer)
@@ -701,7 +708,7 @@ class _Connection:
         batch is answered with its ``cancelled`` event; anything else with busy."""
         frame.close_fds()
         with contextlib.suppress(ApiError):
-            if window is not None and parse_request(frame.body, 0).spec.name == "cancel":
+            if window is not None and isinstance(parse_request(frame.body, 0).request, rq.Cancel):
                 keys = window.cancel()
                 await self.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled",
                                          final=False))
@@ -993,3 +1000,39 @@ class ApiServer:
         if not candidates:
             return None
         return min(candidates, key=lambda c: (-counts[c.peer.uid], c.since))  # type: ignore[union-attr]
+
+
+R = TypeVar("R", bound=rq.Request)
+Answer = Callable[[_Connection, "int | str | None", Any, Frame], Awaitable[None]]
+
+
+def _simple(_kind: type[R], answer: Callable[[ApiServer, R, Peer], object]) -> Answer:
+    """A row for an op answered by one call (awaited when it returns an awaitable), whose
+    value is sent as the op's reply type."""
+    async def run(conn: _Connection, rid: int | str | None, request: R, _frame: Frame) -> None:
+        assert conn.peer is not None
+        await conn.answer(rid, request, answer(conn.server, request, conn.peer))
+    return run
+
+
+# The server's op table: who answers each request type (validate.TABLE reads it).
+# Adding an op: its request type (protocol/requests.py), its row in validate.TABLE
+# (fields, parser, reply type), its reply type (protocol/replies.py), its row here,
+# and the client's typed method (client/connection.py).
+OPS: dict[type[rq.Request], Answer] = {
+    rq.Clone: _Connection.clone,
+    rq.CloneBatch: _Connection.clone_batch,
+    rq.Cancel: _Connection.cancel,
+    rq.InspectFiber: _simple(rq.InspectFiber, lambda s, r, _p: s.service.inspect_fiber(r.fiber)),
+    rq.StopFiber: _simple(rq.StopFiber, lambda s, r, p: s.service.stop_fiber(r.fiber, r.grace, p)),
+    rq.SignalFiber: _simple(rq.SignalFiber,
+                            lambda s, r, p: s.service.signal_fiber(r.fiber, int(r.signal), p)),
+    rq.ListFibers: _simple(rq.ListFibers, lambda s, r, _p: s.service.list_fibers(
+        r.after, r.limit, r.ended) if r.ended else s.service.list_fibers(r.after, r.limit)),
+    rq.ListGrants: _simple(rq.ListGrants, lambda s, _r, _p: s.service.list_grants()),
+    rq.Status: _simple(rq.Status, lambda s, _r, _p: s.service.status()),
+    rq.Health: _simple(rq.Health, lambda s, _r, _p: s.service.health()),
+    rq.Ready: _simple(rq.Ready, lambda s, _r, _p: s.service.ready()),
+    rq.Metrics: _simple(rq.Metrics, lambda s, _r, _p: s.metrics_text()),
+}
+assert {kind.OP for kind in OPS} == set(TABLE), "every op of the protocol has its answer here"

@@ -15,48 +15,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from slurm_fiber.core.book.misses import Miss
+from slurm_fiber.protocol.requests import CallTarget as CallTarget
+from slurm_fiber.protocol.requests import ExecTarget as ExecTarget
+from slurm_fiber.protocol.requests import Peer as Peer
 
 JsonMap = Mapping[str, object]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Who is on the other end of a connection, from SO_PEERCRED at accept time."""
-
-    pid: int
-    uid: int
-    gid: int
-
-    def to_json(self) -> dict[str, int]:
-        return {"pid": self.pid, "uid": self.uid, "gid": self.gid}
-
-
-@dataclass(frozen=True)
-class CallTarget:
-    """Call mode: run ``module:function(*args, **kwargs)`` in the warm interpreter.
-
-    A pickled call (protocol v2) sets ``pickled``: base64 text that only the
-    fiber decodes (fiberd passes it on unread). With ``target`` it holds the
-    pickle of ``(args, kwargs)``; with ``target`` None, of ``(function, args,
-    kwargs)``. The fiber's result (or exception) then comes back pickled too.
-    ``path``: the caller's import path, put first on the fiber's ``sys.path``
-    (the entries that are safe there) before it resolves or unpickles anything.
-    """
-
-    target: str | None
-    args: tuple[object, ...] = ()
-    kwargs: Mapping[str, object] = field(default_factory=dict)
-    pickled: str | None = None
-    path: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ExecTarget:
-    """Exec mode: exec ``argv`` (argv[0] looked up on PATH), in ``cwd`` when given."""
-
-    argv: tuple[str, ...]
-    cwd: str | None = None
 
 
 @dataclass(frozen=True)

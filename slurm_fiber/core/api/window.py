@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from slurm_fiber.core.api.framing import close_all
 from slurm_fiber.core.api.service import CloneRequest, FiberExit, FiberHandle, Forked, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.waiting import set_done
+from slurm_fiber.protocol.framing import close_all
 
 Outcome = FiberHandle | Miss | Exception
 Json = dict[str, object]

@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from slurm_fiber.core.api.protocol import ApiError, ErrorCode, ok_reply, parse_request
-from slurm_fiber.core.api.replies import BatchStarted, Cancelled
 from slurm_fiber.core.api.service import CloneRequest, FiberExit, Stdio
 from slurm_fiber.core.book.misses import Miss
+from slurm_fiber.protocol.replies import BatchStarted, Cancelled
+from slurm_fiber.protocol.requests import Cancel
+from slurm_fiber.protocol.validate import ApiError, ErrorCode, ok_reply, parse_request
 
 Json = dict[str, object]
 
@@ -121,7 +122,7 @@ async def _control(conn: Connection, rid: int | str | None, run: WindowRun,
         raise gone("client left while its task window ran")
     frame.close_fds()
     try:
-        cancel = parse_request(frame.body, 0).spec.name == "cancel"
+        cancel = isinstance(parse_request(frame.body, 0).request, Cancel)
     except ApiError:
         cancel = False
     if cancel:

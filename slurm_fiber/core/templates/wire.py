@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slurm_fiber.core.api.framing import json_dumps, json_loads
+from slurm_fiber.protocol.framing import json_dumps, json_loads
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

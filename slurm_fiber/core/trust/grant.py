@@ -10,16 +10,10 @@ runs (stamped on audit records, never a validity term).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-UID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
-
-
-def valid_uid(uid: object) -> bool:
-    """Whether ``uid`` is a string matching the grant UID pattern of DESIGN §3."""
-    return isinstance(uid, str) and UID_PATTERN.fullmatch(uid) is not None
+from slurm_fiber.protocol.names import valid_uid as valid_uid
 
 
 @dataclass(frozen=True)

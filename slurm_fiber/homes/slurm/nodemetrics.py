@@ -156,7 +156,12 @@ def fetch_as_owner(job: JobDir, timeout: float = TIMEOUT) -> bytes | None:
 
 def _child(job: JobDir, out: int, timeout: float) -> int:
     """In the forked child: become the job dir's owner, ask its fiberd, write the text."""
-    from slurm_fiber.core.api.client import FiberdClient
+    import socket
+
+    from slurm_fiber.protocol.framing import FrameDecoder, encode_frame
+    from slurm_fiber.protocol.limits import MAX_REPLY
+    from slurm_fiber.protocol.replies import Metrics as MetricsReply
+    from slurm_fiber.protocol.requests import Metrics
 
     os.setgroups([])
     os.setgid(job.gid)
@@ -164,8 +169,21 @@ def _child(job: JobDir, out: int, timeout: float) -> int:
     _no_new_privs()
     os.chdir(job.path)  # as the owner: a link there is the owner's own business
     signal.alarm(int(timeout) + 1)
-    with FiberdClient(SOCKET_NAME, timeout=timeout) as client:
-        data = client.metrics().text.encode()[:MAX_BYTES + 1]
+    decoder = FrameDecoder(MAX_REPLY)  # one request, one reply: the protocol's own framing
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(SOCKET_NAME)
+        sock.sendall(encode_frame(Metrics().to_json(1)))
+        while (frame := decoder.next_frame()) is None:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return 1
+            decoder.feed(chunk)
+    reply = frame.body
+    if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(
+            reply.get("result"), dict):
+        return 1
+    data = MetricsReply.from_json(reply["result"]).text.encode()[:MAX_BYTES + 1]
     view = memoryview(data)
     while view:
         view = view[os.write(out, view):]

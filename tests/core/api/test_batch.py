@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from slurm_fiber.core.api import protocol
-from slurm_fiber.core.api.client import FiberdClient, Refused
-from slurm_fiber.core.api.protocol import MAX_BATCH
+from slurm_fiber.client.connection import FiberdClient, Refused
+from slurm_fiber.client.tasks import Task, TaskRunner
 from slurm_fiber.core.api.service import CloneRequest
 from slurm_fiber.core.runtime.core import Core
-from slurm_fiber.tasks import Task, TaskRunner
+from slurm_fiber.protocol import validate as protocol
+from slurm_fiber.protocol.limits import MAX_BATCH
 from tests.core.api.servicekit import Served
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
 

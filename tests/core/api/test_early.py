@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_fiber.core.api import protocol
-from slurm_fiber.core.api.client import FiberdClient, Refused
-from slurm_fiber.tasks import Task, TaskRunner
+from slurm_fiber.client.connection import FiberdClient, Refused
+from slurm_fiber.client.tasks import Task, TaskRunner
+from slurm_fiber.protocol import validate as protocol
 from tests.core.api.servicekit import Served
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd
 

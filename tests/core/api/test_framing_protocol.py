@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
-from slurm_fiber.core.api.protocol import (
-    ApiError,
-    BatchOp,
-    CloneOp,
-    PlainOp,
-    SignalOp,
-    parse_request,
-)
+from slurm_fiber.protocol import requests as rq
+from slurm_fiber.protocol.framing import FrameDecoder, FramingError, encode_frame
+from slurm_fiber.protocol.validate import ApiError, parse_request
 
 messages = st.lists(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=20),
                                     max_size=4), min_size=1, max_size=6)
@@ -66,12 +60,12 @@ def test_valid_requests_parse() -> None:
                          "call": {"target": "pkg.mod:Cls.method", "args": [1],
                                   "kwargs": {"n": 2}},
                          "env": {"A": "b"}, "stdio": ["stdout", "stderr"], "wait": True}, 2)
-    assert req.id == "r1" and isinstance(req.op, CloneOp)
-    assert req.op.call.target == "pkg.mod:Cls.method" and req.op.stdio == ("stdout", "stderr")
-    assert req.op.hangup is True
-    assert parse_request({"op": "signal_fiber", "fiber": "f1", "signal": "int"}, 0).op == \
-        SignalOp("f1", 2)
-    assert parse_request({"op": "metrics", "v": 1}, 0).op == PlainOp("metrics")
+    assert req.id == "r1" and isinstance(req.request, rq.Clone)
+    assert req.request.call is not None and req.request.call.target == "pkg.mod:Cls.method"
+    assert req.request.stdio == ("stdout", "stderr") and req.request.hangup is True
+    assert parse_request({"op": "signal_fiber", "fiber": "f1", "signal": "int"}, 0).request == \
+        rq.SignalFiber("f1", 2)
+    assert parse_request({"op": "metrics", "v": 1}, 0).request == rq.Metrics()
 
 
 @pytest.mark.parametrize(("body", "nfds", "code", "field"), [
@@ -141,8 +135,9 @@ def test_a_bad_batch_item_is_refused_alone() -> None:
     items = [{"key": "a", "exec": {"argv": ["x"]}}, {"key": "a", "exec": {"argv": ["y"]}},
              {"key": "-b", "exec": {"argv": ["x"]}}, {"key": "c", "exec": {"argv": []}},
              {"key": "d", "exec": {"argv": ["x"]}, "env": {"B": "2"}, "stdio": ["stdout"]}]
-    op = parse_request({"op": "clone_batch", "v": 3, "env": {"A": "1"}, "items": items}, 1).op
-    assert isinstance(op, BatchOp) and op.wait is False and op.hangup is True
+    op = parse_request({"op": "clone_batch", "v": 3, "env": {"A": "1"}, "items": items},
+                       1).request
+    assert isinstance(op, rq.CloneBatch) and op.wait is False and op.hangup is True
     assert [(i.key, i.error.field if i.error else None) for i in op.items] == [
         ("a", None), ("a", "key"), (None, "key"), ("c", "exec"), ("d", None)]
     last = op.items[-1].clone
@@ -151,7 +146,7 @@ def test_a_bad_batch_item_is_refused_alone() -> None:
 
 
 def test_an_integer_past_the_digit_limit_is_refused_not_raised() -> None:
-    from slurm_fiber.core.api.framing import parse_body
+    from slurm_fiber.protocol.framing import parse_body
 
     value, error = parse_body(b'{"op":"status","n":' + b"1" * 5000 + b"}")
     assert value is None and error is not None
@@ -159,7 +154,7 @@ def test_an_integer_past_the_digit_limit_is_refused_not_raised() -> None:
 
 
 def test_nesting_is_bounded_exactly_and_brackets_in_strings_do_not_count() -> None:
-    from slurm_fiber.core.api.framing import MAX_DEPTH, parse_body
+    from slurm_fiber.protocol.framing import MAX_DEPTH, parse_body
 
     deepest = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
     assert parse_body(deepest)[1] is None
@@ -174,10 +169,10 @@ def test_nesting_is_bounded_exactly_and_brackets_in_strings_do_not_count() -> No
 
 def test_a_pickled_call_is_passed_on_as_text_with_or_without_a_target() -> None:
     bare = parse_request({"op": "clone", "v": 2, "call": {"pickled": "gAR9lC4="}}, 0)
-    assert bare.op.call.pickled == "gAR9lC4=" and bare.op.call.target is None
+    assert bare.request.call.pickled == "gAR9lC4=" and bare.request.call.target is None
     named = parse_request({"op": "clone", "v": 2,
                            "call": {"pickled": "gAR9lC4=", "target": "m:f"}}, 0)
-    assert (named.op.call.target, named.op.call.pickled) == ("m:f", "gAR9lC4=")
+    assert (named.request.call.target, named.request.call.pickled) == ("m:f", "gAR9lC4=")
 
 
 def test_version_1_requests_mean_the_same_under_version_2() -> None:

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
-from slurm_fiber.core.api.framing import encode_frame
+from slurm_fiber.client.connection import FiberdClient
+from slurm_fiber.protocol.framing import encode_frame
 from tests.core.api.rawkit import read_replies
 
 CLIENTS = 50

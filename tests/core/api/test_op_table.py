@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Refused
-from slurm_fiber.core.api.protocol import TABLE
-from slurm_fiber.core.api.replies import Cancelled, Fiber
+from slurm_fiber.client.connection import FiberdClient, Refused
+from slurm_fiber.protocol.replies import Cancelled, Fiber
+from slurm_fiber.protocol.validate import TABLE
 from tests.core.runtime.fiberdkit import ThreadFiberd
 
 

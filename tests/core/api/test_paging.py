@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_fiber.core.api.client import FiberdClient, Refused
-from slurm_fiber.core.api.protocol import MAX_PAGE
+from slurm_fiber.client.connection import FiberdClient, Refused
 from slurm_fiber.core.api.service import page
+from slurm_fiber.protocol.limits import MAX_PAGE
 from tests.core.runtime.fiberdkit import ThreadFiberd
 
 SLEEP = {"exec": {"argv": ["sleep", "60"]}}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.core.clock import SystemClock
 from tests.core.api.rawkit import raw_exchange
 from tests.core.api.servicekit import serve

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from slurm_fiber.client.discovery import discover_socket
 from slurm_fiber.core.api.sockfile import SocketPathError, claim_socket
-from slurm_fiber.discovery import discover_socket
 
 
 def test_claims_with_mode_and_releases_only_its_own(tmp_path) -> None:
@@ -78,7 +78,7 @@ def test_a_job_socket_is_found_from_the_site_state_root_alone(tmp_path) -> None:
     assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
     site.write_text("state_root = [\n")  # not TOML: the default root
     assert str(discover_socket(None, job)) == "/var/lib/slurm-fiber/nodes/n1/jobs/9/fiberd.sock"
-    code = ("import sys; from slurm_fiber.discovery import discover_socket; "
+    code = ("import sys; from slurm_fiber.client.discovery import discover_socket; "
             f"discover_socket(None, {job!r}); print('slurm_fiber.core.trust.grant' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.templates.window_parent import WindowLink
 from tests.core.api.test_window import marking, most_at_once
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled

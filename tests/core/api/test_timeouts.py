@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.api.server import Phase, ServerConfig, phase_deadline
 from slurm_fiber.core.clock import FakeClock
 from tests.core.api.rawkit import read_replies

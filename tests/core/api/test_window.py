@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from slurm_fiber.core.api import protocol
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused
-from slurm_fiber.core.api.protocol import ApiError, parse_request
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused
+from slurm_fiber.client.tasks import Task, TaskRunner
 from slurm_fiber.core.api.service import CloneRequest, Peer, Stdio
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
 from slurm_fiber.core.book.misses import Miss, MissCode
-from slurm_fiber.tasks import Task, TaskRunner
+from slurm_fiber.protocol import validate as protocol
+from slurm_fiber.protocol.validate import ApiError, parse_request
 from tests.core.api.servicekit import Served
 from tests.core.processkit import aio
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled

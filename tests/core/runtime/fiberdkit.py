@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fiber import testing
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.config import FiberdConfig, load_config
-from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec

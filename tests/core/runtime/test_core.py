@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.config import FiberdConfig
-from slurm_fiber.core.api.client import FiberdClient
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.handles import FiberView

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.cgroups.v1 import V1Layout
 from tests.cli.commandkit import fiberd, wait_ready, wait_socket
 from tests.core.processkit import UNIFIED, cgroup2_usable, v1_usable

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_fiber import __version__
-from slurm_fiber.core.api.client import FiberdClient
+from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.fibers.fiber import FiberEnd, FiberState, StopReason
 from slurm_fiber.core.metrics.export import (

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_fiber.cli.fiberctl import EXIT_FINAL_MISS, EXIT_RETRYABLE_MISS
+from slurm_fiber.client.fiberctl import EXIT_FINAL_MISS, EXIT_RETRYABLE_MISS
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, load_site_config
 from tests.barehost.fiberjobkit import (

@@ -89,7 +89,6 @@ import time
 import traceback
 from collections.abc import Callable
 
-from slurm_fiber.core.api.framing import json_dumps
 from slurm_fiber.core.cgroups.held_files import HeldFiles
 from slurm_fiber.core.templates import wire
 from slurm_fiber.core.templates.child import exec_spawn
@@ -110,6 +109,7 @@ from slurm_fiber.core.templates.child.prctl import die_with_parent, no_new_privs
 from slurm_fiber.core.templates.child.window_run import MAX_FDS as WINDOW_MAX_FDS
 from slurm_fiber.core.templates.child.window_run import TaskWindow
 from slurm_fiber.core.templates.dirtrust import safe_path_entry, trusted_owners
+from slurm_fiber.protocol.framing import json_dumps
 from slurm_fiber.safefs import UnsafePath, open_dir
 
 _FIBER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -3,7 +3,7 @@
 The map runs where it was started (the job's first node, in a batch script) and reaches
 every node's fiberd: its own through its socket, each other one through a relay that
 ``srun --overlap`` runs on that node, whose stdin and stdout carry the socket protocol
-(slurm_fiber/nodes/: nothing listens on the network, no credential is added). Each
+(slurm_fiber/client/nodes/: nothing listens on the network, no credential is added). Each
 node keeps ``-j`` slots, one worker thread each; a worker takes the next task when its
 slot is free, so a node slowed by long tasks takes fewer and the others take the rest
 (``--split rr`` keeps the round-robin split, sequence number modulo the node count,
@@ -28,12 +28,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from slurm_fiber.cli.fiberctl import EXIT_UNREACHABLE
-from slurm_fiber.cli.fibermap import EXIT_OTHER, Map
-from slurm_fiber.cli.mapinput import Args, command_words
-from slurm_fiber.core.api.framing import json_dumps
-from slurm_fiber.nodes.handout import JobNodes, Node, job_node_names
-from slurm_fiber.tasks import Outcome, in_job
+from slurm_fiber.client.fiberctl import EXIT_UNREACHABLE
+from slurm_fiber.client.fibermap import EXIT_OTHER, Map
+from slurm_fiber.client.mapinput import Args, command_words
+from slurm_fiber.client.nodes.handout import JobNodes, Node, job_node_names
+from slurm_fiber.client.tasks import Outcome, in_job
+from slurm_fiber.protocol.framing import json_dumps
 
 Item = tuple[int, Args, list[str], int]  # seq, args, words, try number
 

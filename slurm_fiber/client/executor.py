@@ -61,7 +61,7 @@ waiting for SIGHUP (the clone's ``hangup``).
 ``max_workers`` at once on each, a node taking the next call when one of its slots is
 free: this node's fiberd through its socket, each other node's through a relay that
 ``srun --overlap`` runs on it, whose stdin and stdout carry the socket protocol
-(``slurm_fiber/nodes/``: nothing listens on the network, no credential is added; the
+(``slurm_fiber/client/nodes/``: nothing listens on the network, no credential is added; the
 server uid check is made where that fiberd runs). A node lost while a call runs on it
 (its relay or fiberd gone) is named once on stderr and gets no more calls; each of its
 calls not settled runs again on another node (with none left, it fails with
@@ -70,7 +70,7 @@ calls not settled runs again on another node (with none left, it fails with
 
 A worker that finds several calls pending (``map`` queues all its calls
 before a worker starts) starts as many as there is room for under
-``max_workers`` with one batch clone (``slurm_fiber.tasks.TaskRunner.
+``max_workers`` with one batch clone (``slurm_fiber.client.tasks.TaskRunner.
 run_many``), each still its own fiber; a fiberd older than protocol v3 gets
 one clone per call. A future is settled as soon as its fiber has written the
 call's value or exception (the clone's ``early`` result events, protocol v4:
@@ -94,9 +94,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slurm_fiber.discovery import discover_socket
-from slurm_fiber.nodes.handout import HandOut, JobNodes, Node, job_node_names
-from slurm_fiber.tasks import (
+from slurm_fiber.client.discovery import discover_socket
+from slurm_fiber.client.nodes.handout import HandOut, JobNodes, Node, job_node_names
+from slurm_fiber.client.tasks import (
     DEFAULT_WAIT,
     Outcome,
     Task,
@@ -105,9 +105,9 @@ from slurm_fiber.tasks import (
     in_job,
     wait_ready,
 )
+from slurm_fiber.protocol.limits import MAX_PICKLED
 
 T = TypeVar("T")
-MAX_PICKLED = 96 * 1024  # slurm_fiber.core.api.protocol.MAX_PICKLED (not imported: cheap)
 
 
 class RemoteTraceback(Exception):
@@ -305,7 +305,7 @@ class Executor(cf.Executor):
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until fiberd answers and a template (``grant``'s, if given) is ready.
-        Raises ``TimeoutError`` (``slurm_fiber.tasks.NotReady``) after ``timeout`` s."""
+        Raises ``TimeoutError`` (``slurm_fiber.client.tasks.NotReady``) after ``timeout`` s."""
         wait_ready(self.socket, timeout, grant=self.grant)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> FiberFuture[T]:
@@ -538,7 +538,7 @@ def _say(line: str) -> None:
 def _every_node(executor: Executor, socket: str | os.PathLike[str] | None,
                 **runner: Any) -> HandOut[tuple[FiberFuture[Any], Task]] | None:
     """``nodes="all"``: calls handed to every node of this multi-node Slurm job, each with
-    ``max_workers`` slots (slurm_fiber/nodes/); None outside one (the calls run here).
+    ``max_workers`` slots (slurm_fiber/client/nodes/); None outside one (the calls run here).
     Raises RuntimeError when the job's nodes cannot be listed."""
     try:
         names = job_node_names()

@@ -1,6 +1,6 @@
 """The reply types of fiberd's socket ops, as the protocol's op table names them.
 
-Each op in ``protocol.TABLE`` names one of these as its reply type: the
+Each op in ``validate.TABLE`` names one of these as its reply type: the
 server builds it from what the Service returned (``of``) and sends its
 ``to_json()`` as the reply's ``result``; the client's typed method rebuilds
 it from that ``result`` (``from_json``). ``from_json`` is lenient (a field

@@ -66,14 +66,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.replies import BatchStarted, Cancelled
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.client.waits import DEFAULT_WAIT as DEFAULT_WAIT
+from slurm_fiber.client.waits import WAITED
+from slurm_fiber.protocol.limits import (
+    EARLY_SINCE,
+    MAX_BATCH,
+    MAX_CALL_PATH,
+    PICKLED_SINCE,
+    UNKNOWN_OP,
+    UNSUPPORTED_VERSION,
+)
+from slurm_fiber.protocol.replies import BatchStarted, Cancelled
 
-PICKLED_SINCE = 2  # the protocol version a pickled call declares (others declare none,
-# so exec and JSON calls keep working with a v1 fiberd)
-MAX_BATCH = 64  # items in one clone_batch (protocol.MAX_BATCH; not imported: cheap)
-NO_BATCH = frozenset({"unsupported_version", "unknown_op"})  # a fiberd older than v3
-EARLY_SINCE = 4  # the protocol version of a clone's "early" (protocol.EARLY_SINCE)
+NO_BATCH = frozenset({UNSUPPORTED_VERSION, UNKNOWN_OP})  # a fiberd older than v3
 CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window has tasks
 # not started (the thread that reads the stream sends the cancel on it)
 CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
@@ -88,11 +94,6 @@ if TYPE_CHECKING:
     V = TypeVar("V")
 
 
-MAX_CALL_PATH = 64  # entries a call's path carries (protocol.MAX_CALL_PATH)
-WAITED = frozenset({"cold", "capacity"})  # the misses ``wait`` waits through (the other
-# retryable ones, source_stale, fenced, denied, audit_failed, get ``retries`` tries)
-DEFAULT_WAIT = 300.0  # seconds a job's client waits through retryable misses (srun's way:
-# long enough for a fiberd started in the same script to listen and warm its template)
 
 
 def in_job(environ: Mapping[str, str] | None = None) -> bool:
@@ -134,7 +135,7 @@ def connect(socket: str, server_uids: Collection[int] | None,
             timeout: float | None = 30.0, opener: Opener | None = None) -> FiberdClient:
     """A client of ``socket``; with ``server_uids``, only when the server runs as one of
     them (else the connection is closed, nothing sent or read, and UntrustedServer raised).
-    With ``opener`` (another node's fiberd over Slurm: slurm_fiber/nodes/link.py), the
+    With ``opener`` (another node's fiberd over Slurm: slurm_fiber/client/nodes/link.py), the
     connection is its, the server's uid checked where that fiberd runs. Raises
     Unreachable."""
     if opener is not None:

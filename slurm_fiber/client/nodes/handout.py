@@ -20,9 +20,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from slurm_fiber.discovery import discover_socket
-from slurm_fiber.nodes.link import Link
-from slurm_fiber.tasks import TaskRunner
+from slurm_fiber.client.discovery import discover_socket
+from slurm_fiber.client.nodes.link import Link
+from slurm_fiber.client.tasks import TaskRunner
 
 SCONTROL_WAIT = 30.0
 T = TypeVar("T")

@@ -1,8 +1,9 @@
 """A blocking client for fiberd's socket, for fiberctl, benchmarks and tests.
 
 ``FiberdClient`` speaks the protocol of docs/socket-protocol.md over one
-connection: a typed method per op of the protocol's table (``protocol.TABLE``),
-named as the op and returning its reply type (``core/api/replies.py``);
+connection: a typed method per op of the protocol (``protocol.validate.TABLE``),
+named as the op, sending its request type (``protocol/requests.py``) and returning
+its reply type (``protocol/replies.py``); ``send_request`` sends any request type;
 ``clone`` (optionally passing stdio descriptors) followed by ``wait_exit``
 for a waited clone; ``request`` for any op by name (its raw result). Every
 failure is one of three exceptions a caller can act on: ``Unreachable``
@@ -19,8 +20,10 @@ import stat
 import struct
 import time
 
-from slurm_fiber.core.api.framing import STDIO_NAMES, FrameDecoder, FramingError, encode_frame
-from slurm_fiber.core.api.replies import (
+from slurm_fiber.protocol import requests as rq
+from slurm_fiber.protocol.framing import FrameDecoder, FramingError, encode_frame
+from slurm_fiber.protocol.limits import BATCH_SINCE, MAX_REPLY, STDIO_NAMES, WINDOW_SINCE
+from slurm_fiber.protocol.replies import (
     BatchStarted,
     Cancelled,
     Delivered,
@@ -36,11 +39,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
-MAX_REPLY = 16 << 20
-BATCH_SINCE = 3  # protocol.BATCH_SINCE, PAGED_SINCE and WINDOW_SINCE (not imported: the
-PAGED_SINCE = 3  # protocol module costs a per-task client too much to import)
-WINDOW_SINCE = 5
-PAGE_SIZE = 1000  # fiber records per list_fibers page (protocol.MAX_PAGE at most)
+PAGE_SIZE = 1000  # fiber records per list_fibers page (limits.MAX_PAGE at most)
 
 
 class Unreachable(Exception):
@@ -173,6 +172,12 @@ class FiberdClient:
         result = self.exchange({"op": op, "id": self._next_id, **fields})["result"]
         return result if isinstance(result, dict) else {}
 
+    def send_request(self, request: rq.Request) -> dict[str, object]:
+        """Send a typed request and return the reply's result (raw JSON)."""
+        self._next_id += 1
+        result = self.exchange(request.to_json(self._next_id))["result"]
+        return result if isinstance(result, dict) else {}
+
     # --- one typed method per op (protocol.TABLE); each raises Refused, Unreachable ---------
 
     def clone(self, *, stdio: Mapping[str, int] | None = None, wait: bool = False,
@@ -224,7 +229,7 @@ class FiberdClient:
         than v5), Unreachable."""
         self._next_id += 1
         asked = self._next_id
-        self.send({"op": "cancel", "v": WINDOW_SINCE, "id": asked})
+        self.send(rq.Cancel().to_json(asked))
         held: list[dict[str, object]] = []
         try:
             while True:
@@ -242,33 +247,22 @@ class FiberdClient:
 
     def inspect_fiber(self, fiber: str) -> Fiber:
         """One fiber's record. Refused ``not_found`` when fiberd does not know it."""
-        return Fiber.from_json(self.request("inspect_fiber", fiber=fiber))
+        return Fiber.from_json(self.send_request(rq.InspectFiber(fiber)))
 
     def stop_fiber(self, fiber: str, grace: float | None = None) -> Fiber:
         """Stop a fiber (SIGTERM, ``grace`` s, SIGKILL); its record once it is gone."""
-        fields: dict[str, object] = {"fiber": fiber}
-        if grace is not None:
-            fields["grace"] = grace
-        return Fiber.from_json(self.request("stop_fiber", **fields))
+        return Fiber.from_json(self.send_request(rq.StopFiber(fiber, grace)))
 
     def signal_fiber(self, fiber: str, signal: int | str) -> Delivered:
         """Send a signal (number or name); ``delivered`` False when it had exited."""
-        return Delivered.from_json(self.request("signal_fiber", fiber=fiber, signal=signal))
+        return Delivered.from_json(self.send_request(rq.SignalFiber(fiber, signal)))
 
     def list_fibers(self, after: str | None = None, limit: int | None = None,
                     ended: bool = False) -> FiberList:
         """The fibers fiberd tracks: all of them, or (protocol v3) the page of at most
         ``limit`` after the cursor ``after`` (a previous page's ``next``); ``ended``: with
         the ended fibers fiberd still remembers."""
-        extra: dict[str, object] = {"ended": True} if ended else {}
-        if after is None and limit is None:
-            return FiberList.from_json(self.request("list_fibers", **extra))
-        fields: dict[str, object] = {"v": PAGED_SINCE, **extra}
-        if after is not None:
-            fields["after"] = after
-        if limit is not None:
-            fields["limit"] = limit
-        return FiberList.from_json(self.request("list_fibers", **fields))
+        return FiberList.from_json(self.send_request(rq.ListFibers(after, limit, ended)))
 
     def iter_fibers(self, page_size: int = PAGE_SIZE,
                     ended: bool = False) -> Iterator[dict[str, object]]:
@@ -290,23 +284,23 @@ class FiberdClient:
 
     def list_grants(self) -> GrantList:
         """The grants fiberd holds."""
-        return GrantList.from_json(self.request("list_grants"))
+        return GrantList.from_json(self.send_request(rq.ListGrants()))
 
     def status(self) -> Document:
         """fiberd's status document."""
-        return Document.from_json(self.request("status"))
+        return Document.from_json(self.send_request(rq.Status()))
 
     def health(self) -> Document:
         """The source's health document."""
-        return Document.from_json(self.request("health"))
+        return Document.from_json(self.send_request(rq.Health()))
 
     def ready(self) -> Ready:
         """Whether fiberd serves clones now."""
-        return Ready.from_json(self.request("ready"))
+        return Ready.from_json(self.send_request(rq.Ready()))
 
     def metrics(self) -> Metrics:
         """fiberd's metrics, Prometheus text."""
-        return Metrics.from_json(self.request("metrics"))
+        return Metrics.from_json(self.send_request(rq.Metrics()))
 
     def wait_exit(self, within: float | None = None) -> dict[str, object]:
         """After ``clone(wait=True)``: block until the exit event; returns it

@@ -1,4 +1,4 @@
-"""``python -m slurm_fiber.nodes.relay``: this node's fiberd, served on stdin and stdout.
+"""``python -m slurm_fiber.client.nodes.relay``: this node's fiberd, served on stdin and stdout.
 
 The first node of a job starts one relay per other node with ``srun --overlap
 --nodelist=NODE --nodes=1 --ntasks=1`` (nodes/link.py) and speaks nodes/wire.py on its
@@ -37,13 +37,13 @@ import sys
 from collections import deque
 from collections.abc import Sequence
 
-from slurm_fiber.core.api.client import MAX_REPLY
-from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
-from slurm_fiber.discovery import discover_socket
-from slurm_fiber.nodes.wire import CHUNK, MAX_LINE, WireError, clone_items, decode, encode
+from slurm_fiber.client.discovery import discover_socket
+from slurm_fiber.client.nodes.wire import CHUNK, MAX_LINE, WireError, clone_items, decode, encode
+from slurm_fiber.protocol.framing import FrameDecoder, FramingError, encode_frame
+from slurm_fiber.protocol.limits import DEFAULT_MAX_FRAME, MAX_REPLY
 
 PEERCRED = struct.Struct("3i")
-MAX_REQUEST = 1 << 20  # framing.DEFAULT_MAX_FRAME: what fiberd takes
+MAX_REQUEST = DEFAULT_MAX_FRAME  # what fiberd takes
 
 
 class Item:
@@ -287,7 +287,7 @@ class Relay:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_fiber.nodes.relay",
+    parser = argparse.ArgumentParser(prog="python -m slurm_fiber.client.nodes.relay",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-S", "--socket", help="fiberd's socket (default: as fiberctl finds "

@@ -11,7 +11,7 @@ SIGHUP, as a terminal hang-up would.
 
 ``fiberctl map [OPTIONS] -- CMD {}`` runs CMD once per argument, each in
 its own fiber, as GNU parallel does (``fiberctl map --help``; the code lives
-in slurm_fiber.cli.fibermap, imported only when map runs). ``fiberctl wait
+in slurm_fiber.client.fibermap, imported only when map runs). ``fiberctl wait
 [--timeout S]`` returns once fiberd is ready (69: it never answered; 75: it
 answered but is not ready).
 
@@ -64,9 +64,11 @@ import os
 import sys
 from types import FrameType, SimpleNamespace
 
-from slurm_fiber.core.api.client import FiberdClient, Missed, Refused, Unreachable
-from slurm_fiber.core.api.framing import STDIO_NAMES, json_dumps, json_loads
-from slurm_fiber.discovery import discover_socket
+from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
+from slurm_fiber.client.discovery import discover_socket
+from slurm_fiber.client.waits import DEFAULT_WAIT, WAITED
+from slurm_fiber.protocol.framing import json_dumps, json_loads
+from slurm_fiber.protocol.limits import STDIO_NAMES
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a per-task cost)
 if TYPE_CHECKING:
@@ -232,9 +234,6 @@ class SignalForwarder:
                   file=sys.stderr)
 
 
-DEFAULT_WAIT = 300.0  # slurm_fiber.tasks.DEFAULT_WAIT (not imported: a per-task cost)
-WAITED = ("cold", "capacity")  # slurm_fiber.tasks.WAITED: the misses run and call wait
-# through; the other retryable ones (source_stale, fenced, ...) exit 75 at once
 
 
 def wait_bound(args: argparse.Namespace) -> tuple[float | None, bool]:
@@ -710,7 +709,7 @@ def describe_enforcement(record: dict[str, object]) -> str:
 def wait(args: argparse.Namespace) -> None:
     """Wait until fiberd answers and a template (--grant's, if given) is ready: exit 0;
     after --timeout S, 69 when fiberd never answered, else 75."""
-    from slurm_fiber.tasks import NotReady, wait_ready
+    from slurm_fiber.client.tasks import NotReady, wait_ready
 
     try:
         status = wait_ready(discover_socket(args.socket), args.timeout, grant=args.grant)
@@ -852,7 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("wait", wait, "wait until fiberd is ready (fiberctl wait [--timeout S])"),
         ("logs", logs, "a fiber's output (fiberctl logs ID [--follow])"),
     ]
-    # Listed for --help only: main() hands "map" to slurm_fiber.cli.fibermap, which has its
+    # Listed for --help only: main() hands "map" to slurm_fiber.client.fibermap, which has its
     # own parser and is imported only when map runs.
     commands.add_parser("map", add_help=False, formatter_class=help_formatter,
                         help="one fiber per argument, as GNU parallel "
@@ -947,7 +946,7 @@ def main(argv: Sequence[str] | None = None, *, teardown: bool = True) -> None:
     interpreter's teardown (``leave``): the console script's way, never a caller's."""
     words = hoist(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["map"]:
-        from slurm_fiber.cli.fibermap import main as map_main
+        from slurm_fiber.client.fibermap import main as map_main
 
         sys.exit(map_main(words[1:]))
     args = quick_parse(words) or parse(words)

@@ -148,7 +148,7 @@ def shown(words: Sequence[str], call: str | None, line: bool) -> str:
     """A task's command as the joblog and --dry-run show it: a shell line (``line``) as
     is, an argv as a shell would take it back, a call as ``MODULE:FUNC["arg", ...]``."""
     if call is not None:
-        from slurm_fiber.core.api.framing import json_dumps
+        from slurm_fiber.protocol.framing import json_dumps
 
         return call + json_dumps(list(words))
     return words[-1] if line else shlex.join(words)

@@ -8,7 +8,7 @@
                  [-g GRANT | -t FILE] [-e KEY=VALUE]... [-S SOCKET] [-q]
                  [--] CMD [ARG...] [::: ARGS | :::+ ARGS | :::: FILES | ::::+ FILES]...
 
-Arguments come as GNU parallel takes them (slurm_fiber/cli/mapinput.py):
+Arguments come as GNU parallel takes them (slurm_fiber/client/mapinput.py):
 ``::: a b``, ``:::: FILE`` and ``-a FILE`` (one a line), ``:::+``/``::::+``
 (linked to the source before), every combination of several sources, stdin
 lines when none is given, ``--colsep REGEX`` to split each into columns;
@@ -81,7 +81,7 @@ gets one clone per task.
 here and written, with the map's options, to a spool directory
 (``.fibermap-*`` in the working directory, which every node must see, as for
 ``--joblog`` and ``--results``; private to the map's user and opened by
-identity, never trusted by name: cli/mapspool.py; removed when the map ends or
+identity, never trusted by name: client/mapspool.py; removed when the map ends or
 gets SIGTERM alone; a job ended under the map kills the batch script's
 processes and leaves it, named after the job). A spool another user replaced
 makes each share refuse it with one line and the map exit 255.
@@ -105,7 +105,7 @@ share's own tasks). No progress line is drawn; ``-k`` is refused. With
 ``--split rr``, a share that ends without its summary makes the map exit 255.
 ``--via relay``: no share and no spool; this
 map hands every task out itself, to each node's fiberd through a relay srun
-runs on that node (cli/mapnodes.py, slurm_fiber/nodes/). Outside a Slurm job, or
+runs on that node (client/mapnodes.py, slurm_fiber/client/nodes/). Outside a Slurm job, or
 in a job of one node, ``--nodes all`` says so in one line and runs every
 task here.
 """
@@ -121,7 +121,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from slurm_fiber.cli.fiberctl import (
+from slurm_fiber.client.discovery import discover_socket
+from slurm_fiber.client.fiberctl import (
     EXIT_FINAL_MISS,
     EXIT_REFUSED,
     EXIT_RETRYABLE_MISS,
@@ -135,7 +136,7 @@ from slurm_fiber.cli.fiberctl import (
     grant_fields,
     help_formatter,
 )
-from slurm_fiber.cli.mapinput import (
+from slurm_fiber.client.mapinput import (
     Args,
     combine,
     command_words,
@@ -145,10 +146,9 @@ from slurm_fiber.cli.mapinput import (
     shown,
     split_sources,
 )
-from slurm_fiber.cli.mapspool import Spool
-from slurm_fiber.core.api.framing import json_dumps
-from slurm_fiber.discovery import discover_socket
-from slurm_fiber.tasks import DEFAULT_WAIT, MAX_BATCH, Outcome, Task, TaskRunner, in_job
+from slurm_fiber.client.mapspool import Spool
+from slurm_fiber.client.tasks import DEFAULT_WAIT, MAX_BATCH, Outcome, Task, TaskRunner, in_job
+from slurm_fiber.protocol.framing import json_dumps
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -609,7 +609,7 @@ class Map:
 class NodeShare:
     """(``--nodes all``) this node's share of a map: the tasks whose sequence number is
     ``index`` modulo ``count``, its joblog and summary written to ``spool`` (a private
-    directory in the map's working directory, which every node sees: cli/mapspool.py)."""
+    directory in the map's working directory, which every node sees: client/mapspool.py)."""
 
 
     def __init__(self, spool: Spool, index: int, count: int, node: str) -> None:
@@ -692,7 +692,8 @@ class NodeShare:
 
 
 # Each node's share runs this interpreter on the same package: no PATH lookup on the node.
-SHARE_MAIN = "import sys; from slurm_fiber.cli.fibermap import main; sys.exit(main(sys.argv[1:]))"
+SHARE_MAIN = ("import sys; from slurm_fiber.client.fibermap import main; "
+              "sys.exit(main(sys.argv[1:]))")
 EXIT_OTHER = 255  # GNU parallel's "other error": a node's share left no summary
 
 
@@ -1038,8 +1039,8 @@ def main(argv: Sequence[str]) -> int:
             tasks, total = iter(listed), len(listed)
         if opts.dry_run:
             return dry_run(opts, tasks)
-    if opts.nodes == "all" and opts.via == "relay":  # (cli/mapnodes.py)
-        from slurm_fiber.cli.mapnodes import run_across_nodes
+    if opts.nodes == "all" and opts.via == "relay":  # (client/mapnodes.py)
+        from slurm_fiber.client.mapnodes import run_across_nodes
 
         across = run_across_nodes(opts, fields, tasks, total, _say)
         if across is not None:

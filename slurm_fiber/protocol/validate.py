@@ -1,17 +1,15 @@
-"""The fiberd socket protocol: request shapes, their validation, error codes, replies.
+"""Validation of a received request: from a decoded frame body to its typed request.
 
-A request is one JSON object: ``op`` (required), ``id`` (optional, echoed),
-``v`` (optional: 1 to 5; versions are additive, so every v1 request means
-the same under v5; a v2 feature, such as a pickled call, needs ``"v": 2``,
-a v3 one (``clone_batch``) ``"v": 3``, a v4 one (``early`` results)
-``"v": 4``, a v5 one (a batch's ``window``, ``cancel``) ``"v": 5``, which an
-older fiberd refuses as ``unsupported_version``) and the
-op's own fields. Unknown fields are refused, so a typo never silently changes
-what a request means. Every refusal is an ``ApiError`` with a code from
-``ErrorCode`` and a one-line reason; ``parse_request`` is a pure function of
-the decoded body and the number of descriptors that came with it. ``TABLE`` holds every op (request
-type, reply type, handler). Reply builders give every reply the same
-envelope (see docs/socket-protocol.md).
+``parse_request`` is a pure function of the decoded body and the number of
+descriptors that came with it: it returns a ``Parsed`` (the echoed id and the
+op's request, a type of ``requests``) or raises ``ApiError``, a code from
+``ErrorCode`` and a one-line reason (and, for bad_request, the field). Unknown
+fields are refused, so a typo never silently changes what a request means; a
+field of a later version than the request declares (``"v"``) is refused, and a
+version fiberd does not speak is ``unsupported_version``. ``TABLE`` holds every
+op: its request and reply types, its fields, the version that added it, and
+whether it takes descriptors or streams events. The server's side (who answers
+each op) is core/api/ops.py; the wire format is docs/socket-protocol.md.
 """
 
 from __future__ import annotations
@@ -20,11 +18,37 @@ import enum
 import re
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from slurm_fiber.core.api.framing import MAX_FDS, STDIO_NAMES
-from slurm_fiber.core.api.replies import (
+from slurm_fiber.errors import CodedError
+from slurm_fiber.protocol import limits
+from slurm_fiber.protocol import requests as rq
+from slurm_fiber.protocol.limits import (
+    EARLY_SINCE,
+    MAX_ARG_LEN,
+    MAX_ARGV,
+    MAX_BATCH,
+    MAX_BATCH_FDS,
+    MAX_CALL_PATH,
+    MAX_CALL_PATH_TEXT,
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MAX_FDS,
+    MAX_GRACE,
+    MAX_ID_LEN,
+    MAX_PAGE,
+    MAX_PATH,
+    MAX_PICKLED,
+    MAX_TOKEN,
+    PAGED_SINCE,
+    PICKLED_SINCE,
+    STDIO_NAMES,
+    VERSIONS,
+    WINDOW_SINCE,
+)
+from slurm_fiber.protocol.names import GPU_VISIBILITY_VARS, valid_uid
+from slurm_fiber.protocol.replies import (
     BatchStarted,
     Cancelled,
     Delivered,
@@ -36,57 +60,39 @@ from slurm_fiber.core.api.replies import (
     Ready,
     Reply,
 )
-from slurm_fiber.core.api.service import CallTarget, ExecTarget, JsonMap, Peer
-from slurm_fiber.core.book.misses import Miss
-from slurm_fiber.core.devices import ALL_VISIBILITY_VARS
-from slurm_fiber.core.trust.grant import valid_uid
-from slurm_fiber.errors import CodedError
+from slurm_fiber.protocol.requests import (
+    BatchItem,
+    CallTarget,
+    Clone,
+    CloneBatch,
+    ExecTarget,
+    Request,
+)
 
-VERSION = 5  # the newest this fiberd speaks
-VERSIONS = (1, 2, 3, 4, 5)  # every one it accepts (docs/socket-protocol.md, "Versions")
-PICKLED_SINCE = 2  # call.pickled needs "v" >= this
-BATCH_SINCE = 3  # clone_batch needs "v" >= this
-PAGED_SINCE = 3  # list_fibers' "after" and "limit" need "v" >= this
-EARLY_SINCE = 4  # clone's and clone_batch's "early" needs "v" >= this
-WINDOW_SINCE = 5  # clone_batch's "window" and the "cancel" op need "v" >= this
-MAX_PAGE = 5000  # fiber records in one list_fibers page
 CURSOR_PATTERN = re.compile(r"\d{1,20}")
-MAX_BATCH = 64  # items in one clone_batch
-MAX_BATCH_FDS = MAX_BATCH * MAX_FDS  # descriptors with one clone_batch (SCM_MAX_FD is 253)
-MAX_PICKLED = 96 * 1024  # characters of base64: the template's order (128 KiB) must hold it
 PICKLED_PATTERN = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-MAX_ID_LEN = 64
-MAX_ARGV = 4096
-MAX_ARG_LEN = 128 * 1024  # Linux MAX_ARG_STRLEN
-MAX_ENV = 256
-MAX_ENV_VALUE = 32 * 1024
-MAX_TOKEN = 64 * 1024
-MAX_PATH = 4096
-MAX_CALL_PATH = 64  # entries of a call's import path (call.path)
-MAX_CALL_PATH_TEXT = 16 * 1024  # their characters in all: the template's order holds them
-MAX_GRACE = 3600.0
-
 TARGET_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 FIBER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 KWARG_PATTERN = re.compile(r"[A-Za-z_]\w{0,127}")
+DEVICE_ENV = frozenset(GPU_VISIBILITY_VARS)  # set by the grant's devices, never by a request
 
 
 class ErrorCode(enum.StrEnum):
     """Why a request got no answer. Misses (core/misses.py) are not errors."""
 
-    BAD_FRAME = "bad_frame"  # body is not UTF-8 JSON
-    FRAME_TOO_LARGE = "frame_too_large"  # length header over the cap (connection closed)
-    BAD_REQUEST = "bad_request"  # missing/unknown field, wrong type, out of range
-    UNKNOWN_OP = "unknown_op"
-    UNSUPPORTED_VERSION = "unsupported_version"
-    BAD_FDS = "bad_fds"  # descriptors where none belong, or not matching "stdio"
-    FORBIDDEN = "forbidden"  # peer uid/gid not allowed (connection closed)
-    BUSY = "busy"  # too many connections, or a request during a stream
-    TIMEOUT = "timeout"  # idle or slow client (connection closed)
-    NOT_FOUND = "not_found"  # no such fiber
-    CLOSED = "closed"  # fiberd is shutting down
-    INTERNAL = "internal"  # the runtime failed on this request; the server carries on
+    BAD_FRAME = limits.BAD_FRAME  # body is not UTF-8 JSON
+    FRAME_TOO_LARGE = limits.FRAME_TOO_LARGE  # length header over the cap (connection closed)
+    BAD_REQUEST = limits.BAD_REQUEST  # missing/unknown field, wrong type, out of range
+    UNKNOWN_OP = limits.UNKNOWN_OP
+    UNSUPPORTED_VERSION = limits.UNSUPPORTED_VERSION
+    BAD_FDS = limits.BAD_FDS  # descriptors where none belong, or not matching "stdio"
+    FORBIDDEN = limits.FORBIDDEN  # peer uid/gid not allowed (connection closed)
+    BUSY = limits.BUSY  # too many connections, or a request during a stream
+    TIMEOUT = limits.TIMEOUT  # idle or slow client (connection closed)
+    NOT_FOUND = limits.NOT_FOUND  # no such fiber
+    CLOSED = limits.CLOSED  # fiberd is shutting down
+    INTERNAL = limits.INTERNAL  # the runtime failed on this request; the server carries on
 
 
 class ApiError(CodedError):
@@ -105,113 +111,12 @@ class ApiError(CodedError):
         return out
 
 
-# --- requests -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class CloneOp:
-    """``clone``: start a fiber. ``stdio`` names the passed descriptors, in order."""
-
-    call: CallTarget | None
-    exec: ExecTarget | None
-    grant: str | None
-    token: str | None
-    env: Mapping[str, str]
-    stdio: tuple[str, ...]
-    wait: bool
-    hangup: bool
-    early: bool = False
-
-
-@dataclass(frozen=True)
-class FiberOp:
-    """``inspect_fiber``: one fiber by id."""
-
-    fiber: str
-
-    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
-        return (self.fiber,)
-
-
-@dataclass(frozen=True)
-class StopOp:
-    """``stop_fiber``: stop a fiber, ``grace`` seconds between SIGTERM and SIGKILL."""
-
-    fiber: str
-    grace: float | None
-
-    def handler_args(self, peer: Peer) -> tuple[object, ...]:
-        return (self.fiber, self.grace, peer)
-
-
-@dataclass(frozen=True)
-class SignalOp:
-    """``signal_fiber``: send a signal to a fiber."""
-
-    fiber: str
-    signum: int
-
-    def handler_args(self, peer: Peer) -> tuple[object, ...]:
-        return (self.fiber, self.signum, peer)
-
-
-@dataclass(frozen=True)
-class ListOp:
-    """``list_fibers``: one page (v3: ``after`` a cursor, ``limit`` records), or all."""
-
-    after: str | None
-    limit: int | None
-    ended: bool = False  # with the ended fibers fiberd still remembers
-
-    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
-        return (self.after, self.limit, self.ended) if self.ended else (self.after, self.limit)
-
-
-@dataclass(frozen=True)
-class PlainOp:
-    """The ops that take no fields: list_grants, status, health, ready, metrics."""
-
-    name: str
-
-    def handler_args(self, _peer: Peer) -> tuple[object, ...]:
-        return ()
-
-
-@dataclass(frozen=True)
-class BatchItem:
-    """One item of a ``clone_batch``: the client's ``key`` for it and its clone, or the
-    ApiError that refuses this item alone (the others still run); ``stdio`` names the
-    descriptors that came for it, refused or not (the server closes those)."""
-
-    key: str | None
-    clone: CloneOp | None
-    stdio: tuple[str, ...] = ()
-    error: ApiError | None = None
-
-
-@dataclass(frozen=True)
-class BatchOp:
-    """``clone_batch``: many clones of one grant in one request. ``grant``, ``token`` and
-    ``env`` hold for every item (an item's ``env`` adds to it); descriptors come item by
-    item, each item's ``stdio`` naming its own."""
-
-    items: tuple[BatchItem, ...]
-    wait: bool
-    hangup: bool
-    early: bool = False
-    window: int | None = None  # at most this many of its fibers at once (v5)
-
-
-Op = CloneOp | BatchOp | FiberOp | StopOp | SignalOp | ListOp | PlainOp
-
-
-@dataclass(frozen=True)
-class Request:
-    """A validated request: the echoed id, the op's row in ``TABLE`` and its fields."""
+class Parsed:
+    """A validated request: the id to echo and the op's typed request."""
 
     id: int | str | None
-    op: Op
-    spec: OpSpec
+    request: Request
 
 
 # --- field readers ----------------------------------------------------------------------
@@ -278,7 +183,7 @@ def _env(raw: Mapping[str, Any]) -> dict[str, str]:
     for key, value in raw.items():
         if not ENV_NAME_PATTERN.fullmatch(key):
             raise ApiError(ErrorCode.BAD_REQUEST, f"env name {key[:40]!r} is not valid", "env")
-        if key in ALL_VISIBILITY_VARS:
+        if key in DEVICE_ENV:
             raise ApiError(ErrorCode.BAD_REQUEST,
                            f"env {key} is set by the grant's devices, not by a request", "env")
         if not isinstance(value, str):
@@ -379,7 +284,7 @@ def _early(f: _Fields) -> bool:
     return early
 
 
-def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
+def _clone(f: _Fields, nfds: int, need_target: bool = True) -> Clone:
     version = f.body.get("v", 1)
     call_raw = f.get("call", dict, "an object {target, args, kwargs}")
     exec_raw = f.get("exec", dict, "an object {argv, cwd}")
@@ -393,7 +298,7 @@ def _clone(f: _Fields, nfds: int, need_target: bool = True) -> CloneOp:
         raise ApiError(ErrorCode.BAD_REQUEST, "field 'grant' is not a valid grant UID", "grant")
     if token is not None:
         _text(token, "token", MAX_TOKEN)
-    return CloneOp(
+    return Clone(
         call=_call(call_raw, version) if call_raw is not None else None,
         exec=_exec(exec_raw) if exec_raw is not None else None,
         grant=grant,
@@ -411,7 +316,7 @@ _BATCH_FIELDS = frozenset({"items", "grant", "token", "env", "wait", "hangup", "
                            "window"})
 
 
-def _batch(f: _Fields, nfds: int) -> BatchOp:
+def _batch(f: _Fields, nfds: int) -> CloneBatch:
     """Validate a batch: what is wrong with the whole request (its shared fields, the
     descriptors) refuses it; what is wrong with one item refuses that item only."""
     raw = f.get("items", list, f"an array of 1..{MAX_BATCH} objects", required=True)
@@ -442,13 +347,15 @@ def _batch(f: _Fields, nfds: int) -> BatchOp:
             body = {**shared, **{k: v for k, v in item.items() if k in ("call", "exec")},
                     "env": {**shared.get("env", {}), **own_env}}
             clone = _clone(_Fields(body, _CLONE_FIELDS), 0)
-            items.append(BatchItem(key, replace(clone, stdio=stdio), stdio))
+            clone.stdio = stdio
+            items.append(BatchItem(key, clone, stdio))
         except ApiError as err:
             items.append(BatchItem(key, None, stdio, err))
     wait = bool(f.get("wait", bool, "true or false"))
-    return BatchOp(tuple(items), wait=wait,
-                   hangup=f.get("hangup", bool, "true or false") is not False,
-                   early=_early(f), window=_window(f, wait))
+    return CloneBatch(tuple(items), grant=f.body.get("grant"), token=f.body.get("token"),
+                      env=_env(f.body.get("env") or {}), wait=wait,
+                      hangup=f.get("hangup", bool, "true or false") is not False,
+                      early=_early(f), window=_window(f, wait))
 
 
 def _window(f: _Fields, wait: bool) -> int | None:
@@ -477,7 +384,7 @@ def _item_stdio(item: object) -> tuple[str, ...]:
     return _stdio(names, len(names or []))
 
 
-def _list(f: _Fields) -> ListOp:
+def _list(f: _Fields) -> rq.ListFibers:
     after = f.get("after", str, "a cursor from a previous page's 'next'")
     limit = f.get("limit", int, f"1..{MAX_PAGE}")
     if (after is not None or limit is not None) and f.body.get("v", 1) < PAGED_SINCE:
@@ -489,72 +396,70 @@ def _list(f: _Fields) -> ListOp:
     if limit is not None and not 1 <= limit <= MAX_PAGE:
         raise ApiError(ErrorCode.BAD_REQUEST, f"'limit' must be 1..{MAX_PAGE}", "limit")
     ended = f.get("ended", bool, "true or false")
-    return ListOp(after, limit, bool(ended))
+    return rq.ListFibers(after, limit, bool(ended))
 
 
-def _stop(f: _Fields) -> StopOp:
+def _stop(f: _Fields) -> rq.StopFiber:
     grace = f.get("grace", (int, float), "seconds")
     if grace is not None and not 0 <= grace <= MAX_GRACE:
         raise ApiError(ErrorCode.BAD_REQUEST, f"'grace' must be 0..{MAX_GRACE:g} s", "grace")
-    return StopOp(fiber=_fiber_id(f), grace=None if grace is None else float(grace))
+    return rq.StopFiber(_fiber_id(f), None if grace is None else float(grace))
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op of the protocol: its name, request and reply types, and who answers it.
+    """One op of the protocol: its request and reply types and how a request is read.
 
-    ``handler`` names the ``Service`` method that answers it (``server_side``:
-    the ``ApiServer``'s own, for what the server keeps, such as metrics); the
-    server calls it with ``request.handler_args(peer)`` and sends
-    ``reply.of(its return value)``. ``streams``: the server's connection
-    answers it with its own method of the handler's name (``clone``,
-    ``clone_batch``: descriptors, then events), which calls the Service's. ``fields`` are the
-    request fields it takes, ``parse`` builds the request from them (and the
-    number of descriptors that came), ``since`` is the protocol version that
-    added it (a request for it must say ``"v"`` at least that).
+    ``fields`` are the request fields it takes, ``parse`` builds its request from
+    them (and the number of descriptors that came); ``since`` is the protocol
+    version that added it (a request for it must say ``"v"`` at least that);
+    ``descriptors``: it may carry descriptors; ``streams``: it is answered with
+    events on its connection (docs/socket-protocol.md, "The conversation").
     """
 
-    name: str
-    request: type
+    request: type[Request]
     reply: type[Reply]
-    handler: str
     fields: frozenset[str]
-    parse: Callable[[_Fields, int], Op]
-    since: int = 1
+    parse: Callable[[_Fields, int], Request]
     descriptors: bool = False
     streams: bool = False
-    server_side: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.request.OP
+
+    @property
+    def since(self) -> int:
+        return self.request.SINCE
 
 
-def _plain(name: str, reply: type[Reply]) -> OpSpec:
-    """An op without fields answered by the Service method of the same name."""
-    return OpSpec(name, PlainOp, reply, name, frozenset(), lambda _f, _n: PlainOp(name))
+def _plain(request: type[Request], reply: type[Reply]) -> OpSpec:
+    """An op without fields."""
+    return OpSpec(request, reply, frozenset(), lambda _f, _n: request())
+
+
+def _signal(f: _Fields) -> rq.SignalFiber:
+    return rq.SignalFiber(_fiber_id(f), parse_signal(
+        f.get("signal", (int, str), "a signal number or name", required=True)))
 
 
 TABLE: dict[str, OpSpec] = {spec.name: spec for spec in (
-    OpSpec("clone", CloneOp, Fiber, "clone", _CLONE_FIELDS, _clone,
-           descriptors=True, streams=True),
-    OpSpec("clone_batch", BatchOp, BatchStarted, "clone_batch", _BATCH_FIELDS, _batch,
-           since=BATCH_SINCE, descriptors=True, streams=True),
-    OpSpec("cancel", PlainOp, Cancelled, "cancel", frozenset(),
-           lambda _f, _n: PlainOp("cancel"), since=WINDOW_SINCE, streams=True),
-    OpSpec("inspect_fiber", FiberOp, Fiber, "inspect_fiber", frozenset({"fiber"}),
-           lambda f, _n: FiberOp(_fiber_id(f))),
-    OpSpec("stop_fiber", StopOp, Fiber, "stop_fiber", frozenset({"fiber", "grace"}),
-           lambda f, _n: _stop(f)),
-    OpSpec("signal_fiber", SignalOp, Delivered, "signal_fiber", frozenset({"fiber", "signal"}),
-           lambda f, _n: SignalOp(_fiber_id(f), parse_signal(
-               f.get("signal", (int, str), "a signal number or name", required=True)))),
-    OpSpec("list_fibers", ListOp, FiberList, "list_fibers",
-           frozenset({"after", "limit", "ended"}),
+    OpSpec(Clone, Fiber, _CLONE_FIELDS, _clone, descriptors=True, streams=True),
+    OpSpec(CloneBatch, BatchStarted, _BATCH_FIELDS, _batch, descriptors=True, streams=True),
+    OpSpec(rq.Cancel, Cancelled, frozenset(), lambda _f, _n: rq.Cancel(), streams=True),
+    OpSpec(rq.InspectFiber, Fiber, frozenset({"fiber"}),
+           lambda f, _n: rq.InspectFiber(_fiber_id(f))),
+    OpSpec(rq.StopFiber, Fiber, frozenset({"fiber", "grace"}), lambda f, _n: _stop(f)),
+    OpSpec(rq.SignalFiber, Delivered, frozenset({"fiber", "signal"}), lambda f, _n: _signal(f)),
+    OpSpec(rq.ListFibers, FiberList, frozenset({"after", "limit", "ended"}),
            lambda f, _n: _list(f)),
-    _plain("list_grants", GrantList),
-    _plain("status", Document),
-    _plain("health", Document),
-    _plain("ready", Ready),
-    OpSpec("metrics", PlainOp, Metrics, "metrics_text", frozenset(),
-           lambda _f, _n: PlainOp("metrics"), server_side=True),
+    _plain(rq.ListGrants, GrantList),
+    _plain(rq.Status, Document),
+    _plain(rq.Health, Document),
+    _plain(rq.Ready, Ready),
+    _plain(rq.Metrics, Metrics),
 )}
+assert set(TABLE) == {r.OP for r in rq.REQUESTS}, "every request type has its row"
 OPS: tuple[str, ...] = tuple(TABLE)
 
 
@@ -575,7 +480,7 @@ def request_id(body: object) -> int | str | None:
     return None
 
 
-def parse_request(body: object, nfds: int) -> Request:
+def parse_request(body: object, nfds: int) -> Parsed:
     """Validate one decoded frame body that came with ``nfds`` descriptors.
 
     Pure; raises ApiError (bad_request, unknown_op, unsupported_version,
@@ -606,13 +511,13 @@ def parse_request(body: object, nfds: int) -> Request:
     if body.get("v", 1) < spec.since:
         raise ApiError(ErrorCode.BAD_REQUEST, f"op {op!r} needs \"v\": {spec.since} in the request",
                        "v")
-    return Request(request_id(body), spec.parse(_Fields(body, spec.fields), nfds), spec)
+    return Parsed(request_id(body), spec.parse(_Fields(body, spec.fields), nfds))
 
 
 # --- replies ------------------------------------------------------------------------------
 
 
-def ok_reply(rid: int | str | None, result: JsonMap, event: str | None = None,
+def ok_reply(rid: int | str | None, result: Mapping[str, object], event: str | None = None,
              final: bool = True) -> dict[str, object]:
     """A success reply; ``event`` names a clone stream event (started, exit)."""
     out: dict[str, object] = {"id": rid, "ok": True, "final": final}
@@ -625,13 +530,3 @@ def ok_reply(rid: int | str | None, result: JsonMap, event: str | None = None,
 def error_reply(rid: int | str | None, error: ApiError) -> dict[str, object]:
     """A refusal reply (always final)."""
     return {"id": rid, "ok": False, "final": True, "error": error.to_json()}
-
-
-def miss_reply(rid: int | str | None, miss: Miss) -> dict[str, object]:
-    """A clone that started nothing (always final)."""
-    return {"id": rid, "ok": False, "final": True, "miss": miss.to_json()}
-
-
-def peer_allowed(peer: Peer, uids: frozenset[int], gids: frozenset[int]) -> bool:
-    """Whether a connecting peer may talk to fiberd: its uid or its primary gid is listed."""
-    return peer.uid in uids or peer.gid in gids

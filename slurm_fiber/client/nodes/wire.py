@@ -21,7 +21,7 @@ A line longer than MAX_LINE is a broken stream: the reader stops.
 
 from __future__ import annotations
 
-from slurm_fiber.core.api.framing import json_dumps, json_loads
+from slurm_fiber.protocol.framing import json_dumps, json_loads
 
 KINDS = frozenset({"open", "frame", "close", "opened", "refused", "output", "closed"})
 MAX_LINE = 32 << 20  # a 16 MiB reply, escaped, and room

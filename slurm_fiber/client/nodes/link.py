@@ -1,7 +1,7 @@
 """The first node's end of one relay: connections to another node's fiberd, over srun.
 
 ``Link(node)`` starts ``srun --overlap --quiet --nodelist=NODE --nodes=1 --ntasks=1
-python -m slurm_fiber.nodes.relay`` (the interpreter running here, so the same package
+python -m slurm_fiber.client.nodes.relay`` (the interpreter running here, so the same package
 on a node that sees the same paths) with its stdin and stdout as pipes, and speaks
 nodes/wire.py on them. ``open(timeout)`` gives one connection to that node's fiberd as
 a ``FiberdClient`` on one end of a local socket pair: a pump thread reads what the
@@ -36,10 +36,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from slurm_fiber.core.api.client import FiberdClient, Unreachable
-from slurm_fiber.core.api.framing import FrameDecoder, FramingError, encode_frame
-from slurm_fiber.nodes.wire import MAX_LINE, WireError, clone_items, decode, encode
-from slurm_fiber.tasks import UntrustedServer
+from slurm_fiber.client.connection import FiberdClient, Unreachable
+from slurm_fiber.client.nodes.wire import MAX_LINE, WireError, clone_items, decode, encode
+from slurm_fiber.client.tasks import UntrustedServer
+from slurm_fiber.protocol.framing import FrameDecoder, FramingError, encode_frame
 
 OPEN_WAIT = 120.0  # seconds an open waits for the relay's answer (srun's step start)
 CLOSE_WAIT = 5.0
@@ -81,7 +81,7 @@ class Link:
         self.channels: dict[int, _Channel] = {}
         self.lock = threading.Lock()  # channels, numbering, writes to the relay
         self.numbered = 0
-        relay = [sys.executable, "-m", "slurm_fiber.nodes.relay",
+        relay = [sys.executable, "-m", "slurm_fiber.client.nodes.relay",
                  *(["--socket", socket_path] if socket_path else [])]
         argv = list(command) if command is not None else [
             "srun", "--overlap", "--quiet", f"--nodelist={node}", "--nodes=1",

@@ -27,15 +27,13 @@ import struct
 from types import SimpleNamespace
 
 from slurm_fiber.errors import CodedError
+from slurm_fiber.protocol.limits import DEFAULT_MAX_FRAME
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 HEADER = struct.Struct(">I")
-DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a 64 KiB token plus generous arguments
-MAX_FDS = 3  # stdin, stdout, stderr
-STDIO_NAMES = ("stdin", "stdout", "stderr")  # the descriptors a clone may pass, in order
 MAX_DEPTH = 64  # nesting levels of arrays and objects in a frame body
 _TOO_DEEP = f"frame body nests arrays/objects deeper than {MAX_DEPTH} levels"
 _STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string, escapes and all (a regex)
