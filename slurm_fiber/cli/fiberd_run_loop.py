@@ -18,7 +18,7 @@ from typing import cast
 
 from slurm_fiber.cli.fiberd import say
 from slurm_fiber.config import FiberdConfig
-from slurm_fiber.core.api.service import CloneRequest, ExecTarget, Peer, Stdio
+from slurm_fiber.core.api.service import Clone, ExecTarget, Peer, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.daemon import Fiberd, serve, started, stop_on_signals
 
@@ -49,9 +49,9 @@ async def wait_warm(fiberd: Fiberd, timeout: float, stop: asyncio.Event) -> bool
 async def run_command(fiberd: Fiberd, argv: list[str]) -> int:
     """Run ``argv`` as a fiber with this process's stdio; its shell status. SIGINT goes to it."""
     core = fiberd.running.core
-    request = CloneRequest(peer=Peer(os.getpid(), os.getuid(), os.getgid()),
-                           exec=ExecTarget(tuple(argv), os.getcwd()))
-    outcome = await core.clone(request, Stdio(0, 1, 2))
+    request = Clone(exec=ExecTarget(tuple(argv), os.getcwd()))
+    outcome = await core.clone(request, Peer(os.getpid(), os.getuid(), os.getgid()),
+                               Stdio(0, 1, 2))
     if isinstance(outcome, Miss):
         say(f"fiberd-run: clone missed: {outcome.code}: {outcome.reason}")
         return 1

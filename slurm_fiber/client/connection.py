@@ -180,17 +180,25 @@ class FiberdClient:
 
     # --- one typed method per op (protocol.TABLE); each raises Refused, Unreachable ---------
 
-    def clone(self, *, stdio: Mapping[str, int] | None = None, wait: bool = False,
+    def clone(self, request: rq.Clone | None = None, /, *,
+              stdio: Mapping[str, int] | None = None, wait: bool = False,
               **fields: object) -> Fiber:
-        """Start a fiber; its record as the ``started`` event gave it. ``stdio`` maps "stdin",
-        "stdout", "stderr" to descriptors to pass; ``fields`` are the clone's own
-        (``exec``/``call``, ``grant``/``token``, ``env``, ``hangup``, ``v``). With
+        """Start a fiber; its record as the ``started`` event gave it. ``request`` is the
+        clone (its ``stdio`` names and ``wait`` are this call's), or ``fields`` are the
+        clone's own as JSON (``exec``/``call``, ``grant``/``token``, ``env``, ``hangup``,
+        ``v``). ``stdio`` maps "stdin", "stdout", "stderr" to descriptors to pass. With
         ``wait``, follow with ``wait_exit``. Raises Missed, Refused, Unreachable."""
         stdio = dict(stdio or {})
         names = [n for n in STDIO_NAMES if n in stdio]
-        message: dict[str, object] = {"op": "clone", "wait": wait, **fields}
-        if names:
-            message["stdio"] = names
+        message: dict[str, object]
+        if request is not None:
+            message = rq.Clone(request.call, request.exec, request.grant, request.token,
+                               request.env, tuple(names), wait, request.hangup,
+                               request.early).to_json()
+        else:
+            message = {"op": "clone", "wait": wait, **fields}
+            if names:
+                message["stdio"] = names
         result = self.exchange(message, [stdio[n] for n in names])["result"]
         return Fiber.from_json(result if isinstance(result, dict) else {})
 

@@ -67,6 +67,7 @@ from types import FrameType, SimpleNamespace
 from slurm_fiber.client.connection import FiberdClient, Missed, Refused, Unreachable
 from slurm_fiber.client.discovery import discover_socket
 from slurm_fiber.client.waits import DEFAULT_WAIT, WAITED
+from slurm_fiber.protocol import requests as rq
 from slurm_fiber.protocol.framing import json_dumps, json_loads
 from slurm_fiber.protocol.limits import STDIO_NAMES
 
@@ -143,15 +144,28 @@ class answers:  # lower case: used as the function it was, ``with answers():``
 
 def grant_fields(grant: str | None, token: str | None, env: list[str]) -> dict[str, object]:
     """The clone fields naming the grant and env additions; raises Exit(2) on bad input."""
+    grant, token_text, additions = grant_parts(grant, token, env)
     fields: dict[str, object] = {}
-    if grant and token:
-        raise fail(EXIT_USAGE, "fiberctl: give --grant or --token, not both")
     if grant:
         fields["grant"] = grant
+    if token_text is not None:
+        fields["token"] = token_text
+    if additions:
+        fields["env"] = additions
+    return fields
+
+
+def grant_parts(grant: str | None, token: str | None,
+                env: list[str]) -> tuple[str | None, str | None, dict[str, str]]:
+    """The grant named, the token read from the file named, and the env additions;
+    raises Exit(2) on bad input."""
+    text: str | None = None
+    if grant and token:
+        raise fail(EXIT_USAGE, "fiberctl: give --grant or --token, not both")
     if token:
         try:
             with open(token, encoding="utf-8") as fh:
-                fields["token"] = fh.read().strip()
+                text = fh.read().strip()
         except (OSError, UnicodeDecodeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else e
             raise fail(EXIT_USAGE, f"fiberctl: cannot read token file {token}: {why}; "
@@ -162,9 +176,16 @@ def grant_fields(grant: str | None, token: str | None, env: list[str]) -> dict[s
         if not sep or not key:
             raise fail(EXIT_USAGE, f"fiberctl: --env wants KEY=VALUE, got {item!r}")
         additions[key] = value
-    if additions:
-        fields["env"] = additions
-    return fields
+    return grant or None, text, additions
+
+
+def clone_request(args: argparse.Namespace, call: rq.CallTarget | None = None,
+                  exec: rq.ExecTarget | None = None) -> rq.Clone:
+    """The waited, hung-up-on-exit clone ``run`` and ``call`` send; raises Exit(2) on bad
+    input."""
+    grant, token, env = grant_parts(args.grant, args.token, args.env)
+    return rq.Clone(call=call, exec=exec, grant=grant, token=token, env=env, wait=True,
+                    hangup=True)
 
 
 def open_stdio() -> dict[str, int]:
@@ -252,7 +273,7 @@ def wait_bound(args: argparse.Namespace) -> tuple[float | None, bool]:
     return seconds, True
 
 
-def clone_and_wait(path: str, fields: dict[str, object], wait: float | None = None,
+def clone_and_wait(path: str, request: rq.Clone, wait: float | None = None,
                    listening: bool = False) -> dict[str, object]:
     """Clone with this process's stdio and signals attached; the exit event when it ends.
     With ``wait``, a cold or capacity miss (and, with ``listening``, a socket nobody listens
@@ -266,7 +287,7 @@ def clone_and_wait(path: str, fields: dict[str, object], wait: float | None = No
             client: FiberdClient | None = None
             try:
                 client = FiberdClient(path)
-                fiber = client.clone(stdio=open_stdio(), wait=True, hangup=True, **fields)
+                fiber = client.clone(request, stdio=open_stdio(), wait=True)
                 break
             except (Missed, Unreachable) as err:
                 if client is not None:
@@ -326,11 +347,10 @@ def run(args: argparse.Namespace) -> None:
     returned (128+N if signal N killed it). Runs in this directory."""
     if not args.cmd:
         raise fail(EXIT_USAGE, "fiberctl run: give the command after --: fiberctl run -- CMD")
-    fields = grant_fields(args.grant, args.token, args.env)
-    fields["exec"] = {"argv": args.cmd, "cwd": os.getcwd()}
+    request = clone_request(args, exec=rq.ExecTarget(tuple(args.cmd), os.getcwd()))
     path = discover_socket(args.socket)
     with answers():
-        end = clone_and_wait(path, fields, *wait_bound(args))
+        end = clone_and_wait(path, request, *wait_bound(args))
     say_end(end, args.quiet)
     error = end.get("error")
     if isinstance(error, dict) and not args.quiet:  # its set-up failed before the exec
@@ -356,21 +376,19 @@ def command_path() -> list[str]:
 def call(args: argparse.Namespace) -> None:
     """Call MODULE:FUNC in the grant's warm interpreter and print its JSON result. It is
     imported as ``python -m`` here would: the working directory and $PYTHONPATH first."""
-    call_spec: dict[str, object] = {"target": args.target, "path": command_path()}
     try:
         values = json_loads(args.json_args) if args.json_args is not None else []
     except ValueError as e:
         raise fail(EXIT_USAGE, f"fiberctl: JSON_ARGS is not JSON: {e}") from None
     if isinstance(values, list):
-        call_spec["args"] = values
+        target = rq.CallTarget(args.target, args=tuple(values), path=tuple(command_path()))
     elif isinstance(values, dict):
-        call_spec["kwargs"] = values
+        target = rq.CallTarget(args.target, kwargs=values, path=tuple(command_path()))
     else:
         raise fail(EXIT_USAGE, "fiberctl: JSON_ARGS must be a JSON array or object")
-    fields = grant_fields(args.grant, args.token, args.env)
-    fields["call"] = call_spec
+    request = clone_request(args, call=target)
     with answers():
-        end = clone_and_wait(discover_socket(args.socket), fields, *wait_bound(args))
+        end = clone_and_wait(discover_socket(args.socket), request, *wait_bound(args))
     say_end(end, args.quiet)
     error = end.get("error")
     if args.json:  # the whole exit event (fiber_id, status, result or error), one line

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from slurm_fiber.conform.stage import Launch
-from slurm_fiber.core.api.service import CallTarget, CloneRequest, Peer, Stdio
+from slurm_fiber.core.api.service import CallTarget, Clone, Peer, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.core.runtime.core import Core
@@ -71,10 +71,10 @@ class Live:
     async def clone(self, uid: str | None, target: str, *args: object,
                     token: str | None = None) -> FiberView | Miss:
         """A call-mode Clone for ``uid`` (or carrying ``token``), as a local client asks it."""
-        request = CloneRequest(peer=Peer(os.getpid(), os.getuid(), os.getgid()),
-                               call=CallTarget(target, args), grant=None if token else uid,
-                               token=token)
-        return await self.core.clone(request, Stdio())
+        request = Clone(call=CallTarget(target, args), grant=None if token else uid,
+                        token=token)
+        return await self.core.clone(request, Peer(os.getpid(), os.getuid(), os.getgid()),
+                                     Stdio())
 
     async def call(self, uid: str, target: str, *args: object) -> object:
         """Clone, wait for the fiber, and return its result; ClauseFailed on a miss or error."""

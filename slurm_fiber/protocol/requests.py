@@ -359,7 +359,3 @@ class Metrics(Request):
     __slots__ = ()
     OP = "metrics"
 
-
-REQUESTS: tuple[type[Request], ...] = (Clone, CloneBatch, Cancel, InspectFiber, StopFiber,
-                                       SignalFiber, ListFibers, ListGrants, Status, Health,
-                                       Ready, Metrics)

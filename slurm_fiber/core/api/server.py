@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.core.api.service import (
-    CloneRequest,
     FiberExit,
     FiberHandle,
     FiberNotFound,
@@ -460,11 +459,9 @@ class _Connection:
         server = self.server
         assert self.peer is not None
         started_at = server.clock.mono()
-        request = CloneRequest(peer=self.peer, call=op.call, exec=op.exec, grant=op.grant,
-                               token=op.token, env=op.env)
         stdio = Stdio(**dict(zip(op.stdio, frame.fds, strict=True)))
         try:
-            outcome = await server.service.clone(request, stdio)
+            outcome = await server.service.clone(op, self.peer, stdio)
         finally:
             frame.close_fds()
         elapsed = server.clock.mono() - started_at
@@ -487,7 +484,9 @@ class _Connection:
         server = self.server
         assert self.peer is not None
         started_at = server.clock.mono()
-        valid, requests, stdios = [], [], []
+        valid: list[BatchItem] = []
+        requests: list[rq.Clone] = []
+        stdios: list[Stdio] = []
         fds = iter(frame.fds)
         for item in op.items:
             passed = {name: next(fds) for name in item.stdio}  # a refused item's too
@@ -495,14 +494,14 @@ class _Connection:
             if clone is None:
                 continue
             valid.append(item)
-            requests.append(CloneRequest(peer=self.peer, call=clone.call, exec=clone.exec,
-                                         grant=clone.grant, token=clone.token, env=clone.env))
+            requests.append(clone)
             stdios.append(Stdio(**passed))
         if op.window is not None:
             await self.windowed_batch(rid, op, frame, valid, requests, stdios)
             return
         try:
-            outcomes = list(await server.service.clone_batch(requests, stdios)) if valid else []
+            outcomes = (list(await server.service.clone_batch(requests, self.peer, stdios))
+                        if valid else [])
         finally:
             frame.close_fds()
         if len(outcomes) != len(valid):
@@ -527,7 +526,7 @@ class _Connection:
             await self.stream_exits(rid, fibers, op.hangup, op.early)
 
     async def windowed_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame,
-                             valid: list[BatchItem], requests: list[CloneRequest],
+                             valid: list[BatchItem], requests: list[rq.Clone],
                              stdios: list[Stdio]) -> None:
         """``clone_batch`` with a ``window``: the refused items and the first ``window``
         starts answered in the first ``started`` event, later starts in later ones, as
@@ -536,7 +535,7 @@ class _Connection:
         assert peer is not None
         opener = getattr(server.service, "open_window", None)  # the runtime's task windows
         if opener is not None and window_requests(requests, stdios):
-            run = await opener(requests, stdios, [str(item.key) for item in valid],
+            run = await opener(requests, peer, stdios, [str(item.key) for item in valid],
                                op.window or 1)
             if run is not None:  # the runtime took the batch as a task window
                 if not isinstance(run, Miss):
@@ -560,7 +559,7 @@ class _Connection:
 
         async def start(item: Pending, forked: Forked) -> Outcome:
             begun = server.clock.mono()
-            outcome = (await server.service.clone_batch([item.request], [item.stdio],
+            outcome = (await server.service.clone_batch([item.request], peer, [item.stdio],
                                                         batch=count, forked=forked))[0]
             took[item.key] = server.clock.mono() - begun
             return outcome

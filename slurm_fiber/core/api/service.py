@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.protocol.requests import CallTarget as CallTarget
+from slurm_fiber.protocol.requests import Clone as Clone
 from slurm_fiber.protocol.requests import ExecTarget as ExecTarget
 from slurm_fiber.protocol.requests import Peer as Peer
 
@@ -36,24 +37,6 @@ class Stdio:
     stdin: int | None = None
     stdout: int | None = None
     stderr: int | None = None
-
-
-@dataclass(frozen=True)
-class CloneRequest:
-    """A validated clone: which grant, what to run, env additions, and who asks.
-
-    At most one of ``grant`` (an admitted UID) and ``token`` (a compact JWS)
-    is set; with neither, the only grant held is meant. Exactly one of
-    ``call`` and ``exec`` is set. ``env`` never names a device visibility
-    variable (the grant's device channel decides those).
-    """
-
-    peer: Peer
-    call: CallTarget | None = None
-    exec: ExecTarget | None = None
-    grant: str | None = None
-    token: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -175,14 +158,16 @@ class Service(Protocol):
     the server and its other clients carry on.
     """
 
-    async def clone(self, request: CloneRequest, stdio: Stdio) -> FiberHandle | Miss:
-        """Start a fiber or say why not. Returns once the fiber is running (or missed)."""
+    async def clone(self, request: Clone, peer: Peer, stdio: Stdio) -> FiberHandle | Miss:
+        """Start a fiber for ``peer`` or say why not. Returns once the fiber is running (or
+        missed). ``request`` is the validated request as the socket got it (the core reads
+        its grant or token, its call or exec and its env; the server keeps the rest)."""
         ...
 
-    async def clone_batch(self, requests: Sequence[CloneRequest], stdio: Sequence[Stdio],
+    async def clone_batch(self, requests: Sequence[Clone], peer: Peer, stdio: Sequence[Stdio],
                           batch: int | None = None, forked: Forked | None = None,
                           ) -> Sequence[FiberHandle | Miss | Exception]:
-        """Start one fiber per request (same peer, grant and token in each), in order: the
+        """Start one fiber per request (same grant and token in each), in order: the
         grant resolved (a token verified and admitted) once; each fiber decided, started
         and audited on its own, so one miss does not stop the others. One outcome per
         request, in order: a fiber, a miss, or the exception that failed that item alone

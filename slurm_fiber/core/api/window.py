@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from slurm_fiber.core.api.service import CloneRequest, FiberExit, FiberHandle, Forked, Stdio
+from slurm_fiber.core.api.service import FiberExit, FiberHandle, Forked, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.core.waiting import set_done
 from slurm_fiber.protocol.framing import close_all
+from slurm_fiber.protocol.requests import Clone
 
 Outcome = FiberHandle | Miss | Exception
 Json = dict[str, object]
@@ -48,7 +49,7 @@ class Pending:
 
     index: int  # its place in the request
     key: str
-    request: CloneRequest
+    request: Clone
     stdio: Stdio
 
     @property

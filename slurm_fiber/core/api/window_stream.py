@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from slurm_fiber.core.api.service import CloneRequest, FiberExit, Stdio
+from slurm_fiber.core.api.service import Clone, FiberExit, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.protocol.replies import BatchStarted, Cancelled
 from slurm_fiber.protocol.requests import Cancel
@@ -133,7 +133,7 @@ async def _control(conn: Connection, rid: int | str | None, run: WindowRun,
     await conn.send({"id": None, "ok": False, "error": err.to_json()})
 
 
-def window_requests(requests: list[CloneRequest], stdios: list[Stdio]) -> bool:
+def window_requests(requests: list[Clone], stdios: list[Stdio]) -> bool:
     """Whether a windowed batch's valid items may run as a task window (all exec)."""
     return bool(requests) and all(r.exec is not None and r.call is None for r in requests) \
         and len(requests) == len(stdios)

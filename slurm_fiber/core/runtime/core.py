@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_fiber.core.api.service import (
-    CloneRequest,
+    Clone,
     FiberNotFound,
     Forked,
     JsonMap,
@@ -375,19 +375,19 @@ class Core:
 
     # ------------------------------------------------------------ Service (socket API)
 
-    async def clone(self, request: CloneRequest, stdio: Stdio) -> FiberView | Miss:
+    async def clone(self, request: Clone, peer: Peer, stdio: Stdio) -> FiberView | Miss:
         """Resolve the grant, decide, and fork a fiber, or say which miss applies.
 
         Raises CloneFailed when the template cannot fork (audited).
         """
-        caller = {"caller_uid": request.peer.uid, "caller_pid": request.peer.pid}
+        caller = {"caller_uid": peer.uid, "caller_pid": peer.pid}
         try:
             return await self._clone(request, stdio, caller)
         except AuditWriteFailed as err:
             log.error("clone refused: %s", err)
             return _audit_failed(err)
 
-    async def _clone(self, request: CloneRequest, stdio: Stdio,
+    async def _clone(self, request: Clone, stdio: Stdio,
                      caller: dict[str, int]) -> FiberView | Miss:
         if self.closing:
             return self._miss(None, closed_miss(), caller)
@@ -396,10 +396,10 @@ class Core:
             return self._miss(None, resolved, caller)
         return await self._clone_for(resolved, request, stdio, caller)
 
-    async def clone_batch(self, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
+    async def clone_batch(self, requests: Sequence[Clone], peer: Peer, stdios: Sequence[Stdio],
                           batch: int | None = None, forked: Forked | None = None,
                           ) -> list[FiberView | Miss | Exception]:
-        """Clone once per request (all of one peer, grant and token): the grant resolved and
+        """Clone once per request (all of one grant and token): the grant resolved and
         a carried token verified and admitted once; a miss of that step is audited once
         (``batch``: the client request's item count, default how many it answers) and
         answers every item. Then each item is decided, forked and audited (``clone``, with
@@ -409,7 +409,7 @@ class Core:
         if not requests:
             return []
         first = requests[0]
-        caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
+        caller = {"caller_uid": peer.uid, "caller_pid": peer.pid,
                   "batch": len(requests) if batch is None else batch}
         try:
             resolved = closed_miss() if self.closing else await self._resolve(first)
@@ -422,7 +422,7 @@ class Core:
             self._batch_item(resolved, request, stdio, caller, forked)
             for request, stdio in zip(requests, stdios, strict=True))))
 
-    async def _batch_item(self, uid: str, request: CloneRequest, stdio: Stdio,
+    async def _batch_item(self, uid: str, request: Clone, stdio: Stdio,
                           caller: dict[str, int],
                           forked: Forked | None) -> FiberView | Miss | Exception:
         """One item of ``clone_batch``, its outcome. The items run at once, each decided in
@@ -441,7 +441,7 @@ class Core:
             log.exception("clone batch item failed")
             return err
 
-    async def _clone_for(self, uid: str, request: CloneRequest, stdio: Stdio,
+    async def _clone_for(self, uid: str, request: Clone, stdio: Stdio,
                          caller: dict[str, int],
                          forked: Forked | None = None) -> FiberView | Miss:
         """A Clone whose grant is resolved: the book's decision, then the fork."""
@@ -466,14 +466,14 @@ class Core:
 
     # ------------------------------------------------------------ task windows
 
-    async def open_window(self, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
+    async def open_window(self, requests: Sequence[Clone], peer: Peer, stdios: Sequence[Stdio],
                           keys: list[str], size: int) -> TaskWindowRun | Miss | None:
         """A task window for a windowed batch (core/runtime/task_window.py), when
         ``task_window`` is "template"; None: fiberd's own path runs the batch."""
         if self.task_window != "template":
             return None
         try:
-            return await open_window(self, requests, stdios, keys, size)
+            return await open_window(self, requests, peer, stdios, keys, size)
         except AuditWriteFailed as err:
             return _audit_failed(err)
 
@@ -491,7 +491,7 @@ class Core:
             return self._miss(uid, decision, caller)
         return decision
 
-    async def resolve(self, request: CloneRequest) -> str | Miss:
+    async def resolve(self, request: Clone) -> str | Miss:
         """The UID a Clone is for (``_resolve``), the book's admissions saved."""
         resolved = await self._resolve(request)
         if isinstance(resolved, str) and self.book.unsaved:
@@ -822,7 +822,7 @@ class Core:
 
     # ------------------------------------------------------------ internals: Clone
 
-    async def _resolve(self, request: CloneRequest) -> str | Miss:
+    async def _resolve(self, request: Clone) -> str | Miss:
         """The UID a Clone is for: the carried token, the named UID, else the only grant
         held."""
         if request.token is not None:
@@ -857,7 +857,7 @@ class Core:
                 return err.miss
         return vt.uid
 
-    async def _start(self, grant: _Grant, decision: Start, request: CloneRequest,
+    async def _start(self, grant: _Grant, decision: Start, request: Clone,
                      stdio: Stdio, caller: dict[str, int],
                      forked: Forked | None = None) -> FiberView | Miss:
         fiber_id = f"{self._prefix}-{next(self._ids)}"

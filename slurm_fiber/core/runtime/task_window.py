@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slurm_fiber.core.api.service import CloneRequest, FiberExit, Stdio
+from slurm_fiber.core.api.service import Clone, FiberExit, Peer, Stdio
 from slurm_fiber.core.audit.log import AuditEvent, AuditWriteFailed
 from slurm_fiber.core.book.decisions import Deadline, closed_miss
 from slurm_fiber.core.book.misses import Miss, MissCode
@@ -220,8 +220,9 @@ class TaskWindowRun:
                 for key in self.keys if key not in self.answered]
 
 
-async def open_window(core: Core, requests: Sequence[CloneRequest], stdios: Sequence[Stdio],
-                      keys: list[str], size: int) -> TaskWindowRun | Miss | None:
+async def open_window(core: Core, requests: Sequence[Clone], peer: Peer,
+                      stdios: Sequence[Stdio], keys: list[str],
+                      size: int) -> TaskWindowRun | Miss | None:
     """Open a window for a windowed batch's exec items (module doc): the run, a miss for
     them all (audited), or None when the window path does not take them (call items,
     another account's template): fiberd's own path then. ``stdios``' descriptors are
@@ -231,7 +232,7 @@ async def open_window(core: Core, requests: Sequence[CloneRequest], stdios: Sequ
             r.exec is None or r.call is not None for r in requests):
         return None
     first = requests[0]
-    caller = {"caller_uid": first.peer.uid, "caller_pid": first.peer.pid,
+    caller = {"caller_uid": peer.uid, "caller_pid": peer.pid,
               "batch": len(requests)}
     if core.closing:
         return core.miss(None, closed_miss(), caller)

@@ -30,7 +30,7 @@ from typing import Any
 
 from slurm_fiber.core.api.server import ApiServer, Refusal, ServerConfig
 from slurm_fiber.core.api.service import (
-    CloneRequest,
+    Clone,
     FiberExit,
     FiberNotFound,
     Forked,
@@ -92,7 +92,7 @@ class ProcService:
         self.ids = itertools.count(1)
         self.stdio_seen: list[Stdio] = []
 
-    async def clone(self, request: CloneRequest, stdio: Stdio) -> ProcFiber | Miss:
+    async def clone(self, request: Clone, peer: Peer, stdio: Stdio) -> ProcFiber | Miss:
         grant = request.grant or ""
         if grant.startswith("cold-"):
             return Miss(MissCode.COLD, "template still warming", retry_after=0.5)
@@ -129,7 +129,7 @@ class ProcService:
         loop.add_reader(pidfd, self._reap, fiber, pidfd)
         return fiber
 
-    async def clone_batch(self, requests: list[CloneRequest], stdios: list[Stdio],
+    async def clone_batch(self, requests: list[Clone], peer: Peer, stdios: list[Stdio],
                           batch: int | None = None, forked: Forked | None = None,
                           ) -> list[ProcFiber | Miss | Exception]:
         """Each item as ``clone``; an item that raises fails alone; ``forked`` told of each
@@ -137,7 +137,7 @@ class ProcService:
         out: list[ProcFiber | Miss | Exception] = []
         for request, stdio in zip(requests, stdios, strict=True):
             try:
-                out.append(outcome := await self.clone(request, stdio))
+                out.append(outcome := await self.clone(request, peer, stdio))
             except Exception as err:
                 out.append(err)
                 continue

@@ -14,7 +14,7 @@ import pytest
 
 from slurm_fiber.client.connection import FiberdClient, Refused
 from slurm_fiber.client.tasks import Task, TaskRunner
-from slurm_fiber.core.api.service import CloneRequest
+from slurm_fiber.core.api.service import Clone
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.protocol import validate as protocol
 from slurm_fiber.protocol.limits import MAX_BATCH
@@ -101,7 +101,7 @@ def test_an_item_fiberd_fails_on_is_answered_internal_alone(
         fiberd_served: ThreadFiberd, monkeypatch: pytest.MonkeyPatch) -> None:
     start = Core._start
 
-    async def failing(self: Core, grant: Any, decision: Any, request: CloneRequest,
+    async def failing(self: Core, grant: Any, decision: Any, request: Clone,
                       *rest: Any) -> Any:
         if request.env.get("BREAK"):
             raise RuntimeError("a fault injected into fiberd")

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_fiber.protocol import requests as rq
+from slurm_fiber.protocol import validate as protocol
 from slurm_fiber.protocol.framing import FrameDecoder, FramingError, encode_frame
 from slurm_fiber.protocol.validate import ApiError, parse_request
 
@@ -179,3 +180,47 @@ def test_version_1_requests_mean_the_same_under_version_2() -> None:
     body = {"op": "clone", "call": {"target": "m:f", "args": [1]}}
     assert parse_request(body, 0) == parse_request({**body, "v": 1}, 0) \
         == parse_request({**body, "v": 2}, 0)
+
+
+SAMPLES: list[tuple[rq.Request, int]] = [
+    (rq.Clone(exec=rq.ExecTarget(("sleep", "1"), "/tmp"), grant="g1", env={"A": "b"},
+              stdio=("stdout",), wait=True, hangup=False), 1),
+    (rq.Clone(call=rq.CallTarget("m:f", args=(1, [2]), kwargs={"k": 3}, path=("/p",)),
+              token="t.o.k", early=True, wait=True), 0),
+    (rq.Clone(call=rq.CallTarget(None, pickled="gAR9lC4=")), 0),
+    (rq.CloneBatch((rq.BatchItem("a", rq.Clone(exec=rq.ExecTarget(("true",)))),
+                    rq.BatchItem("b", rq.Clone(call=rq.CallTarget("m:f"), env={"B": "2"}),
+                                 stdio=("stdin",))),
+                   grant="g1", wait=True, window=2), 1),
+    (rq.Cancel(), 0),
+    (rq.InspectFiber("f1"), 0),
+    (rq.StopFiber("f1", 2.5), 0),
+    (rq.SignalFiber("f1", 15), 0),
+    (rq.ListFibers(after="7", limit=10, ended=True), 0),
+    (rq.ListGrants(), 0), (rq.Status(), 0), (rq.Health(), 0), (rq.Ready(), 0),
+    (rq.Metrics(), 0),
+]
+
+
+def test_every_request_type_is_the_one_both_ends_use() -> None:
+    """What a client builds is what the server reads back: one type per op, each a row of
+    the table, each round-tripping through its frame body and validation unchanged (a
+    batch item's clone as validation completes it: the batch's shared fields merged in,
+    its own descriptor names)."""
+    assert {type(r).OP for r, _n in SAMPLES} == set(protocol.TABLE)
+    assert all(name == spec.request.OP for name, spec in protocol.TABLE.items())
+    for request, nfds in SAMPLES:
+        body = json.loads(json.dumps(request.to_json("r")))
+        parsed = parse_request(body, nfds)
+        assert parsed.id == "r" and type(parsed.request) is type(request)
+        if isinstance(request, rq.CloneBatch):
+            assert isinstance(parsed.request, rq.CloneBatch)
+            for sent, got in zip(request.items, parsed.request.items, strict=True):
+                assert got.key == sent.key and got.error is None and got.clone is not None
+                assert sent.clone is not None and got.clone.stdio == sent.stdio
+                assert (got.clone.call, got.clone.exec, got.clone.grant) == (
+                    sent.clone.call, sent.clone.exec, request.grant)
+                assert dict(got.clone.env) == {**request.env, **sent.clone.env}
+            assert (parsed.request.window, parsed.request.wait) == (request.window, True)
+        else:
+            assert parsed.request == request, type(request).__name__

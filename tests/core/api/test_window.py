@@ -19,7 +19,7 @@ import pytest
 
 from slurm_fiber.client.connection import FiberdClient, Missed, Refused
 from slurm_fiber.client.tasks import Task, TaskRunner
-from slurm_fiber.core.api.service import CloneRequest, Peer, Stdio
+from slurm_fiber.core.api.service import Clone, Stdio
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.protocol import validate as protocol
@@ -191,7 +191,7 @@ async def test_a_held_item_waits_for_a_fibers_end_not_for_a_start_to_land() -> N
         landing[item.key] = loop.create_future()
         return await landing[item.key]
 
-    items = [Pending(n, key, CloneRequest(peer=Peer(0, 0, 0)), Stdio())
+    items = [Pending(n, key, Clone(), Stdio())
              for n, key in enumerate("abc")]
     window = BatchWindow(items, 1, start, lambda key, _o: {"key": key})
     window.launch(0)

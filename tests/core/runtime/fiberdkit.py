@@ -24,7 +24,7 @@ from typing import Any
 from slurm_fiber import testing
 from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.config import FiberdConfig, load_config
-from slurm_fiber.core.api.service import CallTarget, CloneRequest, ExecTarget, Peer, Stdio
+from slurm_fiber.core.api.service import CallTarget, Clone, ExecTarget, Peer, Stdio
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.core.trust.grant import FiberSpec, Limits, TemplateSpec
 from slurm_fiber.testing.inprocess import STOP_REQUESTED, InProcess, in_process
@@ -80,11 +80,11 @@ class Live(InProcess):
     async def clone(self, grant: str | None = "g1", *, target: str | None = None,
                     args: tuple[object, ...] = (), argv: tuple[str, ...] = (),
                     token: str | None = None) -> Any:
-        request = CloneRequest(
-            peer=PEER, grant=None if token else grant, token=token,
+        request = Clone(
+            grant=None if token else grant, token=token,
             call=CallTarget(target, args) if target else None,
             exec=ExecTarget(argv) if argv else None)
-        return await self.core.clone(request, Stdio())
+        return await self.core.clone(request, PEER, Stdio())
 
 
 @contextlib.asynccontextmanager
