@@ -276,14 +276,8 @@ class FiberdClient:
                     ended: bool = False) -> Iterator[dict[str, object]]:
         """Every fiber's record, page by page (each fiber once; one that starts while the
         pages are read comes too, one that ends before its page does not; ``ended``: with
-        those ended that fiberd remembers). From a fiberd older than v3, its one whole
-        list."""
-        try:
-            page = self.list_fibers(limit=page_size, ended=ended)
-        except Refused as refused:
-            if refused.code != "unsupported_version":
-                raise
-            page = self.list_fibers(ended=ended)
+        those ended that fiberd remembers)."""
+        page = self.list_fibers(limit=page_size, ended=ended)
         while True:
             yield from page.fibers
             if page.next is None:

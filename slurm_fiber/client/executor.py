@@ -71,13 +71,11 @@ calls not settled runs again on another node (with none left, it fails with
 A worker that finds several calls pending (``map`` queues all its calls
 before a worker starts) starts as many as there is room for under
 ``max_workers`` with one batch clone (``slurm_fiber.client.tasks.TaskRunner.
-run_many``), each still its own fiber; a fiberd older than protocol v3 gets
-one clone per call. A future is settled as soon as its fiber has written the
+run_many``), each still its own fiber. A future is settled as soon as its fiber has written the
 call's value or exception (the clone's ``early`` result events, protocol v4:
 the fiber's exit, its cgroup's tidying and its audit record still follow,
 about 2 ms on this project's test VM); its room under ``max_workers`` is freed
-only once the fiber has ended. With an older fiberd, futures settle at the
-end.
+only once the fiber has ended.
 """
 
 from __future__ import annotations

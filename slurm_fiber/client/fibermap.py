@@ -69,13 +69,12 @@ window, protocol v5): one worker thread (one per 32 slots) sends up
 to 64 tasks in one request and fiberd keeps ``-j`` of them running, starting
 the next as one ends, with no round trip between them (each task still its
 own fiber, record and exit; Ctrl-C, or fiberd refusing the work, cancels the
-tasks not started). Three cases keep the older way, where the ``-j`` slots
+tasks not started). Two cases keep the older way, where the ``-j`` slots
 are shared out to one worker thread per CPU, each starting its share as one
 batch and the next once all of them have ended (a slow task holds its
 worker's other slots): ``--halt`` (no task may start before the map has seen
 how the one before ended), a command with ``{%}`` (only the client can
-number a slot) and a fiberd older than v5. A fiberd older than protocol v3
-gets one clone per task.
+number a slot).
 
 ``--nodes all`` (in a Slurm job of several nodes): the arguments are read
 here and written, with the map's options, to a spool directory

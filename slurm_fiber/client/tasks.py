@@ -21,22 +21,22 @@ for. A final miss, a refusal or a broken stream ends the task at once.
 request paid once; each fiber still its own) on the same connection, takes
 each fiber's exit as it comes (``done`` is called per task as it ends), and
 retries the items that missed retryably as a smaller batch after the same
-backoff. Against a fiberd that speaks no batch (v2: ``unsupported_version``)
-it falls back to ``run`` per task, once and for all. These are the only
-places where a task becomes a Clone.
+backoff. These are the only places where a task becomes a Clone.
 
 With ``window`` W, ``run_many`` keeps at most W of its tasks running: each
 batch of up to MAX_BATCH is sent with a window (protocol v5) and fiberd
-starts the next task as one ends, with no round trip in between (a fiberd
-older than v5 gets batches of W, each waited for whole). ``cancel_pending``
+starts the next task as one ends, with no round trip in between. ``cancel_pending``
 (any thread) has every windowed batch start nothing more: the tasks not
 started end as ``cancelled``; ``stop_all`` also stops the running ones.
 
 Both take a ``result`` callback: given it, a call task's result (or
 error) is passed to it as soon as the fiber has written it, before the
-fiber's exit is in (the clone's ``early`` events, protocol v4; an older
-fiberd, refusing ``unsupported_version``, gets the request again without,
-once and for all); ``done`` still comes at the end.
+fiber's exit is in (the clone's ``early`` events, protocol v4); ``done`` still
+comes at the end.
+
+Every released fiberd speaks protocol v5 (0.1.0 on), so nothing here falls back
+to an older one: a fiberd that refuses a version (``unsupported_version``) fails
+the tasks with that refusal, as any other.
 
 With ``server_uids`` (the Executor's: its own uid and root), every connection
 is checked before anything is sent or read on it: the server's uid, from
@@ -74,12 +74,9 @@ from slurm_fiber.protocol.limits import (
     MAX_BATCH,
     MAX_CALL_PATH,
     PICKLED_SINCE,
-    UNKNOWN_OP,
-    UNSUPPORTED_VERSION,
 )
 from slurm_fiber.protocol.replies import BatchStarted, Cancelled
 
-NO_BATCH = frozenset({UNSUPPORTED_VERSION, UNKNOWN_OP})  # a fiberd older than v3
 CANCEL_POLL = 0.05  # seconds between two looks at cancel_pending while a window has tasks
 # not started (the thread that reads the stream sends the cancel on it)
 CANCEL_SETTLE = 5.0  # stop_all waits at most this long for each window's cancel
@@ -281,9 +278,6 @@ class TaskRunner:
         self._running: set[str] = set()
         self._clients: list[FiberdClient] = []
         self._windows: set[_Batch] = set()  # windowed batches with tasks not started
-        self.batches = True  # False once fiberd said it speaks no clone_batch
-        self.early = True  # False once fiberd said it speaks no early results (v4)
-        self.windows = True  # False once fiberd said it speaks no batch window (v5)
         self.cancelling = False  # cancel_pending: windowed batches start nothing more
         self.stopping = False  # stop_all: fibers that start from now on are stopped too
 
@@ -303,7 +297,7 @@ class TaskRunner:
         first_miss: float | None = None
         while True:
             outcome.attempts += 1
-            asked = self.early and task.call is not None and result is not None
+            asked = task.call is not None and result is not None
             try:
                 self._run_once(self._early(fields) if asked else fields, task, outcome,
                                (lambda _, event: result(event)) if result else None)
@@ -316,9 +310,6 @@ class TaskRunner:
                 self.sleep(min(self.backoff_cap, max(delay, _retry_after(miss))))
                 delay = min(self.backoff_cap, delay * 2)
             except (Refused, Unreachable) as err:
-                if asked and self._refused_early(err):
-                    outcome.attempts -= 1
-                    continue
                 self._drop_client()
                 outcome.failure, outcome.refused = str(err), isinstance(err, Refused)
                 break
@@ -334,8 +325,6 @@ class TaskRunner:
         ``result(i, event)`` as a call task's result comes, before (module doc).
         With ``window``, at most that many run at once (module doc). Retryable misses are
         retried together, as ``run`` retries one."""
-        if window is not None and window < len(tasks) and not self.windows:
-            return self._in_slices(tasks, window, done, result, None)
         if len(tasks) > MAX_BATCH:
             return self._in_slices(tasks, MAX_BATCH, done, result, window)
         window = window if window is not None and window < len(tasks) else None
@@ -343,7 +332,7 @@ class TaskRunner:
         begun = time.monotonic()
         pending, delay = list(range(len(tasks))), self.backoff
         first_miss: dict[int, float] = {}
-        while pending and self.batches and (len(tasks) > 1 or window is not None):
+        while pending and (len(tasks) > 1 or window is not None):
             if self.cancelling:
                 for i in pending:
                     outcomes[i].cancelled = True
@@ -352,22 +341,11 @@ class TaskRunner:
             for i in pending:
                 outcomes[i].attempts += 1
                 outcomes[i].miss = None
-            asked = self.early and result is not None and any(
-                tasks[i].call is not None for i in pending)
+            asked = result is not None and any(tasks[i].call is not None for i in pending)
             try:
                 retry = self._batch_once(tasks, pending, outcomes, begun, done,
                                          result if asked else None, window)
             except Refused as err:
-                if window is not None and err.code == "unsupported_version":
-                    self.windows = False  # an older fiberd, nothing started: v5 first, then v4
-                    return self.run_many(tasks, done, result, window)
-                if asked and self._refused_early(err):
-                    for i in pending:
-                        outcomes[i].attempts -= 1
-                    continue
-                if err.code in NO_BATCH:
-                    self.batches = False
-                    break
                 self._fail(pending, outcomes, err, begun, done)
                 return outcomes
             except Unreachable as err:
@@ -384,7 +362,7 @@ class TaskRunner:
                 wanted = max(_retry_after(outcomes[i].miss) for i in pending)
                 self.sleep(min(self.backoff_cap, max(delay, wanted)))
                 delay = min(self.backoff_cap, delay * 2)
-        for i in pending:  # one task, or a fiberd without batches: one Clone each
+        for i in pending:  # one task: one Clone
             outcomes[i] = self.run(tasks[i], partial(result, i) if result else None)
             if done is not None:
                 done(i, outcomes[i])
@@ -647,14 +625,6 @@ class TaskRunner:
     def _early(fields: dict[str, object]) -> dict[str, object]:
         """A copy of ``fields`` asking for early results (at protocol v4)."""
         return {**fields, "early": True, "v": EARLY_SINCE}  # v4 speaks every earlier v
-
-    def _refused_early(self, err: Exception) -> bool:
-        """Whether ``err``, the answer to a request that asked for early results, says
-        fiberd is older than v4; then early results are not asked for again."""
-        if isinstance(err, Refused) and err.code == "unsupported_version":
-            self.early = False
-            return True
-        return False
 
 
 class _Batch:

@@ -1026,8 +1026,8 @@ OPS: dict[type[rq.Request], Answer] = {
     rq.StopFiber: _simple(rq.StopFiber, lambda s, r, p: s.service.stop_fiber(r.fiber, r.grace, p)),
     rq.SignalFiber: _simple(rq.SignalFiber,
                             lambda s, r, p: s.service.signal_fiber(r.fiber, int(r.signal), p)),
-    rq.ListFibers: _simple(rq.ListFibers, lambda s, r, _p: s.service.list_fibers(
-        r.after, r.limit, r.ended) if r.ended else s.service.list_fibers(r.after, r.limit)),
+    rq.ListFibers: _simple(rq.ListFibers,
+                           lambda s, r, _p: s.service.list_fibers(r.after, r.limit, r.ended)),
     rq.ListGrants: _simple(rq.ListGrants, lambda s, _r, _p: s.service.list_grants()),
     rq.Status: _simple(rq.Status, lambda s, _r, _p: s.service.status()),
     rq.Health: _simple(rq.Health, lambda s, _r, _p: s.service.health()),

@@ -171,8 +171,9 @@ class ProcService:
             raise FiberNotFound(fiber_id)
         return self.fibers[fiber_id]
 
-    def list_fibers(self, after: str | None = None,
-                    limit: int | None = None) -> tuple[list[dict[str, object]], str | None]:
+    def list_fibers(self, after: str | None = None, limit: int | None = None,
+                    ended: bool = False) -> tuple[list[dict[str, object]], str | None]:
+        """The fibers running (this service remembers none that ended)."""
         ordered = ((int(fid[1:]), f) for fid, f in self.fibers.items())
         fibers, cursor = page(ordered, after, limit)
         return [f.to_json() for f in fibers], cursor

@@ -194,8 +194,10 @@ def test_a_batch_over_the_cap_or_with_stray_descriptors_is_refused_whole(
         assert refused.value.code == "bad_fds"
 
 
-def test_a_runner_falls_back_to_single_clones_on_a_v2_fiberd(
+def test_a_runner_does_not_fall_back_when_fiberd_refuses_batches(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every released fiberd speaks v5: a refused version is the tasks' failure, with its
+    code, never a silent fallback to one Clone per task."""
     monkeypatch.setattr(protocol, "VERSIONS", (1, 2))  # this server now speaks v1 and v2 only
     runner = TaskRunner(served.path)
     ended: list[int] = []
@@ -204,8 +206,9 @@ def test_a_runner_falls_back_to_single_clones_on_a_v2_fiberd(
                                     for i in range(3)], lambda i, _o: ended.append(i))
     finally:
         runner.close()
-    assert [o.status for o in outcomes] == [0, 1, 2] and sorted(ended) == [0, 1, 2]
-    assert runner.batches is False
+    assert all(o.refused and o.failure is not None and o.failure.startswith(
+        "unsupported_version: this fiberd speaks protocol v1, v2") for o in outcomes)
+    assert sorted(ended) == [0, 1, 2]
     assert [r.code for r in served.refusals] == ["unsupported_version"]  # asked once
 
 

@@ -2,7 +2,7 @@
 fiber's result (or error) comes as a ``result`` event as soon as the fiber has written
 it, before its ``exit`` event, which still carries it; exec fibers get none; a clone
 that does not ask gets the events it always got. A fiberd older than v4 refuses
-``early`` as ``unsupported_version``, and the TaskRunner asks once more without it."""
+``early`` as ``unsupported_version``, and the TaskRunner reports it (no fallback)."""
 
 from __future__ import annotations
 
@@ -88,17 +88,16 @@ def test_a_runner_passes_a_calls_result_on_before_its_end(fiberd_served: ThreadF
     assert [(i, event["fiber_id"]) for i, event in many] == [(0, outcomes[0].fiber_id)]
 
 
-def test_a_runner_asks_a_v3_fiberd_again_without_early_results(
+def test_a_runner_does_not_ask_a_v3_fiberd_again_without_early_results(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(protocol, "VERSIONS", (1, 2, 3))  # this server speaks up to v3
     runner = TaskRunner(served.path)
     got: list[dict[str, object]] = []
     try:
         outcome = runner.run(Task(call={"target": "json:dumps", "args": [[1]]}), got.append)
-        again = runner.run(Task(call={"target": "json:dumps", "args": [[2]]}), got.append)
     finally:
         runner.close()
-    assert outcome.ok and outcome.exit is not None and outcome.exit["result"] == "[1]"
-    assert again.ok and outcome.attempts == 1 and got == []
-    assert runner.early is False
+    assert not outcome.ok and outcome.refused and outcome.exit is None and got == []
+    assert outcome.failure is not None and outcome.failure.startswith("unsupported_version:")
+    assert outcome.attempts == 1
     assert [r.code for r in served.refusals] == ["unsupported_version"]  # asked once
