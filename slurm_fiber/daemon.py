@@ -48,6 +48,7 @@ from slurm_fiber.core.api.sockfile import SocketPathError
 from slurm_fiber.core.audit.log import AuditEvent, AuditLog, AuditWriteFailed
 from slurm_fiber.core.audit.refusals import RefusalLog
 from slurm_fiber.core.book.decisions import GrantBook
+from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.book.state import StateCorrupt, StateFile
 from slurm_fiber.core.cgroups.manager import CgroupManager
 from slurm_fiber.core.clock import Clock, SystemClock
@@ -59,7 +60,7 @@ from slurm_fiber.core.metrics.export import (
 )
 from slurm_fiber.core.runtime.core import Core
 from slurm_fiber.core.runtime.identity import IdentityRefused, resolve_fiber_user
-from slurm_fiber.core.seam import Home, LosesScope
+from slurm_fiber.core.seam import Home, HomePorts
 from slurm_fiber.core.trust.issuers import TrustStore
 from slurm_fiber.core.trust.tokens import TokenVerifier
 from slurm_fiber.defaults import STATE_FILE_NAME
@@ -105,6 +106,7 @@ class Running:
     socket: Path
     export: MetricsExport
     refusals: RefusalLog
+    ports: HomePorts
 
 
 def _trust(config: FiberdConfig) -> TrustStore:
@@ -188,7 +190,9 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     """Open state, build the core and serve the socket; returns once the socket is answered
     (after the start record).
 
-    ``cgroup_reason()`` says why ``home.cgroup_root()`` is what it is (BuiltHome.cgroup_line).
+    The home is asked through its ports (``HomePorts``: each port it provides, else the
+    port's default). ``cgroup_reason()`` says why the cgroup root is what it is
+    (BuiltHome.cgroup_line).
 
     The caller runs ``serve`` next (or shuts ``Running`` down itself).
     Raises FiberdRefused when fiberd cannot start.
@@ -200,14 +204,16 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         log.error("refusing to start: %s", err)
         raise FiberdRefused(str(err)) from None
     check_dirs(config)
+    ports = HomePorts(home, SourceHealth(clock, config.stale_ttl, control_plane=False))
     try:
-        audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock, scope=home.scope())
+        audit = AuditLog(config.audit_path, config.audit_fsync, clock=clock,
+                         scope=ports.liveness.scope())
     except OSError as err:
         raise FiberdRefused(f"cannot open the audit log {config.audit_path}: "
                             f"{err.strerror or err}") from None
     if relay is not None:
         relay.audit = audit
-    health = home.health()
+    health = ports.liveness.health()
     try:
         book = GrantBook(clock, health, fence_ttl=config.fence_ttl if health.control_plane
                          else None, store=StateFile(state_dir / STATE_FILE_NAME))
@@ -216,14 +222,14 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         raise FiberdRefused(f"grant state {state_dir / STATE_FILE_NAME} is unreadable ({err}); "
                             "move it aside to start afresh") from None
     verifier = TokenVerifier(_trust(config), audience, clock, config.leeway)
-    root = home.cgroup_root()
+    root = ports.cgroups.cgroup_root()
     # cgroup_root none means no cgroup at all: no v1 groups either.
     backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
     cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
     if identity is not None and not identity.root:
         cgroups.hand_procs(identity.uid)  # its leaves' cgroup.procs only (core/cgroups.py)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
-    core = Core(home, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
+    core = Core(ports, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,
                 spares_idle=config.spares_idle or None, strict_limits=config.strict_limits,
                 task_window=config.task_window,
@@ -239,13 +245,13 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
         raise FiberdRefused(str(err)) from None
     try:
         export = await start_export(
-            server.metrics, lambda: scope_labels(home.name(), home.scope()), clock,
+            server.metrics, lambda: scope_labels(home.name(), ports.liveness.scope()), clock,
             listen=config.metrics_listen, textfile=config.metrics_textfile)
     except ExportRefused as err:
         await server.close()
         audit.close()
         raise FiberdRefused(str(err)) from None
-    readiness = await reset_readiness(home)  # a dead predecessor's "ready", once ours
+    readiness = await reset_readiness(ports.readiness)  # a dead predecessor's "ready", once ours
     try:
         audit.write(AuditEvent.START, home=home.name(), pid=os.getpid(), audience=audience,
                     socket=config.socket, epoch=book.epoch,
@@ -263,7 +269,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
     release_free_heap()
-    return Running(core, server, audit, Path(config.socket), export, refusals)
+    return Running(core, server, audit, Path(config.socket), export, refusals, ports)
 
 
 def release_free_heap() -> None:
@@ -276,14 +282,14 @@ def release_free_heap() -> None:
         trim(0)
 
 
-async def serve(running: Running, home: Home, stop: asyncio.Event) -> str:
+async def serve(running: Running, stop: asyncio.Event) -> str:
     """Run delivery, the home and upkeep until ``stop`` is set or the home fails; then shut
     down cleanly. Returns why it stopped (one line)."""
-    core = running.core
-    if isinstance(home, LosesScope):
-        home.on_scope_lost(core.lose_scope)
-    delivery = asyncio.ensure_future(drive(home, core))
-    background = [asyncio.ensure_future(home.run()), asyncio.ensure_future(core.maintain()),
+    core, ports = running.core, running.ports
+    if ports.scope_loss is not None:
+        ports.scope_loss.on_scope_lost(core.lose_scope)
+    delivery = asyncio.ensure_future(drive(ports.home, core))
+    background = [asyncio.ensure_future(ports.home.run()), asyncio.ensure_future(core.maintain()),
                   asyncio.ensure_future(running.refusals.run())]
     stopping = asyncio.ensure_future(stop.wait())
     done, _ = await asyncio.wait([stopping, *background], return_when=asyncio.FIRST_COMPLETED)
@@ -380,4 +386,4 @@ async def run_daemon(config: FiberdConfig, environ: Mapping[str, str]) -> str:
     stop = asyncio.Event()
     stop_on_signals(stop)
     async with started(config, environ) as fiberd:
-        return await serve(fiberd.running, fiberd.built.home, stop)
+        return await serve(fiberd.running, stop)

@@ -70,9 +70,9 @@ async def run(config: FiberdConfig, argv: list[str], warm_timeout: float) -> int
     stop_on_signals(stop)  # before start-up: a SIGTERM meanwhile stops it once started
     async with started(config, os.environ) as fiberd:
         if not argv:
-            why = await serve(fiberd.running, fiberd.built.home, stop)
+            why = await serve(fiberd.running, stop)
             return 0 if why == "stop requested" else 1
-        serving = asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop))
+        serving = asyncio.ensure_future(serve(fiberd.running, stop))
         status = 1
         if await wait_warm(fiberd, warm_timeout, stop):
             status = await run_command(fiberd, argv)

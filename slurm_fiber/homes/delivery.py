@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from slurm_fiber.core.seam import EventKind, GrantEvent, Home
+from slurm_fiber.core.seam import EventKind, GrantEvent, GrantSource, Home
 from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
 from slurm_fiber.homes.healthpoll import error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
@@ -73,7 +73,8 @@ async def deliver(event: GrantEvent, core: Admitter, on_problem: ProblemSink) ->
 
 
 async def drive(home: Home, core: Admitter, on_problem: ProblemSink = log_problem) -> None:
-    """Feed ``home.grants()`` into ``core`` until delivery ends or this task is cancelled.
+    """Feed ``home.grants()`` into ``core`` until delivery ends or this task is cancelled
+    (at once when the home is no GrantSource).
 
     Blocks for the life of delivery, one event at a time in delivery order.
     A delivery that cannot start or that breaks is reported (code
@@ -81,6 +82,8 @@ async def drive(home: Home, core: Admitter, on_problem: ProblemSink = log_proble
     cancellation.
     """
     try:
+        if not isinstance(home, GrantSource):
+            return
         events = await home.grants()
         if events is None:
             return

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.seam import GrantEvent, ReleaseDevices
+from slurm_fiber.core.seam import (
+    CgroupRoot,
+    DeviceSource,
+    GrantEvent,
+    GrantSource,
+    Home,
+    Liveness,
+    Readiness,
+    ReleaseDevices,
+)
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
 from slurm_fiber.homes.grantdir import GrantDir
@@ -59,7 +68,7 @@ def _release_nothing() -> None:
     """Static devices are never claimed, so there is nothing to release."""
 
 
-class StandaloneHome:
+class StandaloneHome(Home, GrantSource, Liveness, Readiness, DeviceSource, CgroupRoot):
     """The ``Home`` of a plain host. Build one per fiberd; use it on one event loop.
 
     ``grantdir`` is polled every ``poll_interval`` seconds of ``clock``.

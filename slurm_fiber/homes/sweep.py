@@ -40,7 +40,7 @@ from slurm_fiber.core.cgroups.common import wait_empty
 from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
 from slurm_fiber.core.cgroups.groups import remove_tree
 from slurm_fiber.core.cgroups.manager import CgroupManager
-from slurm_fiber.core.seam import Home
+from slurm_fiber.core.seam import Readiness
 from slurm_fiber.homes.cgroupdelegate import SELF_LEAF, TREE_PREFIX
 
 log = logging.getLogger("slurm_fiber.sweep")
@@ -157,7 +157,7 @@ async def sweep_cgroups(manager: CgroupManager) -> CgroupSweep:
     return CgroupSweep(grants, tuple(trees))
 
 
-async def reset_readiness(home: Home, within: float = READY_RESET_WITHIN) -> str:
+async def reset_readiness(home: Readiness, within: float = READY_RESET_WITHIN) -> str:
     """Publish "not ready" through the home (a predecessor's readiness is stale now).
 
     Call once the socket is this fiberd's and before any grant is delivered. Uses the

@@ -46,7 +46,7 @@ async def in_process(config: FiberdConfig, environ: Mapping[str, str], *,
     async with started(config, environ, build=build) as fiberd:
         stop = asyncio.Event()
         running = InProcess(fiberd, stop,
-                            asyncio.ensure_future(serve(fiberd.running, fiberd.built.home, stop)))
+                            asyncio.ensure_future(serve(fiberd.running, stop)))
         try:
             yield running
         finally:

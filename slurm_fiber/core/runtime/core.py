@@ -73,7 +73,7 @@ from slurm_fiber.core.fibers.fiber import DeadlineTimer, Fiber, FiberEnd
 from slurm_fiber.core.fibers.handles import FiberView
 from slurm_fiber.core.runtime.identity import FiberIdentity
 from slurm_fiber.core.runtime.task_window import TaskWindowRun, open_window
-from slurm_fiber.core.seam import Home, ReleaseDevices
+from slurm_fiber.core.seam import HomePorts, ReleaseDevices
 from slurm_fiber.core.templates.parent import (
     DEFAULT_TIMEOUT,
     FiberRequest,
@@ -177,7 +177,7 @@ class Core:
     not enforced.
     """
 
-    def __init__(self, home: Home, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
+    def __init__(self, home: HomePorts, book: GrantBook, verifier: TokenVerifier, audit: AuditLog,
                  cgroups: CgroupManager, *, clock: Clock, state_dir: Path, grace: float = 5.0,
                  spares: int = 1, spares_idle: float | None = None,
                  template_timeout: float = DEFAULT_TIMEOUT, python: str = sys.executable,
@@ -585,7 +585,7 @@ class Core:
                 "fibers_running": self.fibers_running(), "cgroups": cgroups,
                 "mode": "carved" if cgroups["carved"] else "uncarved",
                 "enforcement": self.enforcement_status(),
-                "scope": {c.key: c.value for c in self.home.scope()},
+                "scope": {c.key: c.value for c in self.home.liveness.scope()},
                 "audit_path": str(self.audit.path), "audit_seq": self.audit.seq,
                 "fiber_user": self.identity.to_json() if self.identity else None}
 
@@ -604,7 +604,7 @@ class Core:
                 "grants": {uid: g.enforcement.to_json() for uid, g in self._grants.items()}}
 
     def health(self) -> JsonMap:
-        reading = self.home.health().read()
+        reading = self.home.liveness.health().read()
         fence = self.book.fence_end()
         return {"state": reading.state.value, "age": reading.age,
                 "control_plane": reading.control_plane, "source_down": reading.down,
@@ -666,7 +666,7 @@ class Core:
     async def _provision(self, vt: VerifiedToken, spec: FiberSpec) -> None:
         """Devices, cgroup and a warming template for a newly admitted grant."""
         try:
-            channel, release = await self.home.devices(vt)
+            channel, release = await self.home.device_source.devices(vt)
         except Exception as err:
             raise self._refuse(vt, Miss(MissCode.WARM_FAILED,
                                         f"devices for {vt.uid!r} refused: {err}",
@@ -755,7 +755,7 @@ class Core:
 
     async def _publish(self, uid: str, ready: bool) -> None:
         try:
-            await self.home.publish_ready(uid, ready)
+            await self.home.readiness.publish_ready(uid, ready)
         except Exception as err:  # the home republishes; say it once here
             log.warning("readiness of %s not published: %s", uid, err)
 
@@ -835,7 +835,7 @@ class Core:
         if not held and len(self._unenforceable) == 1:
             return next(iter(self._unenforceable.values()))
         if not held:
-            reading = self.home.health().read()
+            reading = self.home.liveness.health().read()
             code = MissCode.UNKNOWN_GRANT if reading.fresh else MissCode.SOURCE_STALE
             why = f" ({reading.down})" if reading.down else ""
             return Miss(code, f"no grant is admitted here{why}; deliver one or carry a token",
@@ -896,7 +896,7 @@ class Core:
                 AuditEvent.CLONE, uid=grant.uid, jti=decision.jti, fiber=fiber_id,
                 pid=fiber.pid, epoch=decision.epoch, deadline=deadline_wall,
                 deadline_cause=decision.deadline.cause.value, mode=fiber.mode,
-                health_age=self.home.health().read().age, **caller)
+                health_age=self.home.liveness.health().read().age, **caller)
         except AuditWriteFailed:
             await self._unstart(fiber)
             raise
@@ -1036,7 +1036,7 @@ class Core:
     def _miss(self, uid: str | None, miss: Miss, caller: dict[str, int]) -> Miss:
         self._write(AuditEvent.MISS, uid=uid, code=miss.code.value, reason=miss.reason,
                     detail=miss.detail, epoch=self.book.epoch,
-                    health_age=self.home.health().read().age, **caller)
+                    health_age=self.home.liveness.health().read().age, **caller)
         return miss
 
     def _fiber(self, fiber_id: str) -> FiberView:

@@ -1,6 +1,7 @@
 """The Kubernetes home: fiberd as the one container of a grant Pod.
 
-It implements ``core.seam.Home`` and ``LosesScope`` for one Pod:
+It implements ``core.seam.Home``, every port of the seam and ``LosesScope``
+for one Pod:
 
 - grants: the mounted Secret directory (``FiberdConfig.grantdir``) through a
   GrantDir in Secret-volume mode, so the kubelet's atomic ``..data`` swap
@@ -50,7 +51,18 @@ from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
+from slurm_fiber.core.seam import (
+    CgroupRoot,
+    DeviceSource,
+    GrantEvent,
+    GrantSource,
+    Home,
+    Liveness,
+    LosesScope,
+    Readiness,
+    ReleaseDevices,
+    ScopeLostHandler,
+)
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.cgroupdelegate import Placement, resolve_cgroup_root
@@ -89,7 +101,7 @@ def condition_message(warm: list[str]) -> str:
     return f"{len(warm)} warm grant template(s): {', '.join(warm)}"
 
 
-class KubernetesHome:
+class KubernetesHome(Home, GrantSource, Liveness, Readiness, DeviceSource, CgroupRoot, LosesScope):
     """The Home of one grant Pod. Build it with ``build_kubernetes_home``; use one event loop.
 
     ``api`` is the client for this Pod (its identity is ``api.pod``).

@@ -1,9 +1,9 @@
 """The Slurm home: fiberd inside a Slurm job, run as `srun --overlap fiberd-run`.
 
-It implements ``core.seam.Home`` for one job on one node:
+It implements ``core.seam.Home`` and every port of the seam (``LosesScope``
+included) for one job on one node:
 
-- grants: the prolog's grantdir for the job (``paths.job_paths``), polled;
-  no grant of its own.
+- grants: the prolog's grantdir for the job (``paths.job_paths``), polled.
 - scope: cluster, job id, user, partition, node, and account and job name
   when the environment or slurmctld names them ("slurm.cluster", ...).
 - health: a HealthPoll whose round is `scontrol ping` plus the job's state
@@ -41,7 +41,18 @@ from typing import Protocol
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
-from slurm_fiber.core.seam import GrantEvent, ReleaseDevices, ScopeLostHandler
+from slurm_fiber.core.seam import (
+    CgroupRoot,
+    DeviceSource,
+    GrantEvent,
+    GrantSource,
+    Home,
+    Liveness,
+    LosesScope,
+    Readiness,
+    ReleaseDevices,
+    ScopeLostHandler,
+)
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
@@ -122,7 +133,7 @@ def job_scope(job: SlurmJob, listed: QueueJob | None = None) -> list[ScopeClaim]
     return [ScopeClaim(f"slurm.{key}", value) for key, value in claims if value]
 
 
-class SlurmHome:
+class SlurmHome(Home, GrantSource, Liveness, Readiness, DeviceSource, CgroupRoot, LosesScope):
     """The Home of one Slurm job on one node. Use on fiberd's event loop.
 
     Build it with ``SlurmHome(job, clock, control, config, cgroup=...)`` or,

@@ -1,9 +1,11 @@
 """The example home: grants from a polled directory, readiness appended to a log file.
 
-The smallest complete ``Home``: its grants arrive through the shared
-grantdir delivery (``GrantDir.deliveries``); it has no control plane (its
-health is stale only while the grantdir is missing), no scope, no devices
-and no cgroup root (fiberd runs uncarved and says so). Each readiness flip
+A small ``Home`` with the ports it needs: grants (``GrantSource``) arrive
+through the shared grantdir delivery (``GrantDir.deliveries``); liveness
+(``Liveness``): no control plane (its health is stale only while the grantdir
+is missing) and no scope; readiness (``Readiness``). It provides no devices
+and no cgroup root, so fiberd's defaults stand in: no device for any grant,
+no cgroup carved (fiberd runs uncarved and says so). Each readiness flip
 appends one JSON line ``{"ready": bool, "warm": [uid, ...]}`` to
 ``STATE_DIR/readiness.jsonl``, so whoever watches it sees every flip.
 """
@@ -19,9 +21,8 @@ from pathlib import Path
 from slurm_fiber.config import FiberdConfig
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.devices import DeviceChannel
-from slurm_fiber.core.seam import GrantEvent, ReleaseDevices
-from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
+from slurm_fiber.core.seam import GrantEvent, GrantSource, Home, Liveness, Readiness
+from slurm_fiber.core.trust.grant import ScopeClaim
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.problem import ProblemSink
 from slurm_fiber.homes.readygate import ReadyGate
@@ -37,7 +38,7 @@ def _append(path: Path, line: str) -> None:
         os.close(fd)
 
 
-class ExampleHome:
+class ExampleHome(Home, GrantSource, Liveness, Readiness):
     """A ``Home`` fed by ``grantdir``, publishing readiness to ``log``. One event loop."""
 
     def __init__(self, grantdir: str, log: Path, clock: Clock, *, poll_interval: float,
@@ -66,17 +67,11 @@ class ExampleHome:
     def health(self) -> SourceHealth:
         return self._health
 
-    def cgroup_root(self) -> str | None:
-        return None
-
     async def publish_ready(self, grant_uid: str, ready: bool) -> None:
         await self._gate.publish_ready(grant_uid, ready)
 
     def scope(self) -> list[ScopeClaim]:
         return []
-
-    async def devices(self, grant: VerifiedToken) -> tuple[DeviceChannel, ReleaseDevices]:
-        return DeviceChannel(), lambda: None
 
     async def run(self) -> None:
         """Publish readiness again every poll interval until it is written."""
