@@ -5,9 +5,8 @@ state root on Slurm (site config ``state_root``). The names are the files and
 dirs fiberd keeps in a state dir; fiberd's options (config), the Slurm
 layout (homes.slurm.paths) and the clients (discovery, ``slurm-fiber
 audit``) all take them from here, so both ends of a socket or a log agree
-without configuration. Constants only, all strings: importing it costs
-nothing, not even pathlib (the hooks do, on every job, and so does fiberctl
-inside a job on every task).
+without configuration. Constants only, all strings: fiberctl imports it, and
+its import budget (tests/cli/test_fiberctl.py) leaves pathlib out.
 """
 
 STATE_DIR = "/var/lib/slurm-fiber"

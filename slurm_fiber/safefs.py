@@ -12,8 +12,8 @@ through the name again. Writes are atomic (a temporary file in the same
 directory, fsync of the file, rename, fsync of the directory).
 
 Every refusal is ``UnsafePath``, an OSError whose ``str()`` is one line
-naming the path and what is wrong. Standard library only, cheap to import:
-the prolog and epilog load it on every job start.
+naming the path and what is wrong. Standard library only (``fiberctl map``
+imports it: tests/cli/test_fibermap.py).
 """
 
 from __future__ import annotations

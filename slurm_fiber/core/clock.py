@@ -10,13 +10,11 @@ deadline converted once to ``mono()`` never moves.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import time
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    import asyncio
+from typing import Protocol
 
 
 class Clock(Protocol):
@@ -45,8 +43,6 @@ class SystemClock:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
 
     async def sleep(self, seconds: float) -> None:
-        import asyncio  # here, not at the top: the Slurm prolog reads wall() on every job start
-
         await asyncio.sleep(max(0.0, seconds))
 
 
@@ -73,8 +69,6 @@ class FakeClock:
         return self._mono
 
     async def sleep(self, seconds: float) -> None:
-        import asyncio
-
         if seconds <= 0:
             await asyncio.sleep(0)
             return
@@ -105,8 +99,6 @@ class FakeClock:
     @staticmethod
     async def settle(rounds: int = 20) -> None:
         """Yield to the event loop until woken tasks have had a chance to run."""
-        import asyncio
-
         for _ in range(rounds):
             await asyncio.sleep(0)
 

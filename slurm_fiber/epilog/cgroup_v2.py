@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 
 if TYPE_CHECKING:
@@ -119,8 +120,6 @@ def clear(mount: Path | None, job: SlurmJob, wait_s: float) -> tuple[int, list[s
 def run(hook: Hook, job: SlurmJob, wait_s: float) -> bool:
     """The epilog's ``cgroup_v2`` step: ``clear`` in slurmd's cgroup2 view, a note of what
     was removed, a report naming what was left. True when nothing was left."""
-    from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
-
     mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text())
     removed, left = clear(mount, job, wait_s)
     if removed:

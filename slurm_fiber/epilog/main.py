@@ -49,15 +49,24 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurm_fiber.core.cgroups.groups import remove_tree
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.epilog import procscan, survivors
+from slurm_fiber.epilog import cgroup_v2, procscan, survivors
 from slurm_fiber.epilog.statedir import keep_retired, remove_retired, retire_state_dir
+from slurm_fiber.homes.slurm.cgroup_v1 import job_groups
 from slurm_fiber.homes.slurm.fiberdrecord import read_record
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
+from slurm_fiber.homes.slurm.leases import (
+    moved_aside_line,
+    node_leases,
+    prepare_lease_area,
+    release_job,
+)
 from slurm_fiber.homes.slurm.nodemetrics import remove_job_textfile
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig, SiteConfigError, load_site_config
 from slurm_fiber.hooks.auditkeep import keep_job_audit
+from slurm_fiber.hooks.cgroup import job_cgroup
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
 
@@ -99,13 +108,6 @@ def _processes(hook: Hook, config: SiteConfig, state_dir: Path | None, job: Slur
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
     if not paths.lease_dir.exists():
         return True
-    from slurm_fiber.homes.slurm.leases import (
-        moved_aside_line,
-        node_leases,
-        prepare_lease_area,
-        release_job,
-    )
-
     moved = prepare_lease_area(paths)  # an area an older version shared: root's first
     if moved:
         hook.warn("leases", moved_aside_line(moved))
@@ -116,8 +118,6 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
 
 
 def _cgroup(*trees: Path) -> bool:
-    from slurm_fiber.core.cgroups.groups import remove_tree
-
     for tree in trees:
         remove_tree(tree)
     return True
@@ -125,8 +125,6 @@ def _cgroup(*trees: Path) -> bool:
 
 def _v1_groups(environ: Mapping[str, str], job: SlurmJob) -> list[Path]:
     """The job's groups in Slurm's cgroup v1 hierarchies on this node (see cgroup_v1)."""
-    from slurm_fiber.homes.slurm.cgroup_v1 import job_groups
-
     return job_groups(environ.get("SLURM_CONF") or None, job.node, job.uid, job.job_id)
 
 
@@ -152,8 +150,6 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     paths = job_paths(config.state_root, job.node, job.job_id)
     delegated = None
     if config.delegate_cgroup:
-        from slurm_fiber.hooks.cgroup import job_cgroup
-
         delegated = hook.step("cgroup", lambda: job_cgroup(config, job.node, job.job_id))
     v1_groups = hook.step("cgroup_v1", lambda: _v1_groups(environ, job)) or []
     work_s = config.step_seconds * WORK_SHARE
@@ -167,8 +163,6 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))
-    from slurm_fiber.epilog import cgroup_v2  # what a fiberd carved below Slurm's v2 steps
-
     hook.step("cgroup_v2", lambda: cgroup_v2.run(hook, job, config.step_seconds * BUDGET_SHARE))
     hook.step("metrics", lambda: remove_job_textfile(config.state_root, job.node, job.job_id))
     kept = retired and hook.step(

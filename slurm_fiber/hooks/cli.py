@@ -1,13 +1,12 @@
-"""The command line of both hooks: bare and fast under slurmd, typer when a person runs it.
+"""The command line of both hooks: bare under slurmd, typer when a person runs it.
 
-slurmd runs a hook with no arguments, so that path imports nothing it does
-not need (typer alone costs tens of milliseconds on every job start). With
-any argument the typer command takes over: ``--help`` explains the hook,
-``--verbose`` prints what each step did, ``--json`` ends with one JSON
-object (the job, the exit code, the failed steps and their reasons),
-``--no-syslog`` keeps syslog out of a manual run. Exit codes: 0 ok (or only
-non-fatal problems), 1 the node must drain (a fatal check failed, or
-processes survived), 2 usage.
+slurmd runs a hook with no arguments, and that path runs the hook as it is
+(no option parsing, no typer). With any argument the typer command takes
+over: ``--help`` explains the hook, ``--verbose`` prints what each step did,
+``--json`` ends with one JSON object (the job, the exit code, the failed steps
+and their reasons), ``--no-syslog`` keeps syslog out of a manual run. Exit
+codes: 0 ok (or only non-fatal problems), 1 the node must drain (a fatal
+check failed, or processes survived), 2 usage.
 """
 
 from __future__ import annotations

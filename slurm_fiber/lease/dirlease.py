@@ -24,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,6 +216,4 @@ class Dir:
                 return
             except OSError as err:
                 raise io_failure(f"release {resource} in {self.path}", err) from None
-            import shutil  # here: the prolog claims (on every GPU job start), never releases
-
             shutil.rmtree(gone, dir_fd=area, ignore_errors=True)

@@ -6,9 +6,7 @@ longer exists, is a zombie, or its pid now belongs to a process started at
 another time than the recorded start. Anything less (another host, no pid,
 an unreadable record, a process we may not inspect) is not proof, and the
 lease stays. Reclaiming is always explicit and leaves one JSON line in
-``<leasedir>/audit.jsonl``. psutil is imported only where a process is
-inspected: the Slurm prolog loads this module on every GPU job start and
-inspects none.
+``<leasedir>/audit.jsonl``.
 """
 
 from __future__ import annotations

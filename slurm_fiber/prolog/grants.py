@@ -26,15 +26,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slurm_fiber.core.clock import Clock
+from slurm_fiber.core.trust.issuers import TrustStore
+from slurm_fiber.core.trust.mint import load_private_key, mint
+from slurm_fiber.core.trust.tokens import MAX_TOKEN_BYTES, TokenRefused, TokenVerifier
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 from slurm_fiber.safefs import open_dir, read_file
-
-if TYPE_CHECKING:
-    from slurm_fiber.core.trust.tokens import TokenVerifier
 
 SPOOL_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99})\.jwt")
 MAX_SPOOL_FILES = 64
@@ -63,8 +62,6 @@ def mint_job_token(config: SiteConfig, job: SlurmJob, clock: Clock) -> TokenFile
 
     Blocks on reading the key file.
     """
-    from slurm_fiber.core.trust.mint import load_private_key, mint  # jwt: only when minting
-
     if config.issuer_key is None:
         raise ValueError("the site config names no issuer_key")
     now = clock.wall()
@@ -92,10 +89,6 @@ def _judge(verifier: TokenVerifier, dir_fd: int, name: str) -> bytes | str:
     Never raises: a spooled file is untrusted input, and whatever is wrong with
     it must cost that file alone, not the job's other tokens.
     """
-    # Lazy on purpose (as in _judge_all and mint_job_token): tokens and trust import cryptography,
-    # which a job without a spool or an issuer key must not pay for at every start.
-    from slurm_fiber.core.trust.tokens import MAX_TOKEN_BYTES, TokenRefused
-
     try:
         data = read_file(dir_fd, name, max_bytes=MAX_TOKEN_BYTES)
         verifier.verify(data)
@@ -134,9 +127,6 @@ def spooled_tokens(config: SiteConfig, job: SlurmJob,
 def _judge_all(config: SiteConfig, job: SlurmJob, clock: Clock, where: Path,
                dir_fd: int) -> tuple[list[TokenFile], list[str]]:
     """``spooled_tokens`` for the opened spool dir ``dir_fd`` (shown as ``where``)."""
-    from slurm_fiber.core.trust.issuers import TrustStore
-    from slurm_fiber.core.trust.tokens import TokenVerifier
-
     names = sorted(n for n in os.listdir(dir_fd) if not n.startswith("."))  # not temp files
     problems: list[str] = []
     trust = TrustStore(config.trust, on_problem=problems.append)

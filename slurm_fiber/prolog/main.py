@@ -24,10 +24,6 @@ slurmctld calls) and the site config (siteconfig). Steps, each bounded by
 Exit status: 0, unless a failed step is one the site lists in ``fatal``
 (then 1, and slurmd drains the node). Running it again for the same job
 gives the job new dirs (the earlier ones are moved aside, never reused).
-
-The prolog delays every job start, so what only some jobs need is imported
-inside its step: the cgroup code with ``delegate_cgroup``, the lease package
-for jobs with GPUs, the minting code (cryptography) with an ``issuer_key``.
 """
 
 from __future__ import annotations
@@ -37,6 +33,12 @@ from collections.abc import Mapping
 
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
+from slurm_fiber.homes.slurm.leases import (
+    grant_and_claim_job_gpus,
+    moved_aside_line,
+    node_leases,
+    prepare_lease_area,
+)
 from slurm_fiber.homes.slurm.paths import JobPaths, job_paths
 from slurm_fiber.homes.slurm.siteconfig import (
     SiteConfig,
@@ -44,8 +46,10 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
+from slurm_fiber.hooks.cgroup import delegate, job_cgroup
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
+from slurm_fiber.lease import LeaseError
 from slurm_fiber.prolog.grants import TokenFile, mint_job_token, spooled_tokens
 from slurm_fiber.prolog.statedir import (
     JobDirs,
@@ -85,8 +89,6 @@ def _spool(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
 
 def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
             job: SlurmJob) -> bool:
-    from slurm_fiber.hooks.cgroup import delegate, job_cgroup  # only where the site delegates
-
     path = job_cgroup(config, job.node, job.job_id)
     if path is None:
         raise OSError(2, "no cgroup2 mount on this node to delegate from")
@@ -98,16 +100,6 @@ def _cgroup(hook: Hook, config: SiteConfig, paths: JobPaths, dirs: JobDirs,
 
 
 def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> bool:
-    # The lease package (and psutil) only for jobs with GPUs; jwt only when minting
-    # (grants imports it inside its functions): the prolog delays every job start.
-    from slurm_fiber.homes.slurm.leases import (
-        grant_and_claim_job_gpus,
-        moved_aside_line,
-        node_leases,
-        prepare_lease_area,
-    )
-    from slurm_fiber.lease import LeaseError
-
     os.close(check_parent(paths.lease_dir.parent))  # the node dir, if state_dir failed
     moved = prepare_lease_area(paths)
     if moved:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
@@ -32,16 +33,6 @@ PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 ALGS = ("EdDSA", "ES256")
 
 
-
-def random_uuid4() -> str:
-    """A random RFC 4122 version-4 UUID string, as ``str(uuid.uuid4())`` gives, without
-    importing ``uuid`` (which imports ``platform``: ~5 ms on every minting prolog)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
 def generate_key(alg: str = "EdDSA") -> PrivateKey:
     """A new private key for ``alg`` (EdDSA → Ed25519, ES256 → P-256). ValueError otherwise."""
     if alg == "EdDSA":
@@ -53,8 +44,6 @@ def generate_key(alg: str = "EdDSA") -> PrivateKey:
 
 def save_private_key(key: PrivateKey, path: Path) -> None:
     """Write ``key`` as PEM to a new file of mode 0600. FileExistsError if ``path`` exists."""
-    from cryptography.hazmat.primitives import serialization  # (keys gen only: see below)
-
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -70,18 +59,8 @@ def save_private_key(key: PrivateKey, path: Path) -> None:
 
 
 def load_private_key(path: Path) -> PrivateKey:
-    """Read a PEM private key. ValueError (one line) unless it is an Ed25519 or P-256 key.
-
-    An Ed25519 key in PKCS#8 (what ``save_private_key`` writes) is read
-    directly: cryptography's serialization package imports its SSH support,
-    which costs the prolog, which mints for every job, about 15 ms.
-    """
+    """Read a PEM private key. ValueError (one line) unless it is an Ed25519 or P-256 key."""
     data = path.read_bytes()
-    seed = _ed25519_pkcs8_seed(data)
-    if seed is not None:
-        return ed25519.Ed25519PrivateKey.from_private_bytes(seed)
-    from cryptography.hazmat.primitives import serialization
-
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
@@ -91,24 +70,6 @@ def load_private_key(path: Path) -> PrivateKey:
     ):
         return key
     raise ValueError(f"{path} holds a key that is neither Ed25519 nor P-256")
-
-
-_PEM_BEGIN, _PEM_END = b"-----BEGIN PRIVATE KEY-----", b"-----END PRIVATE KEY-----"
-_ED25519_PKCS8 = bytes.fromhex("302e020100300506032b657004220420")  # RFC 8410, then the seed
-
-
-def _ed25519_pkcs8_seed(pem: bytes) -> bytes | None:
-    """The 32-byte seed of an unencrypted Ed25519 PKCS#8 PEM, None for anything else."""
-    body = pem.strip()
-    if not (body.startswith(_PEM_BEGIN) and body.endswith(_PEM_END)):
-        return None
-    try:
-        der = base64.b64decode(body[len(_PEM_BEGIN):-len(_PEM_END)], validate=False)
-    except ValueError:
-        return None
-    if len(der) != len(_ED25519_PKCS8) + 32 or not der.startswith(_ED25519_PKCS8):
-        return None
-    return der[len(_ED25519_PKCS8):]
 
 
 def mint(
@@ -136,7 +97,7 @@ def mint(
         "aud": audience,
         "iat": int(iat),
         "exp": int(exp),
-        "jti": jti or random_uuid4(),
+        "jti": jti or str(uuid.uuid4()),
         "fiber": fiber,
     }
     if nbf is not None:

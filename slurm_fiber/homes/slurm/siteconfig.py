@@ -48,6 +48,7 @@ from typing import Any
 
 from slurm_fiber.core.fibers.spec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.trust.grant import FiberSpec
+from slurm_fiber.homes.slurm.gres import gpu_files
 from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV
@@ -206,9 +207,6 @@ def home_config(config: SiteConfig, node: str, **settings: Any) -> SlurmHomeConf
     other fields (poll intervals). Blocks on reading gres.conf; raises
     SiteConfigError when it cannot be read or parsed.
     """
-    # Lazy on purpose: gres.conf's parser (and scontrol's, which it uses) only for fiberd-run,
-    # not on the prolog's and epilog's start-up path, which import this module too.
-    from slurm_fiber.homes.slurm.gres import gpu_files
 
     files: dict[int, str] = {}
     if config.gres_conf is not None:
