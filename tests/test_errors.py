@@ -11,7 +11,7 @@ from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.grantdir import GrantDirRefused
 from slurm_fiber.homes.kubernetes.home import DevicesUnknown
 from slurm_fiber.homes.slurm.control import ControlPlaneError
-from slurm_fiber.homes.slurm.hometypes import DevicesRefused
+from slurm_fiber.homes.slurm.home import DevicesRefused
 from slurm_fiber.homes.slurm.names import SlurmParseError
 from slurm_fiber.protocol.framing import FramingError
 from slurm_fiber.protocol.validate import ApiError, ErrorCode

@@ -104,8 +104,7 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
     from slurm_fiber.homes.slurm import fiberdrecord
     from slurm_fiber.homes.slurm.control import select_control
-    from slurm_fiber.homes.slurm.home import build_slurm_home, end_fiberd
-    from slurm_fiber.homes.slurm.hometypes import health_poll_every
+    from slurm_fiber.homes.slurm.home import build_slurm_home, end_fiberd, health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
 

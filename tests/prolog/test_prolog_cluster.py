@@ -315,7 +315,7 @@ cd "{work}"
 "{python}" - > "claim-$SLURM_JOB_ID.tmp" 2>&1 <<'PY'
 import os
 from slurm_fiber.core.clock import SystemClock
-from slurm_fiber.homes.slurm.hometypes import DevicesRefused
+from slurm_fiber.homes.slurm.home import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import job_from_env
 from slurm_fiber.homes.slurm.leases import NodeLeases
 from slurm_fiber.homes.slurm.paths import gpu_resource, job_paths

@@ -25,6 +25,9 @@ included) for one job on one node:
   fiberd's own SIGTERM) ends fiberd, so the step ends before Slurm's KillWait.
 - readiness: a ReadyGate publishing to the job's ready file, and to the
   job's Comment when configured (readiness module: the file is authoritative).
+
+Its settings are a ``SlurmHomeConfig`` (the site config builds it); a grant whose
+devices cannot be had is refused with ``DevicesRefused`` (code and reason).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +58,7 @@ from slurm_fiber.core.seam import (
     ScopeLostHandler,
 )
 from slurm_fiber.core.trust.grant import ScopeClaim, VerifiedToken
+from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
@@ -67,9 +72,13 @@ from slurm_fiber.homes.slurm.cgroup_root import (
     choose_cgroup_root,
 )
 from slurm_fiber.homes.slurm.control import ControlPlane
-from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, job_from_env
-from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
+from slurm_fiber.homes.slurm.paths import (
+    DEFAULT_STATE_ROOT,
+    JobPaths,
+    gpu_resource,
+    job_paths,
+)
 from slurm_fiber.homes.slurm.readiness import ReadyPublisher
 from slurm_fiber.homes.slurm.scontrol import QueueJob
 
@@ -88,6 +97,35 @@ class JobNotListed(Exception):
 
 class SlurmDownError(Exception):
     """`scontrol ping` answered, and no controller is UP."""
+
+
+class DevicesRefused(CodedError):
+    """The grant's devices cannot be had: ``code`` (device_held, lease_failed) and ``reason``."""
+
+
+@dataclass(frozen=True)
+class SlurmHomeConfig:
+    """Settings of the Slurm home; every field has a working default.
+
+    ``poll_every`` is the HealthPoll interval (and each round's budget),
+    ``stale_after`` the health's stale TTL, ``grant_poll_every`` the grantdir
+    interval, ``publish_comment`` also writes readiness to the job's Comment,
+    ``gpu_files`` maps a node GPU index to its device file (gres.gpu_files).
+    """
+
+    state_root: Path = DEFAULT_STATE_ROOT
+    poll_every: float = 5.0
+    stale_after: float = 30.0
+    grant_poll_every: float = 1.0
+    publish_comment: bool = False
+    gpu_files: Mapping[int, str] = field(default_factory=dict)
+
+
+def health_poll_every(stale_after: float) -> float:
+    """The HealthPoll interval for a stale TTL of ``stale_after`` s: the default, or a third
+    of the TTL when that is shorter, so a control plane that answers every round never reads
+    stale between two rounds (one slow round is absorbed too). Pure."""
+    return min(SlurmHomeConfig.poll_every, stale_after / 3)
 
 
 class DeviceLeases(Protocol):

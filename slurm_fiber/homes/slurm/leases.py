@@ -43,7 +43,7 @@ import stat
 
 from slurm_fiber import safefs
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.homes.slurm.hometypes import DevicesRefused
+from slurm_fiber.homes.slurm.home import DevicesRefused
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.paths import JobPaths, gpu_resource, job_paths
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig

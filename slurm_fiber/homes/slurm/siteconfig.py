@@ -49,7 +49,7 @@ from typing import Any
 from slurm_fiber.core.fibers.spec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.trust.grant import FiberSpec
 from slurm_fiber.homes.slurm.gres import gpu_files
-from slurm_fiber.homes.slurm.hometypes import SlurmHomeConfig
+from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT

@@ -27,8 +27,14 @@ from slurm_fiber.homes.slurm.control import (
     slurm_version,
 )
 from slurm_fiber.homes.slurm.gres import gpu_files
-from slurm_fiber.homes.slurm.home import JobNotListed, SlurmDownError, SlurmHome, job_verdict
-from slurm_fiber.homes.slurm.hometypes import DevicesRefused, SlurmHomeConfig
+from slurm_fiber.homes.slurm.home import (
+    DevicesRefused,
+    JobNotListed,
+    SlurmDownError,
+    SlurmHome,
+    SlurmHomeConfig,
+    job_verdict,
+)
 from slurm_fiber.homes.slurm.jobenv import job_from_env
 from slurm_fiber.homes.slurm.paths import gpu_resource, job_paths, state_root
 from slurm_fiber.homes.slurm.readiness import COMMENT_READY

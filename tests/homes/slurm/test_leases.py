@@ -18,8 +18,7 @@ import pytest
 
 from slurm_fiber.core.clock import FakeClock, SystemClock
 from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
-from slurm_fiber.homes.slurm.home import SlurmHome
-from slurm_fiber.homes.slurm.hometypes import DevicesRefused
+from slurm_fiber.homes.slurm.home import DevicesRefused, SlurmHome
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 from slurm_fiber.homes.slurm.leases import (
     NodeLeases,
