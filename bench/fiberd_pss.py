@@ -4,11 +4,10 @@ Each sample measures, in this order, on the same interpreter and environment:
 
   floor   two fresh interpreters, each read from its own /proc/self/smaps_rollup
           after each stage. The first imports what any fiberd must: ``bare``,
-          then ``floor``: asyncio without ssl (as cli/notls.py imports it for a
-          home that speaks no TLS) and ``cryptography``'s ec and ed25519 (what
-          fiberd verifies grants with, core/trust.py). The second, for comparison:
-          asyncio as usual, which imports ssl (libssl, and libcrypto with it), and
-          the same ``cryptography`` modules: ``floor_with_ssl``. Both exit before
+          then ``floor``: asyncio without ssl and ``cryptography``'s ec and ed25519
+          (what fiberd verifies grants with, core/trust/). The second: asyncio as
+          usual, which imports ssl (libssl, and libcrypto with it), as fiberd does,
+          and the same ``cryptography`` modules: ``floor_with_ssl``. Both exit before
           fiberd starts, so none shares pages with another;
   fiberd  fiberd with one grant whose template is warm and no fiber running,
           read from /proc/<pid>/smaps_rollup ``--settle`` seconds after it is ready.
@@ -52,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_fiber.core.runtime.memory import PSS_BUDGET_MB
+
 CHECKOUT = Path(__file__).resolve().parents[1]
 # The floor, run as a script with one argument (FLOORS): its own smaps_rollup after each
 # stage, one JSON line.
@@ -62,7 +63,7 @@ def rollup():
     return open("/proc/self/smaps_rollup").read()
 stages = {"bare": rollup()}
 if sys.argv[1] == "fiberd":
-    sys.modules["ssl"] = None  # while asyncio is imported, as cli/notls.py hides it
+    sys.modules["ssl"] = None  # while asyncio is imported: the floor without TLS
     import asyncio
     del sys.modules["ssl"]
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -74,7 +75,6 @@ else:
 print(json.dumps(stages))
 """
 FLOORS = ("fiberd", "with_ssl")
-PSS_BUDGET_MB = 40.0  # fiberd with one warm grant, in a Slurm job (issue 41): the one budget
 RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
 READY_S = 60  # how long a job waits for its fiberd to be ready
 JOB_SCRIPT = """#!/bin/sh

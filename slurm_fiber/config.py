@@ -61,12 +61,14 @@ peer's credentials decide, supplementary groups included (docs/socket-protocol.m
 
 from __future__ import annotations
 
+import difflib
 import grp
 import ipaddress
 import math
 import os
 import pwd
 import re
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -524,16 +526,12 @@ def _absolute(value: Any, base: str) -> Any:
 
 
 def _unknown(option: str, source: str, candidates: list[str]) -> ConfigError:
-    import difflib  # only on this error: kept out of fiberd's memory otherwise
-
     near = difflib.get_close_matches(option, candidates, n=1)
     hint = f"; did you mean {near[0]}?" if near else ""
     return ConfigError(option, source, f"is not a fiberd option{hint}")
 
 
 def _from_file(path: str) -> dict[str, tuple[object, str]]:
-    import tomllib  # only with a config file: tomllib (and datetime) stay out otherwise
-
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)

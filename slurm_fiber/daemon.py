@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -268,18 +267,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     server.accept()  # only now: no request is answered before the start record
     log.info("fiberd %s listening on %s (cgroups: %s)", home.name(), config.socket,
              cgroups.status.reason)
-    release_free_heap()
     return Running(core, server, audit, Path(config.socket), export, refusals, ports)
-
-
-def release_free_heap() -> None:
-    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``): start-up
-    (imports read whole .pyc files between long-lived objects) leaves about 1 MB free in
-    holes that an idle fiberd would otherwise keep resident. Nothing where the C library
-    has no ``malloc_trim``."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 async def serve(running: Running, stop: asyncio.Event) -> str:

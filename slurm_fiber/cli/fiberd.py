@@ -4,14 +4,11 @@ Exit codes: 0 after a clean stop (SIGTERM or SIGINT: fibers and templates
 stopped, cgroups and the socket removed), 1 when fiberd refuses to start
 (bad configuration, no trust, an unusable socket path or state) or its home
 fails, 2 for a usage error. Errors are one line on stderr.
-
-Nothing here imports asyncio until the configuration names the home
-(``configured``), so that a home that never speaks TLS gets asyncio without
-``ssl`` (cli/notls.py); ``fiberd-run`` starts the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Coroutine, Mapping
@@ -23,8 +20,8 @@ from slurm_fiber.cli.fiberd_options import (
     resolve_config,
     with_parameters,
 )
-from slurm_fiber.cli.notls import asyncio_for_home
 from slurm_fiber.config import ConfigError, FiberdConfig
+from slurm_fiber.daemon import FiberdRefused, run_daemon
 from slurm_fiber.homes.select import HomeRefused, lookup, names
 from slurm_fiber.logs import setup_logging
 from slurm_fiber.version import exit_if_asked
@@ -87,26 +84,20 @@ def fail(line: str) -> CommandExit:
 
 
 def configured(flags: Mapping[str, object]) -> FiberdConfig:
-    """The configuration from ``flags`` and the environment, with logging set up from it
-    and asyncio imported as its home needs (``asyncio_for_home``): a daemon command's
-    first step, before anything imports asyncio. Raises CommandExit(1) (its line printed)
-    for a refused configuration or home."""
+    """The configuration from ``flags`` and the environment, with logging set up from it:
+    a daemon command's first step. Raises CommandExit(1) (its line printed) for a refused
+    configuration or home."""
     try:
         config = resolve_config(flags, os.environ)
     except (ConfigError, HomeRefused) as err:
         raise fail(str(err)) from None
     setup_logging(config.log_format, config.log_level)
-    asyncio_for_home(config.home)
     return config
 
 
 def run_loop(daemon: Coroutine[Any, Any, T]) -> T:
     """What ``daemon`` returns, run on a new event loop. Raises CommandExit(1) (its line
     printed) when fiberd refuses to start."""
-    import asyncio
-
-    from slurm_fiber.daemon import FiberdRefused
-
     try:
         return asyncio.run(daemon)
     except (ConfigError, HomeRefused, FiberdRefused) as err:
@@ -117,8 +108,6 @@ def fiberd_command(**flags: Any) -> None:
     """Run the daemon with ``flags`` until it stops. Raises CommandExit(1) when it refuses
     to start or ends for another reason than a stop request."""
     config = configured(flags)
-    from slurm_fiber.daemon import run_daemon  # imports asyncio: only once configured
-
     why = run_loop(run_daemon(config, os.environ))
     if why != "stop requested":
         raise fail(why)
@@ -127,7 +116,7 @@ def fiberd_command(**flags: Any) -> None:
 def typer_app() -> Any:
     """The typer command for a command line that is not plain flags (``--help``, an
     unknown flag): built, with the list of homes, only then (typer and the installed
-    homes' metadata stay out of a daemon's memory)."""
+    homes' metadata stay out of fiberd: core/runtime/memory.py)."""
     import typer
 
     def command(**flags: Any) -> None:

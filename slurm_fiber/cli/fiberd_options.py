@@ -7,7 +7,7 @@ variable, so the table stays the one place an option is described.
 parsed flags into a ``FiberdConfig``.
 
 ``plain_flags`` parses a command line made only of these flags, as typer would,
-without importing typer (which would stay in fiberd's memory); anything else
+without importing typer (kept out of fiberd: core/runtime/memory.py); anything else
 (``--help``, an unknown flag, a value that looks like a flag) is left to typer,
 which parses and explains it.
 """

@@ -28,6 +28,7 @@ from typing import Any
 
 from slurm_fiber.cli.fiberd import CommandExit, configured, run_loop, say
 from slurm_fiber.cli.fiberd_options import KW, option_parameters, plain_flags, with_parameters
+from slurm_fiber.cli.fiberd_run_loop import run
 from slurm_fiber.homes.select import claiming
 from slurm_fiber.version import exit_if_asked
 
@@ -80,8 +81,6 @@ def fiberd_run_command(**flags: Any) -> None:
     if standalone:
         say("fiberd-run: --standalone is deprecated; use --home standalone")
     config = configured(choose_home(flags, standalone, os.environ))
-    from slurm_fiber.cli.fiberd_run_loop import run  # imports asyncio: only once configured
-
     raise CommandExit(run_loop(run(config, argv, warm_timeout)))
 
 

@@ -1,8 +1,7 @@
 """fiberd-run on its event loop: serve, wait for a warm template, run one command as a fiber.
 
 ``run(config, argv, warm_timeout)`` is the whole life of a ``fiberd-run``
-(cli/fiberd_run.py, which configures it first: this module imports asyncio,
-so it is imported only once the home is known, cli/notls.py). Without
+(cli/fiberd_run.py, which configures it first). Without
 ``argv`` it serves until SIGTERM/SIGINT; with it, it waits until a template
 is warm, runs ``argv`` as a fiber with this process's stdio (Ctrl-C forwarded
 to it), then stops fiberd. It returns the exit status the command line

@@ -154,11 +154,11 @@ async def _build_kubernetes(config: FiberdConfig, clock: Clock, environ: Mapping
 STANDALONE = HomeEntry(
     "standalone", "a plain host, grants from a directory", _build_standalone,
     options=("grantdir", "poll_interval", "stale_ttl", "devices", "ready_file", "cgroup_root"),
-    stage="slurm_fiber.conform.standalone:StandaloneStage", tls=False)
+    stage="slurm_fiber.conform.standalone:StandaloneStage")
 SLURM = HomeEntry(
     "slurm", "inside a job step, run it as `srun --overlap fiberd-run`", _build_slurm,
     options=("poll_interval", "stale_ttl"), defaults=_slurm_defaults, claims=_in_slurm_job,
-    socket=_slurm_socket, stage="slurm_fiber.conform.slurm:SlurmStage", tls=False)
+    socket=_slurm_socket, stage="slurm_fiber.conform.slurm:SlurmStage")
 KUBERNETES = HomeEntry(
     "kubernetes", "the grant Pod", _build_kubernetes,
     options=("grantdir", "poll_interval", "stale_ttl", "devices", "cgroup_root",

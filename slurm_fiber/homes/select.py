@@ -7,8 +7,7 @@ and the fiberd ``options`` it reads (for ``fiberd --help``), ``defaults``
 (whether an environment is this home's, so ``fiberd-run`` picks it),
 ``socket`` (where a client finds this home's fiberd; discovery asks the
 built-in homes only, so a client's start-up reads no package metadata), its
-conformance ``stage``, whether it may speak ``tls`` (fiberd imports asyncio
-without ``ssl`` for a home that never does: cli/notls.py), and ``build``,
+conformance ``stage``, and ``build``,
 which returns a ``BuiltHome``: the ``Home`` the core runs plus everything
 fiberd's wiring needs from the home (audience, why its cgroup root is what it
 is, what to announce and withdraw, how to close it). So nothing about a home
@@ -125,9 +124,7 @@ class HomeEntry:
     the socket of this home's fiberd as a client in ``environ`` finds it (a path
     string: a client's start-up need not import pathlib), None when ``environ``
     says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
-    factory, None when it has none. ``tls``: whether the home, once built, may
-    open TLS connections (through asyncio or not); False promises it never does,
-    so fiberd leaves ``ssl`` out of asyncio (cli/notls.py). Immutable.
+    factory, None when it has none. Immutable.
     """
 
     name: str
@@ -138,18 +135,16 @@ class HomeEntry:
     claims: Callable[[Mapping[str, str]], bool]
     socket: Callable[[Mapping[str, str]], str | None]
     stage: str | None
-    tls: bool
 
     def __init__(self, name: str, summary: str, build: HomeBuilder,
                  options: tuple[str, ...] = (),
                  defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults,
                  claims: Callable[[Mapping[str, str]], bool] = _never,
                  socket: Callable[[Mapping[str, str]], str | None] = _no_socket,
-                 stage: str | None = None, tls: bool = True) -> None:
+                 stage: str | None = None) -> None:
         for name_, value in (("name", name), ("summary", summary), ("build", build),
                              ("options", options), ("defaults", defaults),
-                             ("claims", claims), ("socket", socket), ("stage", stage),
-                             ("tls", tls)):
+                             ("claims", claims), ("socket", socket), ("stage", stage)):
             object.__setattr__(self, name_, value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -227,7 +222,7 @@ def lookup(name: str) -> HomeEntry:
     for installed, spec in _installed():
         if installed == name:
             return _load(name, spec)
-    import difflib  # only on this error: kept out of fiberd's memory otherwise
+    import difflib  # only on this error: fiberctl imports this module (its import budget)
 
     near = difflib.get_close_matches(name, names(), n=1)
     hint = f"; did you mean {near[0]}?" if near else ""

@@ -6,7 +6,8 @@ longer exists, is a zombie, or its pid now belongs to a process started at
 another time than the recorded start. Anything less (another host, no pid,
 an unreadable record, a process we may not inspect) is not proof, and the
 lease stays. Reclaiming is always explicit and leaves one JSON line in
-``<leasedir>/audit.jsonl``.
+``<leasedir>/audit.jsonl``. psutil is imported only where a process is
+inspected (kept out of fiberd, which imports this module: core/runtime/memory.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ refusals in plain counters, and says which build runs (``slurm_fiber_build_info`
   under ``grant="_other"``; a miss is labelled by its code only (its grant may be one
   the caller made up).
 - prometheus-client is imported the first time the metrics are read (``registry``,
-  ``render``), so a fiberd nobody scrapes never loads it.
+  ``render``), so a fiberd nobody scrapes never loads it (core/runtime/memory.py).
 - The registry is private: two daemons in one process never collide and nothing
   leaks into prometheus-client's global registry.
 - ``render()`` rebuilds the exposition at most once every ``RENDER_INTERVAL`` seconds

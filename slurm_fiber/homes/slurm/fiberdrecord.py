@@ -10,10 +10,9 @@ is missing, truncated or junk reads as None with the reason, never raises.
 Writing is atomic (safefs.write_atomic), so a reader sees a whole record or
 none; reading never follows a link, never blocks on a FIFO and reads at
 most MAX_RECORD_BYTES, so a job user's planted record cannot stall the
-epilog (which runs as root and reads it). psutil is imported only to inspect the recorded process
-(the epilog imports this module for every job, most of which left no fiberd); fiberd
-takes its own start time from /proc (``start_time``), as psutil computes it, so psutil
-stays out of its memory.
+epilog (which runs as root and reads it). fiberd takes its own start time from /proc
+(``start_time``), as psutil computes it; psutil is imported only to inspect the recorded
+process (kept out of fiberd: core/runtime/memory.py).
 """
 
 from __future__ import annotations
