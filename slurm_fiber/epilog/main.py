@@ -37,10 +37,6 @@ names them) or when the ``processes`` step could not make sure they are
 gone (it failed or overran ``step_seconds``: the node does not go to the
 next job with the last one's processes maybe still there); any other
 problem is reported and the exit is 0.
-
-The epilog runs for every job, so what only some need is imported inside its
-step: the lease package where the node has a lease area, the cgroup code
-where the site delegates cgroups or a fiberd record names a cgroup root.
 """
 
 from __future__ import annotations

@@ -1,49 +1,30 @@
 """grantdir: grants delivered to every file-fed home from a polled directory.
 
-A ``GrantDir`` polls a directory for ``*.jwt`` files (polling is the
-contract). A new file, or a file whose content changed (compared by content
-hash, so a same-size rewrite counts), delivers GRANT_ADDED with its raw
-token; a UID no longer held by any file delivers GRANT_REMOVED. The UID a
-file holds is its token's ``sub``, read without verifying, only to track
-which UIDs the files hold: verification is the core's job.
+A ``GrantDir`` polls a directory for ``*.jwt`` files (polling is the contract). A new
+file, or one whose content changed (compared by content hash), delivers GRANT_ADDED
+with its raw token; a UID no longer held by any file delivers GRANT_REMOVED. The UID a
+file holds is its token's ``sub``, read without verifying, only to track which UIDs the
+files hold: verification is the core's job.
 
-At scale (thousands of files) it stays cheap and never holds fiberd's event
-loop for long: ``scan`` (what ``events`` runs) works in slices of ``SLICE``
-names and yields to the loop between slices and after each reported problem,
-and a file whose stat signature (inode, mode, owner, size, mtime, ctime) is
-the one of its last reading is not read again, so junk is read and reported
-once, not on every poll. A signature is remembered only once the file's mtime
-is ``RACY_NS`` older than the reading (a rewrite within one tick of the file
-system's clock keeps its mtime), and never for a followed symlink.
-
-Hostile input never crashes it. Junk, partial, unreadable, oversized (over
-64 KiB) files, symlinks, subdirectories and files owned by a stranger are
-reported once each, until they change, and skipped. A file that turns bad
-keeps holding the UID of its last good token (a rewrite caught half-way
-revokes nothing); deleting the file is how a grant is withdrawn. Names
-starting with "." are never read, so a writer can write ``.name.tmp`` and
-rename it into place. A directory writable by group or others, or owned by
-someone other than the expected owner or root, or below a directory (or a symlink)
-another user could change, is refused.
-
-A directory that is missing (or cannot be read) is not a refusal but an
-outage of the grant source: it is reported once, the home's ``SourceHealth``
-(when given) is marked down so Clones miss with the retryable
-``source_stale`` instead of a final ``unknown_grant``, and it is polled
-until it appears; then its grants load and the health is marked up again.
-
-With ``follow_symlinks``, symlinks are followed when they resolve inside the
-directory. ``secret_volume`` reads a Kubernetes Secret volume as the kubelet's
-AtomicWriter lays it out (``name.jwt -> ..data/name.jwt``, ``..data ->
-..2026_12_03_06_12_36.123``, swapped atomically by renaming ``..data_tmp``):
-a symlink is followed only when it resolves inside the directory ``..data``
-names now, and a link the swap left pointing at a key the new ``..data``
-lacks (the kubelet removes it next) is "in flux": it keeps holding its last
-UID and is not reported. So one rotated token yields exactly one
-GRANT_ADDED and a rotation never yields a spurious GRANT_REMOVED. Since the
-kubelet mounts such a volume as a tmpfs of mode 1777, bind-mounted
-read-only into the container, a directory writable by group or others is
-accepted there only when its filesystem is mounted read-only.
+- Bounded work: ``scan`` works in slices of ``SLICE`` names and yields to the loop
+  between slices; a file whose stat signature is that of its last reading is not read
+  again (remembered only once its mtime is ``RACY_NS`` old, never for a followed link).
+- Hostile input never crashes it: junk, partial, unreadable, oversized (over 64 KiB)
+  files, symlinks, subdirectories and strangers' files are reported once each, until
+  they change, and skipped. A file that turns bad keeps holding the UID of its last
+  good token; deleting the file withdraws the grant. Names starting with "." are never
+  read (write ``.name.tmp`` and rename). A directory writable by group or others, owned
+  by someone other than the expected owner or root, or below one another user could
+  change, is refused.
+- A missing or unreadable directory is an outage, not a refusal: reported once, the
+  home's ``SourceHealth`` (when given) is marked down, so Clones miss with the
+  retryable ``source_stale``, and it is polled until it appears.
+- ``follow_symlinks`` follows links that resolve inside the directory.
+  ``secret_volume`` reads a Kubernetes Secret volume as the kubelet lays it out
+  (``..data`` swapped atomically): a link is followed only into the ``..data`` named
+  now, a link the swap left dangling keeps its last UID unreported, so one rotation
+  yields exactly one GRANT_ADDED and no spurious GRANT_REMOVED; the volume's mode 1777
+  directory is accepted only on a read-only mount.
 """
 
 from __future__ import annotations

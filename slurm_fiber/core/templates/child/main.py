@@ -1,73 +1,42 @@
-"""The code that runs INSIDE a warm template process (``python -m ...template_main``).
+"""The code that runs INSIDE a warm template process (``python -m ...templates.child.main``).
 
-fiberd starts this module with ``--fd N`` (its end of a SEQPACKET
-socketpair, see ``template_wire``) and ``--parent PID``, by the command
-``templates.template_command`` builds (fiberd never imports this module):
-``python -P`` (the current directory is not put on ``sys.path``) with a
-PYTHONPATH stripped of entries anyone but fiberd's uid or root could write.
-In order, the template:
+fiberd starts it with ``--fd N`` (its end of a SEQPACKET socketpair, templates/wire.py)
+and ``--parent PID``, by the command ``template_command`` builds (fiberd never imports
+this module): ``python -P`` with a PYTHONPATH stripped of entries anyone but fiberd's
+uid or root could write. In order, the template:
 
-0. rebuilds ``sys.path`` from the entries that are safe (``dirtrust`` over ``safefs``:
-   absolute, existing, owned by fiberd's uid or root, writable by nobody
-   else up from "/"), naming each dropped one on stderr (its log), and leaves
-   a current directory that is not safe for "/"; so no directory another user
-   can write is ever imported from, by the template or its fibers;
-1. arms PR_SET_PDEATHSIG (SIGTERM: it dies with fiberd, even when fiberd is
-   SIGKILLed) and leaves fiberd's session (a Ctrl-C at fiberd's terminal
-   does not reach it);
-2. reads the ``warm`` order, joins its cgroup leaf (before any grant code),
-   imports ``preload``, runs ``warm``, chooses how it forks (core/lean_fork.py:
-   libc's ``fork`` when it has one thread, else ``os.fork``), then
-   ``gc.freeze()``s its heap so fibers keep sharing it; reports ``ready``, or
-   ``warm_failed`` with the error class and one line, and exits;
-3. serves ``spare`` orders: each forks one *spare*, a fiber process made
-   ahead of its Clone. The spare, before any user code, arms
-   PR_SET_PDEATHSIG against the template, writes itself into its own cgroup,
-   becomes a process-group leader, drops the template's sockets and signal
-   set-up and reseeds RNGs (random by its own at-fork handler; numpy if
-   imported); then it blocks on its order channel (a SEQPACKET socket whose
-   other end fiberd holds). Its order (one message, straight from fiberd)
-   brings the fiber's id and its stdio fds; it takes its stdio
-   (passed fds, or files under the state dir), env and cwd, then runs
-   ``module:function`` with JSON arguments (its result record goes back on
-   the order channel), or a pickled call (the order's ``pickled`` text,
-   unpickled here, in the fiber, never in fiberd or the template; the
-   function's value or exception goes back pickled), or execs an argv. End
-   of file on the order channel dismisses the spare (exit 0). So the fork
-   and the cgroup move, which costs an RCU grace period when moves are
-   spaced out, are paid before the Clone, not during it;
-3a. serves ``spawn`` orders: each starts one exec fiber's program straight
-   into its leaf (core/exec_spawn.py), with no fork of this big process: it
-   moves itself into the leaf, ``vfork``s and execs the program, moves
-   back, and answers ``spawned`` (the program's pidfd rides along) or, when
-   the program cannot start as ordered, ``spawn_failed`` (fiberd then starts
-   the fiber from a forked spare, which reports the failure);
-4. reaps its children, spares and spawned programs alike (``wait4``) and reports each exit, by
-   spare id, with wait status and rusage. It learns which child exited from
-   SIGCHLD's own record, or from fiberd's ``reap`` order, and waits for that pid
-   alone; a walk of all children (for exits whose SIGCHLD coalesced) runs only as
-   often as core/child_exits.py allows, so a template with thousands of running
-   fibers pays no walk per Clone. Before reaping a fiber it SIGKILLs what the fiber
-   left running in its process group (while the unreaped leader holds the group's
-   id, so the signal cannot reach a stranger that reused it): a fiber ends with its
-   leader, uncarved as carved (where its cgroup is emptied). It exits when fiberd
-   closes the socket, sends ``stop`` or SIGTERM, or dies (its death signal is
-   SIGTERM). On the way out it SIGKILLs every child's cgroup (``cgroup.kill``) and
-   process group, so a fiber's own children go too; a fiber whose template is
-   SIGKILLed dies by its own death signal.
+0. rebuilds ``sys.path`` from the safe entries only (``dirtrust`` over ``safefs``),
+   naming each dropped one on stderr, and leaves an unsafe current directory for "/":
+   no directory another user can write is imported from, by it or its fibers;
+1. arms PR_SET_PDEATHSIG (SIGTERM: it dies with fiberd) and leaves fiberd's session;
+2. reads the ``warm`` order, joins its cgroup leaf (before any grant code), imports
+   ``preload``, runs ``warm``, chooses how it forks (child/lean_fork.py), then
+   ``gc.freeze()``s its heap; reports ``ready``, or ``warm_failed`` (error class and
+   one line) and exits;
+3. serves ``spare`` orders: each forks a spare that, before any user code, arms its
+   death signal, joins its own cgroup leaf, leads its own process group, drops the
+   template's sockets and signal set-up and reseeds RNGs, then blocks on its order
+   channel; its order (straight from fiberd) brings the fiber's id and stdio, and it
+   runs ``module:function`` with JSON arguments, a pickled call (unpickled only in the
+   fiber) or an exec; end of file on the channel dismisses it (exit 0);
+3a. serves ``spawn`` orders: starts an exec fiber's program straight into its leaf
+   (child/exec_spawn.py) and answers ``spawned`` (with the program's pidfd) or
+   ``spawn_failed`` (fiberd then uses a spare, which reports the failure);
+4. reaps its children (``wait4``: by the pid SIGCHLD or fiberd's ``reap`` names, a full
+   walk only as often as child/child_exits.py allows) and reports each exit with wait
+   status and rusage, after SIGKILLing what the fiber left in its process group. It
+   exits when fiberd closes the socket, sends ``stop`` or SIGTERM, or dies, and on the
+   way out kills every child's cgroup and process group.
 
-It runs NO threads of its own and must never start any: ``fork`` in a
-threaded process is unsafe. Nothing that expires (tokens, control-plane
-sockets) is held here; fiberd holds all of that.
+It runs no threads of its own and must never start any (``fork`` in a threaded process
+is unsafe), and holds nothing that expires (fiberd holds tokens and sockets).
 
-Exit codes of a fiber that failed before user code: 70 (template gone),
-71 (could not join its cgroup), 72 (unreadable order, or could not set up
-stdio or cwd); of an exec that failed, as a shell's: 127 (not found), 126
-(found but not runnable: permission, bad interpreter, format), with an
-``exec_failed`` record (errno, its name, the path, the system's message, and
-a missing ``#!`` interpreter's path) sent; of a call that raised: 1 (error
-record sent). A spare that could not join its cgroup waits for its order
-all the same and reports the error on its order channel.
+Exit codes of a fiber that failed before user code: 70 (template gone), 71 (could not
+join its cgroup), 72 (unreadable order, or could not set up stdio or cwd); of an exec
+that failed, as a shell's: 127 (not found), 126 (found but not runnable), with an
+``exec_failed`` record sent; of a call that raised: 1 (error record sent). A spare that
+could not join its cgroup waits for its order all the same and reports the error on
+its order channel.
 """
 
 from __future__ import annotations
