@@ -1,53 +1,29 @@
 """Fibers as fiberd sees them: records, waiting, signals, stopping, deadlines.
 
-A ``Fiber`` is created by ``Template.fork`` (never directly). It holds the
-record DESIGN §4 asks for (id, pid, grant UID, jti, epoch, deadline, state,
-exit status, cpu time, peak memory) and a pidfd on the process, so signals
-are race-free. The template reaps the fiber and reports its wait status and
-rusage; ``wait()`` returns once that report is in *and* the fiber's cgroup
-is empty (``cgroup.kill`` takes any stray descendants with it), so
-"returned" means "nothing of it runs". The empty leaf belongs to the
-template, which reuses or removes it. If the template dies first, the fiber
-dies with it (its death signal; fiberd kills it and its group too) and is
-accounted as ``lost`` (no wait status).
+A ``Fiber`` is created by ``Template.fork`` (never directly). It holds the record
+DESIGN §4 asks for (id, pid, grant UID, jti, epoch, deadline, state, exit status, cpu
+time, peak memory) and a pidfd on the process, so signals are race-free.
 
-The fiber's own pidfd is watched as well, so its end is seen even when the
-template stops answering (SIGSTOP, a hang): once the pidfd says it exited,
-fiberd reads its wait status from the kernel while it is an unreaped zombie
-of its template (``waiting.zombie_exit``) and waits at most
-``report_timeout`` seconds on the clock for the template's report; without
-one, the fiber is accounted with the kernel's status (``exited``, no
-maxrss), or as ``lost`` if that was not readable. So ``wait()`` never hangs
-on a stalled template.
-
-Output: a fiber given no stdout or stderr writes to a file under the
-template's state dir (``stdout_path``, ``stderr_path``, named in the
-record). Carved, a file still empty once the cgroup is empty is removed and
-no longer named, so a busy fiberd does not pile up two empty files per
-Clone; a file with output is never removed here. Uncarved, a stray
-descendant might still write, so every file is kept.
-
-Stopping: ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the
-injected Clock, then SIGKILLs (``cgroup.kill`` when carved, else the pidfd
-and the fiber's process group), and returns once the fiber is gone.
-``stop_all`` does it for many at once (grant removal, expiry, epoch bump), with
-one ``cgroup.kill`` for all when they share a cgroup that holds nothing else.
-``DeadlineTimer`` keeps every fiber's deadline, given as a callable (the
-core's decision, which may move when a lease or fence changes), on one heap
-and one timer task, and stops each fiber when its deadline comes;
-``enforce_deadline`` does it for one fiber. A fiber's end is learnt from
-events only (its pidfd on the loop, the template's report), so a running
-fiber costs fiberd no wake-up while nothing happens to it.
-
-Reasons: whoever makes fiberd end a fiber says why first (``note_reason``:
-a code and one line; the first note wins). The exit carries it as a
-``StopReason``, its line completed with how the stop went ("killed after
-1 s grace"); one that died with its template is ``template_lost``. A fiber
-fiberd did not stop that died by SIGKILL is ``oom`` when its cgroup's
-``memory.events`` counts an ``oom_kill`` (its leaf is its own while the
-memory controller is on: never reused), else ``signal`` saying whether out of
-memory is ruled out or not known (no memory controller). Any other exit
-has no reason: the fiber ended by itself.
+- ``wait()`` returns once the template's report (wait status, rusage) is in *and* the
+  fiber's cgroup is empty, so "returned" means "nothing of it runs". Its pidfd is
+  watched too: a fiber that exited while its template stops answering is accounted
+  with the kernel's status after at most ``report_timeout`` seconds (``lost`` if that
+  is unreadable), so ``wait()`` never hangs on a stalled template. A fiber whose
+  template dies dies with it and is ``lost``.
+- Output: a fiber given no stdout or stderr writes to files under the template's state
+  dir (named in the record); carved, a file still empty at the end is removed; a file
+  with output is never removed here; uncarved, every file is kept.
+- ``stop(grace)`` sends SIGTERM, waits ``grace`` seconds on the injected Clock, then
+  SIGKILLs (``cgroup.kill`` when carved, else the pidfd and the process group) and
+  returns once the fiber is gone; ``stop_all`` does it for many at once.
+  ``DeadlineTimer`` keeps every fiber's deadline (the core's, which may move) on one
+  heap and one timer task; ``enforce_deadline`` does it for one fiber. A running fiber
+  costs fiberd no wake-up while nothing happens to it.
+- Reasons: whoever makes fiberd end a fiber says why first (``note_reason``; the first
+  note wins) and the exit carries it as a ``StopReason``; one that died with its
+  template is ``template_lost``; one fiberd did not stop that died by SIGKILL is ``oom``
+  when its cgroup counts an ``oom_kill``, else ``signal`` saying whether out of memory
+  is ruled out. Any other exit has no reason: the fiber ended by itself.
 
 All coroutines run on fiberd's event loop; none block it.
 """
