@@ -8,9 +8,9 @@ from the window's leaves. Guarantees:
 - every task that ran is in some batch: a reported start or, for a leaf whose CPU
   figures (``cpu.stat`` ``usage_usec``, which every cgroup2 group has) grew past what
   fiberd read before the order went out while no start was reported there, a *lost*
-  start (of the leaf's task: the template gives its n-th task the n-th leaf); every start is followed by its end or, once the template is gone, a
-  lost end (each leaf hosts one task of a window at most). Uncarved, a task the
-  template never reported cannot be found: said as not enforced;
+  start of that leaf's task (the template gives its n-th task the n-th leaf); every
+  start is followed by its end or, once the template is gone, a lost end. Uncarved, a
+  task the template never reported cannot be found: said as not enforced;
 - ``kill`` SIGKILLs everything in the window's leaves (``cgroup.kill``): what fiberd
   does at the window's deadline, a fence, a removal, an epoch bump and a stop, whatever
   the template does; ``close`` also tells the template to start nothing more;
