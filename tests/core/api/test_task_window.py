@@ -244,3 +244,19 @@ def test_a_leaf_tells_a_start_the_template_never_reported(cgroup_root: Path) -> 
     assert last.done and last.lost
     assert [(s["leaf"], s["key"]) for s in last.starts] == [(0, "a")]  # slot-0: unreported
     assert sorted(str(e["key"]) for e in last.ends) == ["a", "b"]  # their ends: lost
+
+
+def test_a_grant_with_fewer_places_than_the_window_takes_fiberds_path(
+        site: Site, tmp_path: Path) -> None:
+    mint = site.token
+    site.token = lambda *a, **kw: mint(*a, **{**kw, "fibers": 1})  # type: ignore[method-assign]
+    log = tmp_path / "log"
+    with fiberd_in_thread(site, task_window="template") as served, \
+            FiberdClient(served.path) as client:
+        started = client.clone_batch([marking(log, f"k{i}", 0) for i in range(3)],
+                                     wait=True, window=2)
+        entries, exits = stream(client, started.items, 3)
+        rows = records(served)
+    assert [str(e["key"]) for e in entries if e["ok"]] == ["k0", "k1", "k2"]
+    assert len(exits) == 3 and most_at_once(log) == 1
+    assert not [r for r in rows if r["event"] == "window_open"]
