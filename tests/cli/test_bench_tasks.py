@@ -76,3 +76,23 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
     if missing:
         pytest.skip(f"peers not installed, their targets unmeasured: {', '.join(missing)}; "
                     "./dev test installs them")
+
+
+def test_bench_tasks_measures_both_window_paths_in_one_run() -> None:
+    """``--window-path fiberd,template``: main's map and the task-window map (a second
+    fiberd with ``task_window = "template"``) in the same rounds, with the CPU per task
+    per process of each and the task-window map's ratios."""
+    out = subprocess.run([sys.executable, str(BENCH), "-n", "6", "--seq", "2", "--rounds", "2",
+                          "--no-install", "--window-path", "fiberd,template",
+                          "--skip", "subprocess,pool,forkserver,dask,fiber"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["systems"]["fibermap_tw"]["W1"]["tasks_per_s"] > 0
+    assert figures["systems"]["fibermap"]["W1"]["tasks_per_s"] > 0
+    for key in ("fibermap/W1", "fibermap_tw/W1"):
+        row = figures["cpu_per_task_ms"][key]
+        assert {"fiberd", "template", "fibers", "client", "total"} <= set(row)
+    assert {"w1_throughput_map_tw_over_parallel", "w1_throughput_map_tw_over_dask",
+            "w1_throughput_map_tw_over_map"} <= set(figures["targets"])
+    assert "CPU per task, fibermap_tw/W1" in out.stdout

@@ -243,7 +243,10 @@ async def open_window(core: Core, requests: Sequence[Clone], peer: Peer,
     if grant is not None and grant.template.identity is not None \
             and grant.template.identity.uid != os.geteuid():
         return None
+    size = min(size, len(requests))  # places a window holds: never more than its tasks
     decision = core.decide(resolved, size, caller)
+    if isinstance(decision, Miss) and decision.code is MissCode.CAPACITY:
+        return None  # fewer places than the window asks: fiberd's path holds items back
     if isinstance(decision, Miss):
         return decision
     assert grant is not None

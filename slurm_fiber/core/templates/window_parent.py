@@ -8,9 +8,9 @@ from the window's leaves. Guarantees:
 - every task that ran is in some batch: a reported start or, for a leaf whose CPU
   figures (``cpu.stat`` ``usage_usec``, which every cgroup2 group has) grew past what
   fiberd read before the order went out while no start was reported there, a *lost*
-  start; every reported start is followed by its end or, once the template is gone, a
-  lost end (each leaf hosts one task of a window at most). Uncarved, a task the
-  template never reported cannot be found: said as not enforced;
+  start of that leaf's task (the template gives its n-th task the n-th leaf); every
+  start is followed by its end or, once the template is gone, a lost end. Uncarved, a
+  task the template never reported cannot be found: said as not enforced;
 - ``kill`` SIGKILLs everything in the window's leaves (``cgroup.kill``): what fiberd
   does at the window's deadline, a fence, a removal, an epoch bump and a stop, whatever
   the template does; ``close`` also tells the template to start nothing more;
@@ -110,8 +110,12 @@ class WindowLink:
                 continue
             before, now = self.baseline[index], cpu_usage(leaf)
             if before is not None and now is not None and now > before:
-                batch.starts.append({"key": None, "pid": None, "leaf": index,
+                # the template gives the n-th task it takes the n-th leaf: the key is known
+                key = self.keys[index] if index < len(self.keys) else None
+                batch.starts.append({"key": key, "pid": None, "leaf": index,
                                      "usage_usec": now - before})
+                if key is not None:
+                    self.started[key] = index
         for key in list(self.started):
             batch.ends.append({"key": key, "pid": None, "status": None, "cpu": None,
                                "maxrss": None, "refused": None})

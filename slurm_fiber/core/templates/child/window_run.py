@@ -8,9 +8,10 @@ passed stdio descriptors in order, and one cgroup leaf per task (``leaves``, eac
 its v1 mirrors; none when uncarved). ``TaskWindow`` then, on the template's own loop:
 
 - starts tasks in order while fewer than ``size`` run, each straight into its own leaf
-  (core/exec_spawn.py), never past the deadline, never after ``close``; a leaf hosts
-  one task of a window at most, so fiberd can tell from a leaf's CPU figures alone
-  whether a task ran there (the record of a start the template never reported);
+  (core/exec_spawn.py), never past the deadline, never after ``close``; the n-th task
+  taken gets the n-th leaf, so a leaf hosts one task of a window at most and fiberd can
+  tell from a leaf's CPU figures alone whether its task ran (the record of a start the
+  template never reported);
 - kills a fiber (its leaf's ``cgroup.kill`` and its process group) once it has run its
   ``seconds``;
 - reports what happened as ``window_report`` messages (``starts``: key, pid, leaf index;
