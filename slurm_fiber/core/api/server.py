@@ -53,6 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurm_fiber.core.api.conversation import Action, Conversation, Event, State, Violation
 from slurm_fiber.core.api.service import (
     FiberExit,
     FiberHandle,
@@ -255,6 +256,8 @@ class _Connection:
         self.watching_until = math.inf  # the deadline the watchdog is waiting for
         self.pending_read: asyncio.Task[Frame | None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.talk = Conversation()  # where the conversation is (docs/socket-protocol.md)
+        self.windowed = False  # the request answered is a windowed batch
 
     # --- deadlines ---------------------------------------------------------------------
 
@@ -286,6 +289,7 @@ class _Connection:
                 sleeping.cancel()
                 changed.cancel()
         reason = f"connection {self.phase.value} for over {deadline - self.since:g} s; closed"
+        self.closing_down()
         self.server.refusal(Refusal(ErrorCode.TIMEOUT.value, reason, self.peer))
         self.send_nowait(error_reply(None, ApiError(ErrorCode.TIMEOUT, reason)))
         if self.task is not None:
@@ -346,6 +350,8 @@ class _Connection:
     async def send(self, *messages: dict[str, object]) -> None:
         """Send replies, in order, in one write (a stream's events of one loop step: one
         wake-up of the client, not one each); raises PeerGone when the client is gone."""
+        for message in messages:
+            self.said(message)
         data = b"".join(self._encode(message) for message in messages)
         try:
             try:
@@ -370,6 +376,7 @@ class _Connection:
     def shed(self, reason: str) -> None:
         """Close this (idle) connection to make room: a ``busy`` reply, audited, then cancel."""
         self.shed_reason = reason
+        self.closing_down()
         self.server.refusal(Refusal(ErrorCode.BUSY.value, reason, self.peer))
         self.send_nowait(error_reply(None, ApiError(ErrorCode.BUSY, reason)))
         if self.task is not None:
@@ -380,7 +387,8 @@ class _Connection:
         try:
             await self.serve_requests()
         except PeerGone:
-            pass
+            if self.talk.state is not State.CLOSED:  # found by a send: the table's hang-up
+                self.talk.on(Event.HANG_UP)
         except Exception:  # a defect, not the client: this connection ends, the server carries on
             log.exception("connection from %s failed", self.peer)
         finally:
@@ -398,15 +406,53 @@ class _Connection:
             try:
                 frame = await self.take_frame()
             except FramingError as e:
+                self.hear(None, broken=True)  # refuse and close
                 await self.refuse(None, None, ApiError(ErrorCode(e.code), e.reason))
                 return
             if frame is None:
+                self.hear(None)  # close
                 return
             self.set_phase(Phase.BUSY)
             try:
                 await self.handle(frame)
             finally:
                 frame.close_fds()
+            if self.talk.state is not State.IDLE:  # a request left unanswered, a stream cut
+                raise Violation(f"a request ended with the conversation {self.talk.state.value}")
+
+    def hear(self, frame: Frame | None, nfds: int | None = None,
+             broken: bool = False) -> Action:
+        """Feed what was read to the conversation and return the table's action: ``frame``
+        (a cancel when it validates as one, with ``nfds`` descriptors, default its own),
+        or None at end of stream (``broken``: a framing error)."""
+        if frame is None:
+            return self.talk.on(Event.BROKEN_FRAME if broken else Event.HANG_UP)
+        cancel = False
+        if frame.error is None and not frame.fds_truncated:
+            with contextlib.suppress(ApiError):
+                cancel = isinstance(parse_request(
+                    frame.body, len(frame.fds) if nfds is None else nfds).request, rq.Cancel)
+        return self.talk.on(Event.CANCEL if cancel else Event.REQUEST)
+
+    def said(self, message: dict[str, object]) -> None:
+        """Feed a reply or event going out to the conversation (a busy refusal during a
+        stream, the table's ``busy`` action, and a last word on closing feed nothing)."""
+        state, event = self.talk.state, message.get("event")
+        if state is State.CLOSED or (event is None and state is not State.ANSWERING):
+            return
+        if event == "cancelled":
+            self.talk.on(Event.CANCELLED)
+        elif message.get("final"):
+            self.talk.on(Event.REPLY if state is State.ANSWERING else Event.FINAL)
+        elif state is State.ANSWERING:
+            self.talk.on(Event.STARTED_WINDOW if self.windowed else Event.STARTED)
+        else:
+            self.talk.on(Event.EXIT)
+
+    def closing_down(self) -> None:
+        """fiberd closes this connection (a timeout, shed for room): the table's close."""
+        if self.talk.state is not State.CLOSED:
+            self.talk.on(Event.CLOSE)
 
     async def refuse(self, rid: int | str | None, op: str | None, error: ApiError) -> None:
         self.server.refusal(Refusal(error.code.value, error.reason, self.peer, op, rid))
@@ -417,6 +463,10 @@ class _Connection:
         rid = request_id(frame.body)
         op_name = frame.body.get("op") if isinstance(frame.body, dict) else None
         op_name = op_name if isinstance(op_name, str) else None
+        if self.hear(frame) is Action.IGNORE:  # a cancel with no windowed batch streaming
+            log.debug("cancel %r from %s with no windowed batch streaming", rid, self.peer)
+            return
+        self.windowed = False
         try:
             if frame.error is not None:
                 raise ApiError(ErrorCode.BAD_FRAME, frame.error)
@@ -471,7 +521,8 @@ class _Connection:
             return
         record = outcome.to_json()
         server.metrics.clone_started(elapsed, str(record.get("uid", "")))
-        await self.send(ok_reply(rid, {"fiber": record}, "started", final=not op.wait))
+        await self.send_started(ok_reply(rid, {"fiber": record}, "started", final=not op.wait),
+                                [outcome], op.hangup)
         if op.wait:
             await self.stream_exits(rid, [outcome], op.hangup, op.early)
 
@@ -483,6 +534,7 @@ class _Connection:
         answered in a later ``started`` event."""
         server = self.server
         assert self.peer is not None
+        self.windowed = op.window is not None
         started_at = server.clock.mono()
         valid: list[BatchItem] = []
         requests: list[rq.Clone] = []
@@ -520,8 +572,8 @@ class _Connection:
             if not isinstance(outcome, Miss | Exception):
                 fibers.append(outcome)
         streams = op.wait and bool(fibers)
-        await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                 final=not streams))
+        await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                         final=not streams), fibers, op.hangup)
         if streams:
             await self.stream_exits(rid, fibers, op.hangup, op.early)
 
@@ -546,6 +598,8 @@ class _Connection:
                 if isinstance(run, Miss):
                     refused += [{"key": item.key, "ok": False, "miss": run.to_json()}
                                 for item in valid]
+                if not isinstance(run, Miss):  # the stream begins: it reads frames from here
+                    self.talk.on(Event.STARTED_WINDOW)
                 await stream_window(self, rid, run, refused, PeerGone)
                 return
         kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
@@ -575,12 +629,26 @@ class _Connection:
             fibers, started = window.land(await window.launch_first(), 0)
             entries += started
             more = bool(fibers) or window.pending
-            await self.send(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                     final=not more))
+            await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                             final=not more),
+                                    [*fibers, *window.started_unanswered()], op.hangup)
             if more:
                 await self.stream_exits(rid, fibers, op.hangup, op.early, window)
         finally:
             window.close()
+
+    async def send_started(self, message: dict[str, object], fibers: list[FiberHandle],
+                           hangup: bool) -> None:
+        """Send a clone's first ``started`` event; a client gone by then has ``fibers``
+        hung up when the stream would have (the table's hang-up in a stream)."""
+        try:
+            await self.send(message)
+        except PeerGone:
+            if self.talk.state is not State.CLOSED and self.talk.on(
+                    Event.HANG_UP) is Action.HANG_UP_FIBERS and hangup:
+                for fiber in fibers:
+                    self.hang_up(fiber)
+            raise
 
     def refused_item(self, rid: int | str | None, key: str | None,
                      error: ApiError) -> dict[str, object]:
@@ -610,9 +678,9 @@ class _Connection:
         return {"key": key, "ok": True, "fiber": record}
 
     async def cancel(self, rid: int | str | None, _op: rq.Cancel, _frame: Frame) -> None:
-        """``cancel`` outside a windowed batch's stream: nothing is left to cancel (the
-        batch it was meant for has ended), so it is taken without a reply (module doc)."""
-        log.debug("cancel %r from %s with no windowed batch streaming", rid, self.peer)
+        """Never called: the conversation takes every cancel (``hear``): ignored between
+        requests, answered in a windowed batch's stream, refused busy in another."""
+        raise Violation(f"cancel {rid!r} dispatched as a request")
 
     async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
                            hangup: bool, early: bool = False,
@@ -649,6 +717,14 @@ class _Connection:
             if early:
                 results[fiber.id] = asyncio.ensure_future(fiber.call_result())
 
+        def gone(event: Event) -> PeerGone:
+            """The client left (``event``): what the table says, then the error to raise."""
+            if self.talk.on(event) is Action.HANG_UP_FIBERS and hangup:
+                for fiber in [*waiting.values(),
+                              *(window.started_unanswered() if window else ())]:
+                    self.hang_up(fiber)
+            return PeerGone("client left while its fibers ran")
+
         for fiber in fibers:
             watch(fiber)
         if window is not None:
@@ -682,20 +758,21 @@ class _Connection:
                                                final=False))
                 if events:
                     events[-1]["final"] = not (waiting or (window is not None and window.pending))
-                    await self.send(*events)
+                    try:
+                        await self.send(*events)
+                    except PeerGone:  # found by the write, not by a read: the same hang-up
+                        if not events[-1]["final"]:
+                            raise gone(Event.HANG_UP) from None
+                        raise
                 if reading not in done:
                     continue
                 self.pending_read = None
                 try:
                     stray = reading.result()
                 except FramingError:
-                    stray = None
+                    raise gone(Event.BROKEN_FRAME) from None
                 if stray is None:
-                    if hangup:
-                        for fiber in [*waiting.values(),
-                                      *(window.started_unanswered() if window else ())]:
-                            self.hang_up(fiber)
-                    raise PeerGone("client left while its fibers ran")
+                    raise gone(Event.HANG_UP)
                 await self.stream_control(rid, stray, window)
         finally:
             for task in results.values():
@@ -705,13 +782,12 @@ class _Connection:
                              window: BatchWindow | None) -> None:
         """A frame that came while a stream runs: a ``cancel`` of the streaming windowed
         batch is answered with its ``cancelled`` event; anything else with busy."""
+        action = self.hear(frame, 0)
         frame.close_fds()
-        with contextlib.suppress(ApiError):
-            if window is not None and isinstance(parse_request(frame.body, 0).request, rq.Cancel):
-                keys = window.cancel()
-                await self.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled",
-                                         final=False))
-                return
+        if action is Action.CANCEL and window is not None:
+            keys = window.cancel()
+            await self.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled", final=False))
+            return
         await self.refuse(request_id(frame.body), None, ApiError(
             ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
 

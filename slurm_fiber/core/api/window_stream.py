@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from slurm_fiber.core.api.conversation import Action
 from slurm_fiber.core.api.service import Clone, FiberExit, Stdio
 from slurm_fiber.core.book.misses import Miss
 from slurm_fiber.protocol.replies import BatchStarted, Cancelled
-from slurm_fiber.protocol.requests import Cancel
-from slurm_fiber.protocol.validate import ApiError, ErrorCode, ok_reply, parse_request
+from slurm_fiber.protocol.validate import ApiError, ErrorCode, ok_reply
 
 Json = dict[str, object]
 
@@ -47,6 +47,8 @@ class Connection(Protocol):
     """The server's connection, as this module uses it."""
 
     async def send(self, *messages: Json) -> None: ...
+
+    def hear(self, frame: Any, nfds: int | None = None, broken: bool = False) -> Action: ...
 
     def next_frame(self) -> asyncio.Task[Any]: ...
 
@@ -114,18 +116,15 @@ async def _control(conn: Connection, rid: int | str | None, run: WindowRun,
     """A frame during the stream: ``cancel`` answered ``cancelled``; end of file closes
     the window (its fibers killed); anything else is refused busy."""
     try:
-        frame = reading.result()
+        frame, broken = reading.result(), False
     except Exception:
-        frame = None
-    if frame is None:
+        frame, broken = None, True
+    action = conn.hear(frame, 0, broken)  # the conversation's table: cancel, busy, hang-up
+    if action is Action.HANG_UP_FIBERS:
         await run.close("cancelled")
         raise gone("client left while its task window ran")
     frame.close_fds()
-    try:
-        cancel = isinstance(parse_request(frame.body, 0).request, Cancel)
-    except ApiError:
-        cancel = False
-    if cancel:
+    if action is Action.CANCEL:
         await conn.send(ok_reply(rid, Cancelled(run.cancel()).to_json(), "cancelled",
                                  final=False))
         return

@@ -98,6 +98,8 @@ class ProcService:
             return Miss(MissCode.COLD, "template still warming", retry_after=0.5)
         if grant.startswith("gone-"):
             return Miss(MissCode.UNKNOWN_GRANT, f"no grant {grant} here")
+        if grant.startswith("slow-"):  # answered after its client may have left
+            await asyncio.sleep(0.5)
         if grant == "boom":
             raise RuntimeError("the runtime broke")
         if grant == "emfile":
