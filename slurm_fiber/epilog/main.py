@@ -13,7 +13,7 @@ environment and the site config, like the prolog. Steps, each bounded by
    in the delegated cgroup and in the job's groups of Slurm's cgroup v1
    hierarchies (homes.slurm.cgroup_v1: a dead fiberd's groups below its step,
    which Slurm neither signals nor removes), thawing whatever the job froze
-   there (epilog/cgkill); the fiberd of the record and its descendants, and
+   there (core/cgroups/teardown.py); the fiberd of the record and its descendants, and
    orphans whose environment names the job (epilog/procscan, a bounded read
    per process); never "all processes of the user", and never a cgroup a
    user-written file names.
@@ -41,11 +41,13 @@ problem is reported and the exit is 0.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_fiber.core.cgroups.groups import remove_tree
+from slurm_fiber.core.cgroups import teardown
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import cgroup_v2, procscan, survivors
 from slurm_fiber.epilog.statedir import keep_retired, remove_retired, retire_state_dir
@@ -113,9 +115,13 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     return True
 
 
-def _cgroup(*trees: Path) -> bool:
-    for tree in trees:
-        remove_tree(tree)
+def _cgroup(work_s: float, *trees: Path) -> bool:
+    """Remove each of ``trees`` whole, deepest first, within ``work_s`` seconds; OSError
+    (EBUSY, naming what is left) when a group of them is left."""
+    deadline = time.monotonic() + work_s
+    left = [line for tree in trees for line in teardown.remove_tree(tree, deadline)[1]]
+    if left:
+        raise OSError(errno.EBUSY, "left: " + "; ".join(left[:3]), str(trees[0]))
     return True
 
 
@@ -154,8 +160,9 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
                                                       delegated, v1_groups))
     hook.step("leases", lambda: _leases(hook, config, paths, job))
     if delegated is not None:
-        hook.step("cgroup", lambda: _cgroup(delegated))
-    removed_v1 = bool(v1_groups) and hook.step("cgroup_v1", lambda: _cgroup(*v1_groups))
+        hook.step("cgroup", lambda: _cgroup(work_s, delegated))
+    removed_v1 = bool(v1_groups) and hook.step("cgroup_v1",
+                                               lambda: _cgroup(work_s, *v1_groups))
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))
