@@ -391,5 +391,3 @@ def _not_ready_miss(uid: str, template: Template, err: TemplateNotReady) -> Miss
     retry = template.retry_after() if err.state is not TemplateState.STOPPED else RETRY_HINT
     return Miss(MissCode.COLD, f"template of {uid!r} is {err.state.value}{why}; retry",
                 retry_after=retry)
-
-

@@ -254,4 +254,3 @@ class Core:
         """Whether a Clone can start now: a template is warm and work is not fenced (a
         home with a control plane fences until its first answer)."""
         return self.grants.any_ready() and not self.book.fenced_now()
-

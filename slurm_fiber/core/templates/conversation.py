@@ -57,7 +57,6 @@ async def send(sock: socket.socket | None, msg: dict[str, object], fds: list[int
             raise ForkFailed(f"cannot reach {peer}: {e.strerror}", e.errno) from None
 
 
-
 class Conversation:
     """Acts on what one template process says (see the module doc)."""
 
@@ -181,4 +180,3 @@ def kill_by_pidfd(pidfd: int, pid: object) -> None:
     if isinstance(pid, int) and not pidfd_exited(pidfd):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-

@@ -23,7 +23,6 @@ class TemplateNotReady(Exception):
         super().__init__(f"template is {state.value}{detail}")
 
 
-
 class ForkFailed(Exception):
     """The template could not start the fiber (one-line reason; ``errno`` the cause's,
     when an OSError was: EMFILE/ENFILE make the Clone's answer ``busy``)."""
@@ -33,10 +32,8 @@ class ForkFailed(Exception):
         self.errno = errno
 
 
-
 class SpareGone(Exception):
     """The spare died before it took its order (one line)."""
-
 
 
 class SpawnRefused(Exception):
@@ -44,8 +41,6 @@ class SpawnRefused(Exception):
     line): a forked spare will run it and say why."""
 
 
-
 class NoAnswer(ForkFailed):
     """The template cannot serve a spare request: it is gone, stopped answering or is
     stopping (it is no longer ready; ``fork`` turns this into TemplateNotReady)."""
-

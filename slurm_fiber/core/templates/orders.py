@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 _FIBER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-
 @dataclass(frozen=True)
 class FiberRequest:
     """One fiber to fork. ``mode`` "call" runs ``target`` ("module:function") with
@@ -78,7 +77,6 @@ class FiberRequest:
             raise ValueError(f"mode {self.mode!r} is not 'call' or 'exec'")
 
 
-
 @dataclass
 class Spawn:
     """An exec fiber asked of the template (``request``), and the fiber once started."""
@@ -87,12 +85,10 @@ class Spawn:
     fiber: Fiber | None = None
 
 
-
 def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
 
 
 class Orders:

@@ -83,7 +83,6 @@ def template_env(base: Mapping[str, str], spec: TemplateSpec,
     return {**base, **spec.env, **channel.env()}
 
 
-
 class Template:
     """One grant's warm template process, its spares, and the fibers forked from it.
 
@@ -91,7 +90,6 @@ class Template:
     ``pid``, ``fibers`` (id → running Fiber), ``restarts``, ``last_fault``
     (why the last process was given up on, one line; None if none was).
     """
-
 
     def __init__(self, uid: str, spec: TemplateSpec, env: Mapping[str, str],
                  cgroup: GrantCgroup | None, *, state_dir: Path, clock: Clock,
@@ -216,7 +214,6 @@ class Template:
     def _ask_reap(self, pid: int) -> None:
         """Ask the template process to reap fiber ``pid`` now (``TemplateProcess.ask_reap``)."""
         self.process.ask_reap(pid)
-
 
     async def wait_warm(self) -> TemplateState:
         """Block until the template is ready, failed to warm, or stopped; that state."""
