@@ -68,7 +68,8 @@ class Conversation:
         kind = msg["t"]
         if kind == "window_report":
             for fd in fds:
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             link = self.t.windows.get(str(msg.get("id")))
             if link is not None:
                 link.reported(msg)
