@@ -13,16 +13,18 @@ environment and the site config, like the prolog. Steps, each bounded by
    in the delegated cgroup and in the job's groups of Slurm's cgroup v1
    hierarchies (homes.slurm.cgroup_v1: a dead fiberd's groups below its step,
    which Slurm neither signals nor removes), thawing whatever the job froze
-   there (core/cgroups/teardown.py); the fiberd of the record and its descendants, and
-   orphans whose environment names the job (epilog/procscan, a bounded read
-   per process); never "all processes of the user", and never a cgroup a
-   user-written file names.
+   there (core/cgroups/teardown.py); the fiberd of the record and its
+   descendants, and orphans whose environment names the job (epilog/procscan,
+   a bounded read per process); never "all processes of the user", and never
+   a cgroup a user-written file names.
 3. ``leases``: release the job's GPU leases and drop its unclaimed grants
    (first making the node's lease area root's, as the prolog does, when an
    older version left it shared).
 4. ``cgroup``: remove the job's delegated cgroup subtree; ``cgroup_v1``: remove
    what is left of the job's v1 groups (a dead fiberd's, then Slurm's steps and
    the job's own group, which Slurm could not remove while they had children).
+   Deepest first, whatever the depth, within the step's bound
+   (core/cgroups/teardown.py); a group left is named.
 5. ``metrics``: remove the job's file for node_exporter (homes.slurm.nodemetrics);
    ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
