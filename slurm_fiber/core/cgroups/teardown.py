@@ -21,12 +21,14 @@ ends it). ``end_tree`` therefore:
 
 ``kill_each`` writes ``cgroup.kill`` of each group given, ``wait_empty`` waits for
 their ``populated 0``, ``pids_left`` lists what still runs, and ``remove_tree``
-removes a tree's groups deepest first, its top last, leaving (and naming) what is busy.
-Groups are walked without following links and without recursion (cgroupfs holds no
-links, and a name that were one is never opened; a tree of any depth is walked), files
-are opened ``O_NOFOLLOW``; every walk, write, kill, wait and removal stops at a deadline
-and after ``MAX_GROUPS`` groups, so no number or depth of groups or processes a job
-made can stretch it. Nothing is created. Never raises: a group that went away is done.
+removes a tree's groups deepest first, its top last, leaving (and naming) what is busy;
+it walks by moving the working directory one level at a time, so a tree's depth costs
+it no more than its size. Groups are walked without following links and without
+recursion (cgroupfs holds no links, and a name that were one is never opened; a tree
+of any depth is walked), files are opened ``O_NOFOLLOW``; every walk, write, kill, wait
+and removal stops at a deadline and after ``MAX_GROUPS`` groups, so no number or depth
+of groups or processes a job made can stretch it. Nothing is created. Never raises: a
+group that went away is done.
 """
 
 from __future__ import annotations
@@ -151,21 +153,95 @@ def wait_empty(tops: list[Path], deadline: float) -> bool:
 def remove_tree(top: Path, deadline: float, limit: int = MAX_GROUPS) -> tuple[int, list[str]]:
     """rmdir every group of ``top``'s tree, deepest first, ``top`` last, until ``deadline``
     (``limit`` groups at most): how many were removed, and one line per group left (busy,
-    or not reached in time)."""
-    found = list(groups(top, deadline, limit))
-    found.sort(key=lambda path: -path.count("/"))
-    removed, left = 0, []
-    for group in found:
-        if time.monotonic() >= deadline:
-            left.append(f"{group}: not removed within the step's bound")
-            break
-        try:
-            os.rmdir(group)
-            removed += 1
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            left.append(f"{group}: {err.strerror}")
-    if len(found) >= limit and os.path.lexists(top):
+    or not reached in time).
+
+    The walk moves the working directory down and up the tree one name at a time (each
+    directory opened ``O_NOFOLLOW`` relative to the one it is in, listed once, one
+    descriptor held besides ``top``'s and the caller's working directory, which is
+    restored before it returns), so no path is resolved through the levels above and
+    its cost grows with the number of groups, not with their depth."""
+    removed, left, seen = 0, [], 0
+    try:
+        home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        return 0, [f"{top}: not walked, the working directory cannot be kept: {err.strerror}"]
+    try:
+        top_fd = os.open(top, _DIR_FLAGS)
+    except OSError as err:
+        os.close(home)
+        return 0, [] if isinstance(err, FileNotFoundError) else [f"{top}: {err.strerror}"]
+    try:
+        os.fchdir(top_fd)
+        names: list[str] = []  # the path from ``top`` to the working directory
+        pending = [_subdirs()]  # per level: the groups below it not yet visited
+        while True:
+            if time.monotonic() >= deadline:
+                left.append(f"{os.path.join(top, *names)}: not removed within the step's bound")
+                break
+            if pending[-1] and seen < limit:
+                child = pending[-1].pop()
+                if _enter(child):
+                    names.append(child)
+                    pending.append(_subdirs())
+                    seen += 1
+                continue
+            if not names:
+                break
+            name = names.pop()
+            pending.pop()
+            try:
+                os.chdir("..")
+            except OSError:  # the group went away under the walk: start again at the top
+                os.fchdir(top_fd)
+                names, pending = [], [_subdirs()]
+                continue
+            try:
+                os.rmdir(name)
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                left.append(f"{os.path.join(top, *names, name)}: {err.strerror}")
+    finally:
+        os.fchdir(home)
+        os.close(home)
+        os.close(top_fd)
+    if seen >= limit:
         left.append(f"{top}: more than {limit} groups")
+    try:
+        os.rmdir(top)
+        removed += 1
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        if not left:
+            left.append(f"{top}: {err.strerror}")
     return removed, left
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _subdirs() -> list[str]:
+    """The names of the directories in the working directory ([] when it cannot be listed)."""
+    try:
+        with os.scandir(".") as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _enter(name: str) -> bool:
+    """Make ``name``, a directory of the working directory, the working directory (never
+    through a symbolic link); False when it cannot be."""
+    try:
+        fd = os.open(name, _DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        os.fchdir(fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
