@@ -226,7 +226,7 @@ async def start_fiberd(config: FiberdConfig, home: Home, clock: Clock, *, audien
     backend = config.cgroup_backend if config.cgroup_root is not None else "v2"
     cgroups = CgroupManager(Path(root) if root else None, cgroup_reason(), backend)
     if identity is not None and not identity.root:
-        cgroups.hand_procs(identity.uid)  # its leaves' cgroup.procs only (core/cgroups.py)
+        cgroups.hand_procs(identity.uid)  # its leaves' cgroup.procs only (core/cgroups/groups.py)
     swept = await sweep_cgroups(cgroups)  # a dead predecessor's cgroups, before carving
     core = Core(ports, book, verifier, audit, cgroups, clock=clock, state_dir=state_dir,
                 grace=config.grace, spares=config.spares,

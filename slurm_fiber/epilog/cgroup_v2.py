@@ -13,7 +13,9 @@ whatever still runs below each ``step_*/user/task_*`` directory (``cgroup.kill``
 job's processes only, never Slurm's, which live in ``step_*/slurm``), waits a bounded
 time for them to go, and removes every empty directory below the job's, deepest first,
 then the job's own. A directory still busy stays and is named. Nothing is written but
-``cgroup.kill`` files below the job's task directories, and nothing is made.
+``cgroup.kill`` files below the job's task directories, and nothing is made. Which
+directories are the job's is this module's (Slurm's layout); the killing, waiting and
+removing are core/cgroups/teardown.py's, bounded in time, number and depth.
 """
 
 from __future__ import annotations
@@ -25,14 +27,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
+from slurm_fiber.core.cgroups import teardown
+from slurm_fiber.core.cgroups.v2 import cgroup2_mount
 from slurm_fiber.homes.slurm.jobenv import SlurmJob
 
 if TYPE_CHECKING:
     from slurm_fiber.hooks.hook import Hook
-
-MAX_GROUPS = 100_000  # directories walked below one job at most
-POLL_S = 0.02
 
 
 def _root_dir(path: Path) -> bool:
@@ -74,46 +74,19 @@ def _carved(job: Path) -> list[Path]:
     return found
 
 
-def _populated(group: Path) -> bool:
-    try:
-        return "\npopulated 1" in "\n" + (group / "cgroup.events").read_text()
-    except OSError:
-        return False
-
-
-def _below(job: Path) -> list[Path]:
-    """Every directory below ``job``, deepest first (at most MAX_GROUPS)."""
-    found: list[Path] = []
-    for dirpath, _, _ in os.walk(job, followlinks=False):
-        found.append(Path(dirpath))
-        if len(found) > MAX_GROUPS:
-            break
-    return sorted(found, key=lambda p: -len(p.parts))
-
-
 def clear(mount: Path | None, job: SlurmJob, wait_s: float) -> tuple[int, list[str]]:
-    """Kill what runs in the job's carved cgroups, wait up to ``wait_s`` for them to
-    empty, remove every empty directory of the job's (its own last). How many were
-    removed, and one line per directory left (none when the job has no directory)."""
+    """Kill what runs in the job's carved cgroups, wait up to half of ``wait_s`` for them
+    to empty, remove every empty directory of the job's (its own last) within the rest.
+    How many were removed, and one line per directory left (none when the job has no
+    directory)."""
     top = job_dir(mount, job)
     if top is None:
         return 0, []
     carved = _carved(top)
-    for group in carved:
-        with contextlib.suppress(OSError):
-            (group / "cgroup.kill").write_text("1\n")
-    deadline = time.monotonic() + wait_s
-    while any(_populated(g) for g in carved) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    removed, left = 0, []
-    for group in _below(top):
-        try:
-            group.rmdir()
-            removed += 1
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            left.append(f"{group}: {err.strerror}")
+    start = time.monotonic()
+    teardown.kill_each(carved)
+    teardown.wait_empty(carved, start + wait_s / 2)
+    removed, left = teardown.remove_tree(top, start + wait_s)
     return removed, left[:5]
 
 

@@ -13,16 +13,18 @@ environment and the site config, like the prolog. Steps, each bounded by
    in the delegated cgroup and in the job's groups of Slurm's cgroup v1
    hierarchies (homes.slurm.cgroup_v1: a dead fiberd's groups below its step,
    which Slurm neither signals nor removes), thawing whatever the job froze
-   there (epilog/cgkill); the fiberd of the record and its descendants, and
-   orphans whose environment names the job (epilog/procscan, a bounded read
-   per process); never "all processes of the user", and never a cgroup a
-   user-written file names.
+   there (core/cgroups/teardown.py); the fiberd of the record and its
+   descendants, and orphans whose environment names the job (epilog/procscan,
+   a bounded read per process); never "all processes of the user", and never
+   a cgroup a user-written file names.
 3. ``leases``: release the job's GPU leases and drop its unclaimed grants
    (first making the node's lease area root's, as the prolog does, when an
    older version left it shared).
 4. ``cgroup``: remove the job's delegated cgroup subtree; ``cgroup_v1``: remove
    what is left of the job's v1 groups (a dead fiberd's, then Slurm's steps and
    the job's own group, which Slurm could not remove while they had children).
+   Deepest first, whatever the depth, within the step's bound
+   (core/cgroups/teardown.py); a group left is named.
 5. ``metrics``: remove the job's file for node_exporter (homes.slurm.nodemetrics);
    ``audit``: keep fiberd's audit log: ``<state dir>/audit.jsonl`` moves to
    ``<state root>/nodes/<node>/audit/job-<id>.jsonl``.
@@ -41,11 +43,13 @@ problem is reported and the exit is 0.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_fiber.core.cgroups.groups import remove_tree
+from slurm_fiber.core.cgroups import teardown
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.epilog import cgroup_v2, procscan, survivors
 from slurm_fiber.epilog.statedir import keep_retired, remove_retired, retire_state_dir
@@ -113,9 +117,13 @@ def _leases(hook: Hook, config: SiteConfig, paths: JobPaths, job: SlurmJob) -> b
     return True
 
 
-def _cgroup(*trees: Path) -> bool:
-    for tree in trees:
-        remove_tree(tree)
+def _cgroup(work_s: float, *trees: Path) -> bool:
+    """Remove each of ``trees`` whole, deepest first, within ``work_s`` seconds; OSError
+    (EBUSY, naming what is left) when a group of them is left."""
+    deadline = time.monotonic() + work_s
+    left = [line for tree in trees for line in teardown.remove_tree(tree, deadline)[1]]
+    if left:
+        raise OSError(errno.EBUSY, "left: " + "; ".join(left[:3]), str(trees[0]))
     return True
 
 
@@ -154,8 +162,9 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
                                                       delegated, v1_groups))
     hook.step("leases", lambda: _leases(hook, config, paths, job))
     if delegated is not None:
-        hook.step("cgroup", lambda: _cgroup(delegated))
-    removed_v1 = bool(v1_groups) and hook.step("cgroup_v1", lambda: _cgroup(*v1_groups))
+        hook.step("cgroup", lambda: _cgroup(work_s, delegated))
+    removed_v1 = bool(v1_groups) and hook.step("cgroup_v1",
+                                               lambda: _cgroup(work_s, *v1_groups))
     if removed_v1:
         hook.note("cgroup_v1", "removed the job's cgroup v1 groups left in "
                   + ", ".join(str(g) for g in v1_groups))

@@ -16,7 +16,7 @@ the templates and fibers a crashed fiberd left where no cgroup holds them.
 The environment is the process's own to change, so this pass finds what a
 job left behind, not what hides on purpose (a process that drops or buries
 the job's variables in the middle of a large environment): that is the
-cgroup's job (epilog/cgkill), and docs/design.md's threat model says so.
+cgroup's job (core/cgroups/teardown.py), and docs/design.md's threat model says so.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ path a job user wrote and never as "all processes of the user":
 - the job's cgroup trees, which the caller derives from the site config (the
   delegated subtree) and Slurm's root-owned names (``uid_<uid>/job_<id>`` in
   each v1 hierarchy): everything in them is killed, frozen groups thawed
-  (epilog/cgkill); the cgroup root a fiberd record names is never used (a
+  (core/cgroups/teardown.py); the cgroup root a fiberd record names is never used (a
   user writes that record);
 - the fiberd its record names, if pid, start time and uid match, and its
   descendants; processes of the job's uid whose environment names the job
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_fiber.epilog import cgkill
+from slurm_fiber.core.cgroups import teardown
 from slurm_fiber.epilog.procscan import Found, command, read_stat
 
 POLL_S = 0.02
@@ -102,10 +102,10 @@ def stop_job_processes(discover: Callable[[float], tuple[list[Found], bool]],
     in_trees: set[int] = set()  # counted, not tracked: the trees are checked whole below
     for _ in range(ROUNDS):
         for tree in (t for t in trees if t.exists()):
-            for pid in set(cgkill.populated(tree, discover_until)) - keep - in_trees:
+            for pid in set(teardown.pids_left(tree, discover_until)) - keep - in_trees:
                 in_trees.add(pid)
                 out.saw(Found(pid, 0, f"in cgroup {tree}"))
-            cgkill.end_tree(tree, discover_until, keep)
+            teardown.end_tree(tree, discover_until, keep)
         found, out.complete = discover(discover_until)
         skip = keep | in_trees | targets.keys()
         new = [p for p in found if p.pid not in skip]
@@ -121,11 +121,11 @@ def stop_job_processes(discover: Callable[[float], tuple[list[Found], bool]],
         time.sleep(POLL_S)
         for tree in trees:  # a group frozen again meanwhile (by another job of the user)
             if tree.exists():
-                cgkill.end_tree(tree, wait_until, keep)
+                teardown.end_tree(tree, wait_until, keep)
         alive = [p for p in alive if still_there(p)]
     left = {p.pid for p in alive}
     for tree in trees:
-        for pid in cgkill.populated(tree, wait_until):
+        for pid in teardown.pids_left(tree, wait_until):
             st = read_stat(pid)
             if pid not in keep and pid not in left and st is not None:
                 alive.append(Found(pid, st.start, f"in cgroup {tree}"))
@@ -135,4 +135,4 @@ def stop_job_processes(discover: Callable[[float], tuple[list[Found], bool]],
 
 
 def _populated(trees: list[Path], keep: set[int], deadline: float) -> bool:
-    return any(set(cgkill.populated(tree, deadline)) - keep for tree in trees if tree.exists())
+    return any(set(teardown.pids_left(tree, deadline)) - keep for tree in trees if tree.exists())

@@ -1,8 +1,9 @@
 """The cgroup v2 subtree a site may delegate to each job (``delegate_cgroup = true``).
 
-The prolog creates ``<parent>/<node>/job_<id>`` and delegates it to the job
-user the way the kernel's cgroup v2 documentation describes (the directory
-and its ``cgroup.procs``, ``cgroup.threads`` and ``cgroup.subtree_control``
+``job_cgroup`` says where the job's subtree is (the site's layout). The prolog
+creates ``<parent>/<node>/job_<id>`` and delegates it to the job user the way the
+kernel's cgroup v2 documentation describes (``core.cgroups.v2.delegate``: the
+directory and its ``cgroup.procs``, ``cgroup.threads`` and ``cgroup.subtree_control``
 are chowned), then records the path in the job's state dir
 (``paths.cgroup_file``), where the Slurm home (cgroup_root) finds it. The
 parent is the site's ``cgroup_parent``, default ``<cgroup2 mount>/slurm-fiber``.
@@ -15,14 +16,12 @@ with ``job_cgroup`` and kills, waits for and removes exactly that subtree.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from slurm_fiber.homes.slurm.cgroup_root import cgroup2_mount
+from slurm_fiber.core.cgroups.v2 import cgroup2_mount
 from slurm_fiber.homes.slurm.siteconfig import SiteConfig
 
 DEFAULT_PARENT = "slurm-fiber"
-DELEGATED_FILES = ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control")
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 
@@ -42,21 +41,3 @@ def job_cgroup(config: SiteConfig, node: str, job_id: int,
         parent = mount / DEFAULT_PARENT
     return parent / node / f"job_{job_id}"
 
-
-def delegate(path: Path, uid: int, gid: int) -> None:
-    """Create cgroup ``path`` (and its parents) and delegate it to uid:gid. Idempotent.
-
-    Raises OSError when the cgroup cannot be created or given away (no
-    cgroup2 there, read-only, not root).
-    """
-    missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
-    path.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for created in missing:
-        os.chmod(created, 0o755)  # slurmd's umask must not hide the subtree from the user
-    if not (path / "cgroup.procs").exists():
-        raise FileNotFoundError(2, "not a cgroup v2 directory (no cgroup.procs)", str(path))
-    os.chown(path, uid, gid, follow_symlinks=False)
-    for name in DELEGATED_FILES:
-        target = path / name
-        if target.exists():
-            os.chown(target, uid, gid, follow_symlinks=False)

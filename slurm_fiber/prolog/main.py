@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from slurm_fiber.core.cgroups.v2 import delegate
 from slurm_fiber.core.clock import SystemClock
 from slurm_fiber.homes.slurm.jobenv import SlurmJob, SlurmParseError, job_from_env
 from slurm_fiber.homes.slurm.leases import (
@@ -46,7 +47,7 @@ from slurm_fiber.homes.slurm.siteconfig import (
     fatal_checks,
     load_site_config,
 )
-from slurm_fiber.hooks.cgroup import delegate, job_cgroup
+from slurm_fiber.hooks.cgroup import job_cgroup
 from slurm_fiber.hooks.cli import hook_main
 from slurm_fiber.hooks.hook import Hook
 from slurm_fiber.lease import LeaseError

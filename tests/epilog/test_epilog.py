@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
+from slurm_fiber.core.cgroups import teardown
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.epilog import main as epilog
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord, write_record
@@ -163,6 +164,41 @@ def test_a_process_left_in_the_delegated_cgroup_is_killed(
     finally:
         for path in (parent / "n1" / "job_67" / "inner", parent / "n1" / "job_67",
                      parent / "n1", parent):
+            if path.exists():
+                path.rmdir()
+
+
+@pytest.mark.machine_may_lack("a writable cgroup v2 hierarchy")
+def test_a_delegated_cgroup_tree_deeper_than_pythons_recursion_is_removed_whole(
+        site: Site, test_user: JobUser) -> None:
+    """A job makes its delegated subtree 1,100 groups deep: the epilog removes it all,
+    within the default bound of its step (a recursive walk gave up at Python's recursion
+    limit and left the tree behind; a walk by full paths, whose cost grows with the
+    square of the depth, ran out of the step's time)."""
+    if not os.access(CGROUP2 / "cgroup.procs", os.W_OK):
+        pytest.skip(f"no writable cgroup v2 at {CGROUP2}")
+    parent = CGROUP2 / f"sf-test-{uuid.uuid4().hex[:8]}"
+    site.configure("delegate_cgroup = true", f'cgroup_parent = "{parent}"')
+    env = job_env(site, 68, test_user.uid, test_user.gid, test_user.name)
+    cgroup = parent / "n1" / "job_68"
+    try:
+        assert run_hook("prolog", env).returncode == 0
+        fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(1100):  # relative to the last one: no path grows past PATH_MAX
+                os.mkdir("g", dir_fd=fd)
+                inner = os.open("g", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        finally:
+            os.close(fd)
+        out = run_hook("epilog", env)
+        assert out.returncode == 0, out.stderr
+        assert not cgroup.exists(), out.stderr
+    finally:
+        if cgroup.exists():
+            teardown.remove_tree(cgroup, time.monotonic() + 60)
+        for path in (parent / "n1", parent):
             if path.exists():
                 path.rmdir()
 

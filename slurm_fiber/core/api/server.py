@@ -119,7 +119,7 @@ def _api_error(error: Exception) -> ApiError:
 
 def _out_of_fds(err: BaseException) -> bool:
     """Whether ``err`` failed for want of descriptors: an OSError, or an error that
-    carries its cause's ``errno`` (a failed fork, core/templates.py)."""
+    carries its cause's ``errno`` (a failed fork, core/templates/faults.py)."""
     return getattr(err, "errno", None) in _OUT_OF_FDS
 _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
 LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors

@@ -68,7 +68,6 @@ class CgroupStatus:
                 "root": str(self.root) if self.root else None}
 
 
-
 @dataclass(frozen=True)
 class LimitOutcome:
     """One limit file: the value asked for and whether the kernel enforces it."""
@@ -87,7 +86,6 @@ class LimitOutcome:
     def to_json(self) -> dict[str, object]:
         return {"file": self.file, "value": self.value, "enforced": self.enforced,
                 "reason": self.reason}
-
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,6 @@ class GrantCgroup:
         return self.group(group) / f"slot-{spare_id}"
 
 
-
 def safe_name(uid: str) -> str:
     """A directory-safe, collision-free name for a grant UID.
 
@@ -133,11 +130,9 @@ def safe_name(uid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", uid)[:100] + "-" + digest
 
 
-
 def join(cgroup: Path, pid: int = 0) -> None:
     """Move ``pid`` (0: the caller) into ``cgroup``. Raises OSError on failure."""
     (cgroup / "cgroup.procs").write_text(f"{pid}\n")
-
 
 
 def populated(cgroup: Path) -> bool:
@@ -149,11 +144,9 @@ def populated(cgroup: Path) -> bool:
     return "\npopulated 1\n" in "\n" + text
 
 
-
 def pids(cgroup: Path) -> list[int]:
     """Pids in the subtree (empty when it is gone)."""
     return [int(p) for procs in _procs_by_group(cgroup) for p in procs.split()]
-
 
 
 def _procs_by_group(cgroup: Path) -> Iterator[str]:
@@ -182,7 +175,6 @@ def _procs_by_group(cgroup: Path) -> Iterator[str]:
             stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
 
 
-
 def childless(group: str | Path) -> bool:
     """Whether the cgroup ``group`` exists and holds no sub-group, from one ``lstat``:
     cgroupfs (kernfs) keeps a directory's link count at 2 plus its sub-directories (a
@@ -192,7 +184,6 @@ def childless(group: str | Path) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_nlink == 2
-
 
 
 def has_children(group: Path) -> bool:
@@ -220,7 +211,6 @@ def rmtree(cgroup: Path) -> None:
             os.rmdir(dirpath)
 
 
-
 def read_int(group: str, name: str) -> int | None:
     """The first number in ``group``'s control file ``name`` (kept open: core/
     held_files.py; a fiber's end reads several of its leaf's), None when unreadable."""
@@ -228,7 +218,6 @@ def read_int(group: str, name: str) -> int | None:
         return int(read_held(group, name).split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
 
 
 async def wait_empty(cgroup: Path, recheck: float = 0.5) -> None:
@@ -257,7 +246,6 @@ async def wait_empty(cgroup: Path, recheck: float = 0.5) -> None:
                     _drain(fd)
 
 
-
 # ---------------------------------------------------------------- inotify
 
 _IN_MODIFY = 0x2
@@ -282,18 +270,15 @@ def _inotify(file: Path) -> Iterator[int | None]:
         os.close(fd)
 
 
-
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
 
 
 def _drain(fd: int) -> None:
     with contextlib.suppress(BlockingIOError):
         while os.read(fd, 4096):
             pass
-
 
 
 def limit_plan(limits: Limits) -> list[tuple[str, str, str]]:

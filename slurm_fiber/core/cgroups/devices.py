@@ -27,13 +27,10 @@ PSEUDO_DEVICES: tuple[str, ...] = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8
                                    "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm")
 
 
-
 NVIDIA_MAJOR = 195  # /dev/nvidia<N>; a granted one also needs nvidiactl (255), modeset (254)
 
 
-
 _NVIDIA_UVM = ("nvidia-uvm",)  # /proc/devices names whose every minor a granted NVIDIA GPU needs
-
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,6 @@ class DeviceRule:
     confined: bool
     allowed: tuple[str, ...]
     reason: str
-
 
 
 def device_rules(devices: Iterable[Device]) -> tuple[tuple[str, ...], str | None]:
@@ -69,14 +65,12 @@ def device_rules(devices: Iterable[Device]) -> tuple[tuple[str, ...], str | None
     return tuple(dict.fromkeys(rules)), None
 
 
-
 def _char_majors(names: tuple[str, ...]) -> list[int]:
     try:
         text = Path("/proc/devices").read_text().partition("Block devices:")[0]
     except OSError:
         return []
     return [int(m) for m, n in re.findall(r"^\s*(\d+) (\S+)$", text, re.M) if n in names]
-
 
 
 def confine_devices(group: Path, devices: Iterable[Device]) -> DeviceRule:
@@ -98,7 +92,6 @@ def confine_devices(group: Path, devices: Iterable[Device]) -> DeviceRule:
         return DeviceRule(False, (), f"not confined: {group}/devices.list reads "
                                      f"{' | '.join(sorted(listed - {''}))}")
     return DeviceRule(True, allowed, f"devices.deny a; allowed: {', '.join(allowed)}")
-
 
 
 def kept_rule(group: Path, devices: Iterable[Device]) -> DeviceRule:

@@ -41,7 +41,6 @@ def forget_procs_owner(root: Path) -> None:
     _PROCS_OWNERS.pop(root, None)
 
 
-
 def _hand_procs(cgroup: Path) -> None:
     text = str(cgroup)
     for root, (uid, v2) in _PROCS_OWNERS.items():
@@ -56,7 +55,6 @@ def _hand_procs(cgroup: Path) -> None:
         return
 
 
-
 def mkdir(cgroup: Path) -> None:
     """Create ``cgroup`` and its mirrors (existing ones are fine); hand their
     ``cgroup.procs`` to the account fibers run as, where one is set (``hand_procs``).
@@ -67,7 +65,6 @@ def mkdir(cgroup: Path) -> None:
         _hand_procs(cgroup)
 
 
-
 def mkdir_group(group: Path) -> None:
     """Create a slot group (``GrantCgroup.group``) and its mirrors, with the controllers
     its leaves need enabled (v2). Raises OSError."""
@@ -76,14 +73,12 @@ def mkdir_group(group: Path) -> None:
         enable_controllers(group)
 
 
-
 def remove_if_empty(cgroup: Path) -> None:
     """rmdir ``cgroup`` and its mirrors if nothing is under them (no child, no
     process); a busy or gone one is left as it is. Never raises."""
     for path in (cgroup, *mirrors(cgroup)):
         with contextlib.suppress(OSError):
             os.rmdir(path)
-
 
 
 def remove_tree(cgroup: Path) -> None:
@@ -96,7 +91,6 @@ def remove_tree(cgroup: Path) -> None:
     """
     for path in (cgroup, *mirrors(cgroup)):
         rmtree(path)
-
 
 
 def kill(cgroup: Path) -> None:
@@ -123,7 +117,6 @@ def kill(cgroup: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-
 async def empty(cgroup: Path) -> None:
     """Return once nothing runs in the subtree: at once when it is empty already (no
     ``cgroup.kill``, which would wait on the kernel's cgroup lock), else after
@@ -131,7 +124,6 @@ async def empty(cgroup: Path) -> None:
     if populated(cgroup):
         kill(cgroup)
         await wait_empty(cgroup)
-
 
 
 async def kill_and_remove(cgroup: Path) -> None:

@@ -1,7 +1,7 @@
 """The cgroup leaves of a template's spares: made ahead, recycled, removed in the background.
 
 A spare (core/spares.py) sits in its own leaf, ``slot-<n>`` in a slot group
-under the grant's ``fibers`` cgroup (core/cgroups.py), the n-th leaf a pool
+under the grant's ``fibers`` cgroup (core/cgroups/common.py), the n-th leaf a pool
 makes in group n // ``SLOTS_PER_GROUP``. ``LeafPool.take`` gives a free leaf
 kept from an ended fiber, else makes one (off the event loop: ``mkdir`` waits
 while a migration holds the kernel's cgroup lock). ``give_back`` keeps an

@@ -66,7 +66,6 @@ from slurm_fiber.core.trust.grant import Limits
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "v2", "v1", "hybrid")
 
 
-
 class CgroupManager:
     """Carves grant and fiber cgroups under one root; uncarved when the root is unusable.
 
@@ -330,4 +329,3 @@ class CgroupManager:
                         break
                     time.sleep(0.01)
         return failures
-

@@ -23,7 +23,6 @@ from slurm_fiber.core.cgroups.v2 import v2_memory
 RENEW_RESIDUE = 1 << 20  # bytes a v1 leaf may hold charged and still be renewed (see below)
 
 
-
 @functools.lru_cache(maxsize=4096)
 def memory_of(cgroup: Path) -> tuple[str | None, str | None]:
     """Where ``cgroup``'s memory is counted, as path texts: the group itself when its parent
@@ -34,7 +33,6 @@ def memory_of(cgroup: Path) -> tuple[str | None, str | None]:
             str(v1) if v1 is not None else None)
 
 
-
 def memory_peak(cgroup: Path) -> int | None:
     """``memory.peak`` in bytes where the v2 memory controller provides it, else the v1
     mirror's ``memory.max_usage_in_bytes``, else None."""
@@ -43,7 +41,6 @@ def memory_peak(cgroup: Path) -> int | None:
     if peak is None and v1 is not None:
         peak = read_int(v1, "memory.max_usage_in_bytes")
     return peak
-
 
 
 def renew_memory(cgroup: Path, kills: int | None) -> str | None:
@@ -79,7 +76,6 @@ def renew_memory(cgroup: Path, kills: int | None) -> str | None:
     return None
 
 
-
 def oom_kills(cgroup: Path) -> int | None:
     """Processes the kernel OOM-killed in this group: ``memory.events`` ``oom_kill`` (v2),
     else the v1 mirror's ``memory.oom_control`` ``oom_kill`` (polled, read at a fiber's
@@ -97,7 +93,6 @@ def oom_kills(cgroup: Path) -> int | None:
             if key == "oom_kill" and count.isdigit():
                 return int(count)
     return None
-
 
 
 MIRRORS_CHANGED.append(memory_of.cache_clear)

@@ -85,7 +85,6 @@ class V1Layout:
         return mount / self.own.get(controller, "/").strip("/") / name
 
 
-
 # Mirrors: a carving root (where stop and emptiness are read) -> the v1 roots under which
 # the same relative groups carry limits and devices. Registered by the manager so the
 # path helpers (groups.mkdir, memory.memory_peak, memory.oom_kills, groups.remove_tree,
@@ -113,7 +112,6 @@ def _mirrors_changed() -> None:
         forget()
 
 
-
 @functools.lru_cache(maxsize=4096)
 def mirrors(cgroup: Path) -> tuple[Path, ...]:
     """The v1 groups ``cgroup`` is mirrored in (a process joins them all); () for none.
@@ -136,14 +134,12 @@ def mirrors(cgroup: Path) -> tuple[Path, ...]:
     return tuple(m / relative for m in roots)
 
 
-
 def mirror(cgroup: Path, controller: str) -> Path | None:
     """``cgroup``'s mirror in the v1 hierarchy of ``controller``, None without one."""
     found = _mirrored(cgroup)
     if found is None:
         return None
     return next((m / found[1] for m in found[0] if _carries(m, controller)), None)
-
 
 
 def _mirrored(cgroup: Path) -> tuple[tuple[Path, ...], str] | None:
@@ -160,7 +156,6 @@ def _mirrored(cgroup: Path) -> tuple[tuple[Path, ...], str] | None:
     return None
 
 
-
 @functools.cache
 def _carries(v1root: Path, controller: str) -> bool:
     """Whether the v1 group ``v1root`` is of ``controller``'s hierarchy (asked once per
@@ -168,17 +163,14 @@ def _carries(v1root: Path, controller: str) -> bool:
     return (v1root / f"{controller}.{_PROBE_FILE[controller]}").exists()
 
 
-
 _PROBE_FILE = {"memory": "limit_in_bytes", "pids": "max", "cpu": "cfs_quota_us",
                "devices": "list", "freezer": "state"}
-
 
 
 def _write_read(path: Path, value: str) -> str:
     """Write ``value`` to a control file and read it back (stripped). Raises OSError."""
     path.write_text(value + "\n")
     return path.read_text().strip()
-
 
 
 def write_limits_v1(groups: dict[str, Path], limits: Limits) -> list[LimitOutcome]:
@@ -222,7 +214,6 @@ def write_limits_v1(groups: dict[str, Path], limits: Limits) -> list[LimitOutcom
     return out
 
 
-
 def freeze_kill(group: Path) -> None:
     """SIGKILL every process of a v1 freezer group race-free: freeze, signal, thaw."""
     state = group / "freezer.state"
@@ -237,4 +228,3 @@ def freeze_kill(group: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
         state.write_text("THAWED\n")
-

@@ -36,7 +36,6 @@ def controllers(cgroup: Path) -> set[str]:
         return set()
 
 
-
 def enable_controllers(cgroup: Path, wanted: tuple[str, ...] = CONTROLLERS) -> set[str]:
     """Enable each wanted, offered controller for the children; return those enabled.
 
@@ -57,7 +56,6 @@ def enable_controllers(cgroup: Path, wanted: tuple[str, ...] = CONTROLLERS) -> s
     except FileNotFoundError:
         return set()
     return enabled & set(wanted)
-
 
 
 def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
@@ -87,7 +85,6 @@ def write_limits(cgroup: Path, limits: Limits) -> tuple[LimitOutcome, ...]:
     return tuple(out)
 
 
-
 @functools.lru_cache(maxsize=4096)
 def v2_memory(parent: Path) -> bool:
     """Whether the children of ``parent`` have v2 memory files (its subtree_control
@@ -101,7 +98,6 @@ def v2_memory(parent: Path) -> bool:
         return False
     except OSError:
         return True
-
 
 
 def probe(root: Path | None, why_none: str) -> CgroupStatus:
@@ -119,3 +115,44 @@ def probe(root: Path | None, why_none: str) -> CgroupStatus:
                             root)
     return CgroupStatus(True, f"carving under {root}", root)
 
+
+def events_populated(group: Path) -> bool | None:
+    """Whether anything runs in ``group`` (its ``cgroup.events``); None when it does not
+    exist or cannot be read."""
+    try:
+        text = (group / "cgroup.events").read_text()
+    except OSError:
+        return None
+    return "\npopulated 1" in "\n" + text
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """The first cgroup2 mount point in /proc/self/mountinfo text, or None. Pure."""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " in line and line.split(" - ", 1)[1].split()[:1] == ["cgroup2"] and len(fields) > 4:
+            return Path(fields[4].replace("\\040", " "))
+    return None
+
+
+DELEGATED_FILES = ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control")
+
+
+def delegate(path: Path, uid: int, gid: int) -> None:
+    """Create cgroup ``path`` (and its parents) and delegate it to uid:gid as the kernel's
+    cgroup v2 documentation describes (the directory and ``DELEGATED_FILES``). Idempotent.
+
+    Raises OSError when the cgroup cannot be created or given away (no
+    cgroup2 there, read-only, not root).
+    """
+    missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
+    path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o755)  # slurmd's umask must not hide the subtree from the user
+    if not (path / "cgroup.procs").exists():
+        raise FileNotFoundError(2, "not a cgroup v2 directory (no cgroup.procs)", str(path))
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for name in DELEGATED_FILES:
+        target = path / name
+        if target.exists():
+            os.chown(target, uid, gid, follow_symlinks=False)

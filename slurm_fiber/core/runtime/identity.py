@@ -7,14 +7,14 @@ site names an unprivileged account (``fiber_user = "name"`` or a uid), or says
 names nobody, and a non-root fiberd that names anyone but itself (it could not switch).
 
 What a ``FiberIdentity`` guarantees once fiberd starts a template with it
-(``core/templates.py``): the template is exec'd as its uid, gid and supplementary
+(``core/templates/process.py``): the template is exec'd as its uid, gid and supplementary
 groups (set by ``subprocess`` between fork and exec, so it holds no capability from
 its first instruction on) and with ``no_new_privs`` set before it imports anything of
 the grant's, inherited by every fiber: no setuid or file-capability program gives a
 fiber back what it lost. The explicit ``root`` identity keeps root and its
 capabilities (the site's choice, said in status and the start record) but still sets
 ``no_new_privs``. What it does not do: choose which cgroup files the uid may write
-(``core/cgroups.py`` hands it only the ``cgroup.procs`` of its grant's groups).
+(``core/cgroups/groups.py`` hands it only the ``cgroup.procs`` of its grant's groups).
 """
 
 from __future__ import annotations

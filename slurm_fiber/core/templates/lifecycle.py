@@ -1,6 +1,6 @@
 """A warm template's lifecycle, pure: a transition table with the re-warm backoff.
 
-``Template`` (core/templates.py) feeds a ``Lifecycle`` what happened to its
+``Template`` (core/templates/parent.py) feeds a ``Lifecycle`` what happened to its
 process (``Event``: started, said ready or warm_failed, stalled, exited, a
 start that failed, a stop asked or done) with the time on the injected
 clock, and gets back the ``Action``\\ s to take (refill spares, dismiss them,

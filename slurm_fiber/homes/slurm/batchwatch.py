@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurm_fiber.core.cgroups.v2 import events_populated
 from slurm_fiber.core.clock import Clock
 
 POLL_S = 0.2
@@ -32,21 +33,12 @@ def batch_user(root: Path | None) -> Path | None:
     return root.parents[2] / "step_batch" / "user"
 
 
-def populated(group: Path) -> bool | None:
-    """Whether anything runs in ``group``; None when it does not exist (or is unreadable)."""
-    try:
-        text = (group / "cgroup.events").read_text()
-    except OSError:
-        return None
-    return "\npopulated 1" in "\n" + text
-
-
 async def wait_batch_end(group: Path, clock: Clock, poll_s: float = POLL_S) -> str:
     """Return a scope-loss reason once ``group`` was seen populated and then is empty or
     gone; never returns for a group never seen populated (an interactive job's)."""
     seen = False
     while True:
-        now = populated(group)
+        now = events_populated(group)
         if now:
             seen = True
         elif seen:

@@ -37,6 +37,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_fiber.core.cgroups.common import join
 from slurm_fiber.homes.slurm.cgroup_layout import SlurmCgroup, cgroup_of_pid, parse_cgroup_path
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
 
@@ -50,15 +51,6 @@ class CgroupChoice:
 
     path: Path | None
     reason: str
-
-
-def cgroup2_mount(mountinfo: str) -> Path | None:
-    """The first cgroup2 mount point in /proc/self/mountinfo text, or None. Pure."""
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if " - " in line and line.split(" - ", 1)[1].split()[:1] == ["cgroup2"] and len(fields) > 4:
-            return Path(fields[4].replace("\\040", " "))
-    return None
 
 
 def _writable_cgroup(path: Path) -> str | None:
@@ -146,7 +138,7 @@ def enter_leaf(root: Path, pid: int) -> None:
     """Move ``pid`` into the leaf ``root``/fiberd (created if missing). Blocks; raises OSError."""
     leaf = root / LEAF
     leaf.mkdir(mode=0o755, exist_ok=True)
-    (leaf / "cgroup.procs").write_text(f"{pid}\n")
+    join(leaf, pid)
 
 
 def _sharers(root: Path, pid: int) -> list[str]:

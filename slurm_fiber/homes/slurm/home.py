@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_fiber.core.book.health import SourceHealth
+from slurm_fiber.core.cgroups.v2 import cgroup2_mount
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.devices import Device, DeviceChannel
 from slurm_fiber.core.seam import (
@@ -68,7 +69,6 @@ from slurm_fiber.homes.slurm.batchwatch import batch_user, wait_batch_end
 from slurm_fiber.homes.slurm.cgroup_root import (
     LEAF,
     CgroupChoice,
-    cgroup2_mount,
     choose_cgroup_root,
 )
 from slurm_fiber.homes.slurm.control import ControlPlane

@@ -15,7 +15,7 @@ import pytest
 from slurm_fiber.client.connection import FiberdClient, Refused
 from slurm_fiber.client.tasks import Task, TaskRunner
 from slurm_fiber.core.api.service import Clone
-from slurm_fiber.core.runtime.core import Core
+from slurm_fiber.core.runtime.clones import Clones
 from slurm_fiber.protocol import validate as protocol
 from slurm_fiber.protocol.limits import MAX_BATCH
 from tests.core.api.servicekit import Served
@@ -99,15 +99,15 @@ def test_a_batchs_items_start_at_once_their_records_sharing_fsyncs(site: Site) -
 
 def test_an_item_fiberd_fails_on_is_answered_internal_alone(
         fiberd_served: ThreadFiberd, monkeypatch: pytest.MonkeyPatch) -> None:
-    start = Core._start
+    start = Clones._start
 
-    async def failing(self: Core, grant: Any, decision: Any, request: Clone,
+    async def failing(self: Clones, grant: Any, decision: Any, request: Clone,
                       *rest: Any) -> Any:
         if request.env.get("BREAK"):
             raise RuntimeError("a fault injected into fiberd")
         return await start(self, grant, decision, request, *rest)
 
-    monkeypatch.setattr(Core, "_start", failing)
+    monkeypatch.setattr(Clones, "_start", failing)
     items = [{"key": "bad", "exec": {"argv": ["true"]}, "env": {"BREAK": "1"}},
              {"key": "good", "exec": {"argv": ["true"]}}]
     with FiberdClient(fiberd_served.path) as client:

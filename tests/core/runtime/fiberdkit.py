@@ -168,7 +168,7 @@ def fsync_stalled(served: ThreadFiberd) -> Iterator[None]:
     with FiberdClient(served.path) as client:
         client.clone(exec={"argv": ["true"]}, wait=True)
         client.wait_exit(within=30)
-    helper = served.service._syncer._proc  # type: ignore[union-attr]
+    helper = served.service.trail._syncer._proc  # type: ignore[union-attr]
     os.kill(helper.pid, signal.SIGSTOP)
     try:
         yield

@@ -69,7 +69,7 @@ async def test_a_fiber_exit_shares_the_next_clones_fsync(site: Site, monkeypatch
     """Under audit_fsync = always, a fiber_exit record (an observation, not a decision) is in
     the log before its exit is seen, and made durable by the next Clone's fsync: a busy
     fiberd fsyncs once per task, not twice."""
-    monkeypatch.setattr("slurm_fiber.core.runtime.core.EXIT_SYNC_DELAY", 3600.0)
+    monkeypatch.setattr("slurm_fiber.core.runtime.trail.EXIT_SYNC_DELAY", 3600.0)
     site.drop()
     async with running_fiberd(site, audit_fsync="always") as live:
         first = await ended_true(live)
@@ -84,7 +84,7 @@ async def test_a_fiber_exit_shares_the_next_clones_fsync(site: Site, monkeypatch
 @aio
 async def test_a_fiber_exit_no_decision_follows_is_made_durable_soon(site: Site,
                                                                      monkeypatch) -> None:
-    monkeypatch.setattr("slurm_fiber.core.runtime.core.EXIT_SYNC_DELAY", 0.05)
+    monkeypatch.setattr("slurm_fiber.core.runtime.trail.EXIT_SYNC_DELAY", 0.05)
     site.drop()
     async with running_fiberd(site, audit_fsync="always") as live:
         await ended_true(live)

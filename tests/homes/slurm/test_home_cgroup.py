@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_fiber.core.cgroups.v2 import cgroup2_mount
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.slurm.cgroup_root import (
     LEAF,
-    cgroup2_mount,
     choose_cgroup_root,
     delegated_root,
 )
