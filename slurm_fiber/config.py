@@ -29,7 +29,6 @@ the working directory (environment and flags).
 | cgroup_backend | auto | auto, v2, v1 or hybrid: where limits, devices, stop live (design §4) |
 | devices | (none) | static devices ``kind:index[:path[:uuid]]``, e.g. ``gpu:0:/dev/nvidia0`` |
 | ready_file | STATE_DIR/ready.json | readiness JSON, replaced atomically; none: no file |
-| ready_condition | slurm-fiber.io/template-warm | kubernetes: the readiness gate's condition type |
 | allowed_uids | (owner only) | users (uids or names) besides fiberd's own that may use the socket |
 | allowed_gids | (none) | groups (gids or names) whose members may use the socket |
 | grace | 5 | seconds between SIGTERM and SIGKILL when stopping fibers |
@@ -45,6 +44,13 @@ the working directory (environment and flags).
 | log_level | info | debug, info, warning or error |
 | metrics_listen | (none) | serve HTTP ``/metrics`` on ``HOST:PORT`` (``PORT`` alone: 127.0.0.1) |
 | metrics_textfile | (none) | a directory for node_exporter's textfile collector |
+
+A home's own options (kubernetes: ``ready_condition``) are declared in the
+home's module, as ``Option``s with their default (``HomeEntry.own_options``);
+``homes.select.load_config`` passes every known home's to ``load_config``
+(``home_options``), which parses, validates and reports them like the rest
+and keeps their values in ``FiberdConfig.home_options``. ``fiberd --help`` and
+the man page list them with the rest.
 
 List options (trust, devices, allowed_uids, allowed_gids) are TOML arrays
 (trust: a table) and comma-separated in the environment and flags; a trust
@@ -69,7 +75,7 @@ import os
 import pwd
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -96,6 +102,15 @@ class _Refused(ValueError):
     """A parser's refusal; the loader adds the option and its source."""
 
 
+OptionRefused = _Refused  # what a home's option parser raises (one line, no option name)
+
+
+def text_value(value: object) -> str:
+    """The parser of a text option (TOML string or text), stripped; a home's parsers build
+    on it. Raises OptionRefused."""
+    return _text(value)
+
+
 @dataclass(frozen=True)
 class FiberdConfig:
     """Every fiberd option, validated, paths absolute. Build it with ``load_config``."""
@@ -116,7 +131,6 @@ class FiberdConfig:
     cgroup_backend: str = "auto"
     devices: tuple[Device, ...] = ()
     ready_file: str | None = ""
-    ready_condition: str = "slurm-fiber.io/template-warm"
     allowed_uids: tuple[int, ...] = ()
     allowed_gids: tuple[int, ...] = ()
     grace: float = 5.0
@@ -132,6 +146,8 @@ class FiberdConfig:
     log_level: str = "info"
     metrics_listen: tuple[str, int] | None = None
     metrics_textfile: str | None = None
+    # every home option's value (declared by its home, not here), by name
+    home_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 # ---- value parsers: each takes a TOML-native value or a string, returns the typed value.
@@ -213,20 +229,6 @@ def _cgroup_root(value: object) -> str | None:
     if text.lower() == "delegate":
         return "delegate"
     return _path(text)
-
-
-_CONDITION_TYPE = re.compile(
-    r"^(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
-    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-
-
-def _condition_type(value: object) -> str:
-    """A Kubernetes condition type: a qualified name, ``[dns.prefix/]name``."""
-    text = _text(value)
-    if not _CONDITION_TYPE.match(text):
-        raise _Refused(f"must be a Kubernetes qualified name like example.com/ready, got {value!r}")
-    return text
 
 
 def _user(value: object) -> str:
@@ -371,6 +373,7 @@ class Option:
     help: str
     paths: bool = False  # its value holds paths made absolute against the source's directory
     switch: bool = False  # a boolean: a bare --flag / --no-flag on the command line
+    default: Any = None  # a home option's default (fiberd's own: FiberdConfig's field)
 
     @property
     def env(self) -> str:
@@ -403,8 +406,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("devices", _devices, "static devices kind:index[:path[:uuid]], comma-separated"),
     Option("ready_file", _optional(_path), "readiness JSON, replaced atomically (none: no file)",
            paths=True),
-    Option("ready_condition", _condition_type,
-           "kubernetes home: the Pod condition type its readiness gate names"),
     Option("allowed_uids", _ids(lambda n: pwd.getpwnam(n).pw_uid, "user"),
            "users (ids or names) besides fiberd's own allowed on the socket"),
     Option("allowed_gids", _ids(lambda n: grp.getgrnam(n).gr_gid, "group"),
@@ -456,6 +457,8 @@ def default_text(opt: Option) -> str:
     """How the option's default reads in help ("STATE_DIR/fiberd.sock", "30", "none")."""
     if opt.name in _DERIVED:
         return f"STATE_DIR/{_DERIVED[opt.name]}"
+    if opt.name not in _BY_NAME:
+        return _show(opt.default)  # a home's option
     return _show(getattr(FiberdConfig(), opt.name))
 
 
@@ -483,6 +486,7 @@ def load_config(
     *,
     home_defaults: Mapping[str, object] | None = None,
     home_source: str = "the home",
+    home_options: Sequence[Option] = (),
 ) -> FiberdConfig:
     """Build fiberd's configuration from defaults, a TOML file, the environment and flags.
 
@@ -491,22 +495,27 @@ def load_config(
     values given on the command line (None: not given). ``home_defaults``
     are values a home implies (a Slurm job's state dir), above the built-in
     defaults and below everything else; ``home_source`` names them in
-    refusals. Blocks to read the file. Raises ConfigError with a one-line
+    refusals. ``home_options`` are the homes' own options (``homes.select.load_config``
+    passes every known home's), taken from every source like fiberd's own and
+    kept in ``home_options``. Blocks to read the file. Raises ConfigError with a one-line
     reason naming the option and its source; never returns a half-valid
     configuration.
     """
     env = os.environ if env is None else env
     path = path or env.get(CONFIG_ENV) or None
+    table = {**{opt.name: opt for opt in home_options}, **_BY_NAME}
     values: dict[str, tuple[object, str]] = {}  # option -> (parsed value, source)
     for name, raw in (home_defaults or {}).items():
-        if name not in _BY_NAME:
-            raise _unknown(name, home_source, list(_BY_NAME))
-        values[name] = _parse(_BY_NAME[name], _flag_value(raw), home_source, os.getcwd())
+        if name not in table:
+            raise _unknown(name, home_source, list(table))
+        values[name] = _parse(table[name], _flag_value(raw), home_source, os.getcwd())
     if path is not None:
-        values.update(_from_file(path))
-    values.update(_from_env(env))
-    values.update(_from_flags(flags or {}))
-    return _build(values)
+        values.update(_from_file(path, table))
+    values.update(_from_env(env, table))
+    values.update(_from_flags(flags or {}, table))
+    own = {opt.name: values.pop(opt.name, (opt.default, ""))[0]
+           for opt in home_options if opt.name not in _BY_NAME}
+    return _build(values, own)
 
 
 def _parse(opt: Option, raw: object, source: str, base: str) -> tuple[object, str]:
@@ -531,7 +540,7 @@ def _unknown(option: str, source: str, candidates: list[str]) -> ConfigError:
     return ConfigError(option, source, f"is not a fiberd option{hint}")
 
 
-def _from_file(path: str) -> dict[str, tuple[object, str]]:
+def _from_file(path: str, table: Mapping[str, Option]) -> dict[str, tuple[object, str]]:
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)
@@ -543,15 +552,16 @@ def _from_file(path: str) -> dict[str, tuple[object, str]]:
     out: dict[str, tuple[object, str]] = {}
     for key, raw in document.items():
         source = f"{path}:{key}"
-        opt = _BY_NAME.get(key)
+        opt = table.get(key)
         if opt is None:
-            raise _unknown(key, source, list(_BY_NAME))
+            raise _unknown(key, source, list(table))
         out[key] = _parse(opt, raw, source, base)
     return out
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, tuple[object, str]]:
-    known = {opt.env: opt for opt in OPTIONS}
+def _from_env(env: Mapping[str, str],
+              table: Mapping[str, Option]) -> dict[str, tuple[object, str]]:
+    known = {opt.env: opt for opt in table.values()}
     out: dict[str, tuple[object, str]] = {}
     for var, raw in env.items():
         if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
@@ -563,14 +573,15 @@ def _from_env(env: Mapping[str, str]) -> dict[str, tuple[object, str]]:
     return out
 
 
-def _from_flags(flags: Mapping[str, object]) -> dict[str, tuple[object, str]]:
+def _from_flags(flags: Mapping[str, object],
+                table: Mapping[str, Option]) -> dict[str, tuple[object, str]]:
     out: dict[str, tuple[object, str]] = {}
     for name, raw in flags.items():
         if raw is None:
             continue
-        opt = _BY_NAME.get(name)
+        opt = table.get(name)
         if opt is None:
-            raise _unknown(name, "the command line", list(_BY_NAME))
+            raise _unknown(name, "the command line", list(table))
         out[name] = _parse(opt, _flag_value(raw), opt.flag, os.getcwd())
     return out
 
@@ -580,8 +591,9 @@ def _flag_value(raw: object) -> object:
     return list(raw) if isinstance(raw, tuple) else raw
 
 
-def _build(values: dict[str, tuple[object, str]]) -> FiberdConfig:
+def _build(values: dict[str, tuple[object, str]], own: dict[str, Any]) -> FiberdConfig:
     chosen: dict[str, Any] = {name: value for name, (value, _) in values.items()}
+    chosen["home_options"] = MappingProxyType(own)
     state_dir = str(chosen.get("state_dir", FiberdConfig.state_dir))
     for name, leaf in _DERIVED.items():
         if name not in chosen:

@@ -14,6 +14,7 @@ from slurm_fiber.config import OPTIONS, ConfigError, FiberdConfig, describe, loa
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
+from slurm_fiber.homes.select import load_config as homes_load_config
 from slurm_fiber.homes.standalone import StandaloneHome
 from tests.homes.homekit import token
 
@@ -25,8 +26,9 @@ def write(tmp_path: Path, text: str) -> str:
 
 
 def refusal(**kw: object) -> ConfigError:
+    """The refusal of loading ``kw`` as fiberd does (every home's own options known)."""
     with pytest.raises(ConfigError) as err:
-        load_config(**kw)  # type: ignore[arg-type]
+        homes_load_config(**kw)
     assert "\n" not in str(err.value)
     return err.value
 
@@ -182,10 +184,27 @@ def test_an_unreadable_or_invalid_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_ready_condition_is_a_kubernetes_condition_type() -> None:
-    assert load_config(env={}).ready_condition == "slurm-fiber.io/template-warm"
+    def condition(env: dict[str, str]) -> object:
+        return homes_load_config(env=env).home_options["ready_condition"]
+
+    assert condition({}) == "slurm-fiber.io/template-warm"
     for good in ("Ready", "example.com/grant.warm_1", "a.b-c.d/X"):
-        assert load_config(env={"FIBERD_READY_CONDITION": good}).ready_condition == good
+        assert condition({"FIBERD_READY_CONDITION": good}) == good
     assert refusal(env={"FIBERD_READY_CONDITION": "x" * 64}).option == "ready_condition"
+
+
+def test_a_home_option_is_the_homes_not_in_fiberds_table() -> None:
+    """ready_condition is declared by the kubernetes home (homes/kubernetes/options.py):
+    fiberd's own table knows it not, fiberd's flags and --help do, from the home."""
+    from slurm_fiber.cli.fiberd_options import option_parameters
+
+    assert "ready_condition" not in [opt.name for opt in OPTIONS]
+    with pytest.raises(ConfigError, match="is not a fiberd option"):
+        load_config(env={"FIBERD_READY_CONDITION": "Ready"})
+    flags = {p.name: p.default for p in option_parameters()}
+    assert "FIBERD_READY_CONDITION" in flags["ready_condition"].help
+    assert homes_load_config(env={}, flags={"ready_condition": "x.io/w"}).home_options == {
+        "ready_condition": "x.io/w"}
 
 
 def test_fence_ttl_may_not_be_shorter_than_stale_ttl() -> None:
@@ -196,7 +215,7 @@ def test_fence_ttl_may_not_be_shorter_than_stale_ttl() -> None:
 
 def test_every_option_is_a_field_documented_in_the_docstring_and_describe() -> None:
     names = [opt.name for opt in OPTIONS]
-    assert names == list(FiberdConfig.__match_args__)  # its fields, in order
+    assert [*names, "home_options"] == list(FiberdConfig.__match_args__)  # its fields
     doc = config_module.__doc__ or ""
     text = describe()
     for opt in OPTIONS:

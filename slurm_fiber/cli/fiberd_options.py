@@ -1,8 +1,9 @@
 """fiberd's command-line options, generated from the configuration's option table.
 
-Every option of ``slurm_fiber.config.OPTIONS`` becomes a ``--flag VALUE`` (a
-switch: a bare ``--flag`` / ``--no-flag``) whose help names its environment
-variable, so the table stays the one place an option is described.
+Every option of ``slurm_fiber.config.OPTIONS``, and every home's own
+(``homes.select.home_options``), becomes a ``--flag VALUE`` (a switch: a bare
+``--flag`` / ``--no-flag``) whose help names its environment variable, so each
+table stays the one place its options are described.
 ``fiberd`` and ``fiberd-run`` share them. ``load_from_flags`` turns the
 parsed flags into a ``FiberdConfig``.
 
@@ -19,13 +20,18 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from slurm_fiber.config import OPTIONS, FiberdConfig, default_text, load_config
-from slurm_fiber.homes.select import home_defaults
+from slurm_fiber.config import OPTIONS, FiberdConfig, Option, default_text, load_config
+from slurm_fiber.homes.select import home_defaults, home_options
 
 KW = inspect.Parameter.KEYWORD_ONLY
 CONFIG_HELP = "TOML file of options (env FIBERD_CONFIG); flags and env override it"
 # Words that start with "-" and are still values, as argparse takes them: "-", a negative number.
 DASH_VALUE = re.compile(r"-|-\d+|-\d*\.\d+")
+
+
+def all_options() -> tuple[Option, ...]:
+    """fiberd's own options, then every known home's (``homes.select.home_options``)."""
+    return (*OPTIONS, *home_options())
 
 
 def option_parameters() -> list[inspect.Parameter]:
@@ -35,7 +41,7 @@ def option_parameters() -> list[inspect.Parameter]:
 
     params = [inspect.Parameter("config", KW, annotation=str | None, default=typer.Option(
         None, "--config", metavar="FILE", help=CONFIG_HELP, show_default=False))]
-    for opt in OPTIONS:
+    for opt in all_options():
         help_text = f"{opt.help} [env {opt.env}; default {default_text(opt)}]"
         if opt.switch:
             flag = f"{opt.flag}/--no-{opt.flag[2:]}"
@@ -61,7 +67,7 @@ def plain_flags(argv: Sequence[str], extra: Mapping[str, bool] | None = None
     negatable: dict[str, str] = {}
     bare: dict[str, str] = {}
     parsed: dict[str, object] = {"config": None}
-    for opt in OPTIONS:
+    for opt in all_options():
         (negatable if opt.switch else valued)[opt.flag] = opt.name
         parsed[opt.name] = None
     for flag, switch in (extra or {}).items():
@@ -100,10 +106,12 @@ def load_from_flags(flags: Mapping[str, object],
 
     Raises ConfigError (one line naming the option and its source).
     """
-    names = {opt.name for opt in OPTIONS}
+    options = all_options()
+    names = {opt.name for opt in options}
     return load_config(str(flags["config"]) if flags.get("config") else None,
                        flags={k: v for k, v in flags.items() if k in names},
-                       home_defaults=home_defaults, home_source=f"the {flags.get('home')} home")
+                       home_defaults=home_defaults, home_source=f"the {flags.get('home')} home",
+                       home_options=options[len(OPTIONS):])
 
 
 def resolve_config(flags: Mapping[str, object], environ: Mapping[str, str]) -> FiberdConfig:

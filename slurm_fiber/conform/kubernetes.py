@@ -45,7 +45,6 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_fiber.config import load_config
 from slurm_fiber.conform.stage import (
     Capability,
     Issuer,
@@ -64,6 +63,7 @@ from slurm_fiber.homes.kubernetes.incluster import (
     ENV_SERVICE_ACCOUNT,
     ENV_SERVICE_ACCOUNT_DIR,
 )
+from slurm_fiber.homes.select import load_config
 from slurm_fiber.testing.kubernetes import realserver
 from slurm_fiber.testing.kubernetes.fake import (
     DEFAULT_GATE,

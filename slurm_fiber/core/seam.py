@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from slurm_fiber.core.book.health import SourceHealth
@@ -37,17 +37,32 @@ class EventKind(enum.Enum):
 
 
 @dataclass(frozen=True)
+class GrantOrigin:
+    """Where a delivered token came from, as the home knows it from its own side, without
+    reading the token: ``path`` (a file, a Secret key) and ``owner`` (the uid owning it,
+    None when that means nothing). Once the token is verified, fiberd calls ``held`` (when
+    set) with the UID it names: that, never the token's unverified claims, is which grant
+    the origin holds. ``held`` never raises."""
+
+    path: str
+    owner: int | None = None
+    held: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class GrantEvent:
-    """One delivery: ``token`` is set for GRANT_ADDED, ``uid`` for GRANT_REMOVED."""
+    """One delivery: ``token`` (and, when the home knows it, ``origin``) is set for
+    GRANT_ADDED, ``uid`` for GRANT_REMOVED."""
 
     kind: EventKind
     token: bytes = b""
     uid: str = ""
+    origin: GrantOrigin | None = None
 
     @classmethod
-    def added(cls, token: bytes) -> GrantEvent:
-        """A GRANT_ADDED event carrying ``token`` (raw, unverified)."""
-        return cls(EventKind.GRANT_ADDED, token=token)
+    def added(cls, token: bytes, origin: GrantOrigin | None = None) -> GrantEvent:
+        """A GRANT_ADDED event carrying ``token`` (raw, unverified) from ``origin``."""
+        return cls(EventKind.GRANT_ADDED, token=token, origin=origin)
 
     @classmethod
     def removed(cls, uid: str) -> GrantEvent:

@@ -140,7 +140,7 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
 
 async def _build_kubernetes(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                             on_problem: ProblemSink) -> BuiltHome:
-    from slurm_fiber.homes.kubernetes import build_kubernetes_home
+    from slurm_fiber.homes.kubernetes.home import build_kubernetes_home
     from slurm_fiber.homes.kubernetes.incluster import InClusterError
 
     try:
@@ -163,5 +163,6 @@ KUBERNETES = HomeEntry(
     "kubernetes", "the grant Pod", _build_kubernetes,
     options=("grantdir", "poll_interval", "stale_ttl", "devices", "cgroup_root",
              "ready_condition"),
+    own_options="slurm_fiber.homes.kubernetes.options:OPTIONS",
     stage="slurm_fiber.conform.kubernetes:KubernetesStage")
 BUILTIN = (STANDALONE, SLURM, KUBERNETES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from slurm_fiber.core.seam import EventKind, GrantEvent, GrantSource, Home
+from slurm_fiber.core.seam import EventKind, GrantEvent, GrantOrigin, GrantSource, Home
 from slurm_fiber.core.trust.grant import VerifiedToken, valid_uid
 from slurm_fiber.homes.healthpoll import error_message
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
@@ -51,12 +51,16 @@ async def deliver(event: GrantEvent, core: Admitter, on_problem: ProblemSink) ->
     Cancellation propagates.
     """
     if event.kind is EventKind.GRANT_ADDED:
+        origin = event.origin
         try:
             vt = core.verify(event.token)
         except Exception as err:
             code = str(getattr(err, "code", "") or "token_refused")
-            on_problem(Problem(code, "delivered token", _reason(err)))
+            where = "delivered token" if origin is None else _origin(origin)
+            on_problem(Problem(code, where, _reason(err)))
             return
+        if origin is not None and origin.held is not None:
+            origin.held(vt.uid)  # what the origin holds is what verification found
         try:
             core.lift(vt.uid)
             await core.admit(vt)
@@ -70,6 +74,11 @@ async def deliver(event: GrantEvent, core: Admitter, on_problem: ProblemSink) ->
         await core.remove(event.uid)
     except Exception as err:
         on_problem(Problem("remove_failed", event.uid, _reason(err)))
+
+
+def _origin(origin: GrantOrigin) -> str:
+    owner = "" if origin.owner is None else f" (owned by uid {origin.owner})"
+    return f"token from {origin.path}{owner}"
 
 
 async def drive(home: Home, core: Admitter, on_problem: ProblemSink = log_problem) -> None:

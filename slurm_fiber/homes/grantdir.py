@@ -2,9 +2,12 @@
 
 A ``GrantDir`` polls a directory for ``*.jwt`` files (polling is the contract). A new
 file, or one whose content changed (compared by content hash), delivers GRANT_ADDED
-with its raw token; a UID no longer held by any file delivers GRANT_REMOVED. The UID a
-file holds is its token's ``sub``, read without verifying, only to track which UIDs the
-files hold: verification is the core's job.
+with its raw token and its origin (``GrantOrigin``: the file's path and owner); a UID
+no longer held by any file delivers GRANT_REMOVED. The grantdir never reads a token's
+claims: which UID a file holds is what the core verified its token to name, handed
+back through the origin's ``held``. Until then (and for a token that fails
+verification) the file holds nothing new: a forged file naming another grant never
+keeps that grant held.
 
 - Bounded work: ``scan`` works in slices of ``SLICE`` names and yields to the loop
   between slices; a file whose stat signature is that of its last reading is not read
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import os
 import stat
@@ -40,9 +44,7 @@ from dataclasses import dataclass
 
 from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import Clock
-from slurm_fiber.core.seam import GrantEvent
-from slurm_fiber.core.trust.grant import valid_uid
-from slurm_fiber.core.trust.tokens import TokenRefused, decode_unverified
+from slurm_fiber.core.seam import GrantEvent, GrantOrigin
 from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.problem import Problem, ProblemSink, log_problem
 from slurm_fiber.safefs import UnsafePath, open_dir, read_upto
@@ -65,10 +67,19 @@ class GrantDirRefused(CodedError):
 
 @dataclass(frozen=True)
 class _Held:
-    """A file's last good reading: its content hash and the UID its token names."""
+    """A file's last reading delivered: its content hash and the UID its last verified
+    token named (None until one was verified)."""
 
     digest: bytes
-    uid: str
+    uid: str | None
+
+
+@dataclass(frozen=True)
+class _Token:
+    """A readable file's content and its owner, as read."""
+
+    data: bytes
+    owner: int
 
 
 @dataclass(frozen=True)
@@ -96,17 +107,18 @@ class _Same:
 
 
 _SAME = _Same()
-_Reading = bytes | _Bad | _InFlux | _Same
+_Reading = _Token | _Bad | _InFlux | _Same
 
 
-def unverified_uid(token: bytes) -> str | None:
-    """The ``sub`` a JWT-shaped token names, unverified; None when it names no valid UID."""
-    try:
-        claims = decode_unverified(token).claims
-    except TokenRefused:
-        return None
-    uid = claims.get("sub")
-    return uid if valid_uid(uid) else None
+_B64URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def jws_shaped(data: bytes) -> bool:
+    """Whether ``data`` has a compact JWS's shape (three base64url parts, the payload
+    and header non-empty, surrounding whitespace ignored); nothing in it is decoded."""
+    parts = data.strip().split(b".")
+    return (len(parts) == 3 and bool(parts[0]) and bool(parts[1])
+            and all(set(part) <= _B64URL for part in parts))
 
 
 def _stat_version(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -172,6 +184,8 @@ class GrantDir:
         self._on_problem = on_problem
         self._health = health
         self._files: dict[str, _Held] = {}
+        self._released: set[str] = set()  # UIDs a verified rewrite stopped holding
+        self._announced: set[str] = set()  # ... and already removed during this scan
         self._known: dict[str, _Signature] = {}  # name -> signature of its last settled reading
         self._reports = 0  # problems reported so far (scan yields to the loop after each)
         self._reported: dict[str, tuple[str, object]] = {}
@@ -249,8 +263,19 @@ class GrantDir:
         return self.events()
 
     def uids(self) -> set[str]:
-        """The UIDs the files held at the last poll."""
-        return {held.uid for held in self._files.values()}
+        """The UIDs the files hold: what their last verified tokens named."""
+        return {held.uid for held in self._files.values() if held.uid is not None}
+
+    def _held(self, name: str, digest: bytes, uid: str) -> None:
+        """The core verified the token of ``name`` read as ``digest`` to name ``uid``: the
+        file holds ``uid`` now. A UID the file held before and no file holds any more is
+        removed at the next scan. A later rewrite of the file makes this a no-op."""
+        held = self._files.get(name)
+        if held is None or held.digest != digest or held.uid == uid:
+            return
+        before = self.uids()
+        self._files[name] = _Held(digest, uid)
+        self._released |= before - self.uids()
 
     def poll(self) -> list[GrantEvent]:
         """Look at the directory once and return what changed since the last poll.
@@ -260,6 +285,15 @@ class GrantDir:
         reported, and the poll delivers nothing and forgets nothing.
         """
         return [step for step in self._steps() if step is not None]
+
+    def poll_each(self) -> Iterator[GrantEvent]:
+        """``poll`` one event at a time, as ``events`` delivers them: a consumer that hands a
+        GRANT_ADDED's verified UID back (``GrantOrigin.held``) before asking for the next
+        event gets the removals that follow from it, each UID's in its turn."""
+        for step in self._steps():
+            if step is not None:
+                yield step
+                yield from self.released()
 
     async def scan(self) -> list[GrantEvent]:
         """``poll`` for the event loop: the same result, worked in slices of ``SLICE``
@@ -292,6 +326,7 @@ class GrantDir:
         if self._health is not None:
             self._health.mark_up(self.path)
         before = self.uids()
+        self._announced.clear()
         present: set[str] = set()
         for start in range(0, len(listing), SLICE):
             if start:
@@ -313,8 +348,16 @@ class GrantDir:
         """
         self.check_at_start()
         while True:
-            for event in await self.scan():
-                yield event
+            # The steps are taken as delivered, so each removal (a rewrite's, once its new
+            # token is verified; the vanished files', last) is judged on what the files
+            # hold after everything before it was delivered.
+            for step in self._steps():
+                if step is None:
+                    await asyncio.sleep(0)
+                    continue
+                yield step
+                for removed in self.released():
+                    yield removed
             await self.clock.sleep(self.interval)
 
     def _listing(self) -> list[str] | GrantDirRefused:
@@ -367,26 +410,40 @@ class GrantDir:
             del self._known[name]
         for name in set(self._reported) - present - {_DIR_SUBJECT}:
             del self._reported[name]
-        return [GrantEvent.removed(uid) for uid in sorted(before - self.uids())]
+        gone = ((before - self._announced) | self._released) - self.uids()
+        self._released.clear()
+        self._announced.clear()
+        return [GrantEvent.removed(uid) for uid in sorted(gone)]
+
+    def released(self) -> list[GrantEvent]:
+        """A GRANT_REMOVED for each UID a file stopped holding when its rewritten token was
+        verified to name another (``GrantOrigin.held``), once. ``events`` and ``poll_each``
+        deliver them right after the GRANT_ADDED that released them."""
+        gone = sorted(self._released - self.uids())
+        self._released.clear()
+        self._announced.update(gone)
+        return [GrantEvent.removed(uid) for uid in gone]
 
     @staticmethod
     def _is_grant_name(name: str) -> bool:
         return name.endswith(GRANT_SUFFIX) and not name.startswith(".")
 
-    def _take(self, name: str, content: bytes) -> GrantEvent | None:
-        """Record a readable file's content; the GRANT_ADDED it delivers, if new."""
-        digest = hashlib.sha256(content).digest()
+    def _take(self, name: str, content: _Token) -> GrantEvent | None:
+        """Record a readable file's content; the GRANT_ADDED it delivers, if new. The file
+        keeps holding its last verified UID until the core verifies the new token."""
+        digest = hashlib.sha256(content.data).digest()
         held = self._files.get(name)
         if held is not None and held.digest == digest:
             self._reported.pop(name, None)
             return None
-        uid = unverified_uid(content)
-        if uid is None:
-            self._report(name, _Bad("junk", "is not a JWT naming a valid grant UID in sub", digest))
+        if not jws_shaped(content.data):
+            self._report(name, _Bad("junk", "is not a JWT (three base64url parts)", digest))
             return None
-        self._files[name] = _Held(digest, uid)
+        self._files[name] = _Held(digest, held.uid if held is not None else None)
         self._reported.pop(name, None)
-        return GrantEvent.added(content)
+        origin = GrantOrigin(os.path.join(self.path, name), content.owner,
+                             held=functools.partial(self._held, name, digest))
+        return GrantEvent.added(content.data, origin)
 
     def _down(self, code: str, reason: str) -> None:
         """The directory cannot deliver: report it (once until it changes), mark health down."""
@@ -427,7 +484,7 @@ class GrantDir:
         reason = "is a symlink; grant files are regular files (follow_symlinks reads a Secret)"
         return _Bad("symlink", reason, _stat_version(st)), settled
 
-    def _read_link(self, full: str) -> bytes | _Bad | _InFlux:
+    def _read_link(self, full: str) -> _Token | _Bad | _InFlux:
         """Follow a link that stays inside the directory (or ``..data``); one retry across a swap.
 
         A link to nothing is "dangling", or in a Secret volume in flux; a link
@@ -466,7 +523,7 @@ class GrantDir:
         data = os.path.realpath(os.path.join(root, DATA_LINK))
         return data if _inside(root, data) else None
 
-    def _read_file(self, path: str, st: os.stat_result) -> bytes | _Bad:
+    def _read_file(self, path: str, st: os.stat_result) -> _Token | _Bad:
         if stat.S_ISDIR(st.st_mode):
             return _Bad("not_a_file", "is a directory, not a token file", _stat_version(st))
         try:
@@ -484,7 +541,7 @@ class GrantDir:
         finally:
             os.close(fd)
 
-    def _read_open(self, fd: int) -> bytes | _Bad:
+    def _read_open(self, fd: int) -> _Token | _Bad:
         st = os.fstat(fd)
         version = _stat_version(st)
         if not stat.S_ISREG(st.st_mode):
@@ -496,4 +553,4 @@ class GrantDir:
         if len(data) > MAX_TOKEN_BYTES:
             return _Bad("oversized", f"is over {MAX_TOKEN_BYTES} bytes, larger than any token",
                         version)
-        return data
+        return _Token(data, st.st_uid)

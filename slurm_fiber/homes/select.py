@@ -35,8 +35,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client
 if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
     from collections.abc import Awaitable, Callable, Iterator, Mapping
     from pathlib import Path
+    from typing import Any
 
-    from slurm_fiber.config import FiberdConfig
+    from slurm_fiber.config import FiberdConfig, Option
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.core.seam import Home
     from slurm_fiber.homes.problem import ProblemSink
@@ -124,7 +125,9 @@ class HomeEntry:
     the socket of this home's fiberd as a client in ``environ`` finds it (a path
     string: a client's start-up need not import pathlib), None when ``environ``
     says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
-    factory, None when it has none. Immutable.
+    factory, None when it has none. ``own_options``: ``module:attr`` of the tuple of
+    ``config.Option`` the home declares for itself (loaded only when fiberd's options
+    are, ``home_options``), None when it has none. Immutable.
     """
 
     name: str
@@ -135,16 +138,18 @@ class HomeEntry:
     claims: Callable[[Mapping[str, str]], bool]
     socket: Callable[[Mapping[str, str]], str | None]
     stage: str | None
+    own_options: str | None
 
     def __init__(self, name: str, summary: str, build: HomeBuilder,
                  options: tuple[str, ...] = (),
                  defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults,
                  claims: Callable[[Mapping[str, str]], bool] = _never,
                  socket: Callable[[Mapping[str, str]], str | None] = _no_socket,
-                 stage: str | None = None) -> None:
+                 stage: str | None = None, own_options: str | None = None) -> None:
         for name_, value in (("name", name), ("summary", summary), ("build", build),
                              ("options", options), ("defaults", defaults),
-                             ("claims", claims), ("socket", socket), ("stage", stage)):
+                             ("claims", claims), ("socket", socket), ("stage", stage),
+                             ("own_options", own_options)):
             object.__setattr__(self, name_, value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -239,6 +244,32 @@ def each_entry() -> Iterator[HomeEntry]:
             yield lookup(name)
         except UnknownHome:
             continue
+
+
+def home_options() -> tuple[Option, ...]:
+    """Every known home's own options (``HomeEntry.own_options``), in ``names()`` order,
+    each name once (the first home's declaration wins); a declaration that cannot be
+    loaded is skipped (``slurm-fiber conform`` of that home says why)."""
+    seen: dict[str, Option] = {}
+    for entry in each_entry():
+        if entry.own_options is None:
+            continue
+        try:
+            declared = load_object(entry.own_options)
+        except LookupError:
+            continue
+        for opt in declared if isinstance(declared, tuple) else ():
+            seen.setdefault(opt.name, opt)
+    return tuple(seen.values())
+
+
+def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
+                flags: Mapping[str, object] | None = None, **kw: Any) -> FiberdConfig:
+    """``config.load_config`` knowing every home's own options (``home_options``): how
+    fiberd, its tests and the stages load a configuration that may name them."""
+    from slurm_fiber import config
+
+    return config.load_config(path, env, flags, home_options=home_options(), **kw)
 
 
 def claiming(environ: Mapping[str, str], fallback: str = "standalone") -> str:

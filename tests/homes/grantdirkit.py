@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import EventKind, GrantDir, Problem
-from slurm_fiber.homes.grantdir import unverified_uid
+from tests.homes.homekit import confirmed
 
 
 class Dir:
@@ -23,11 +23,12 @@ class Dir:
         self.gd = GrantDir(path, clock, interval=2.0, on_problem=self.problems.append, **kw)
 
     def poll(self) -> list[tuple[str, str]]:
-        """One poll as (kind, uid) pairs; for GRANT_ADDED the uid is the token's sub."""
+        """One poll as (kind, uid) pairs; for GRANT_ADDED the uid is the token's sub, handed
+        back to the grantdir as verified (``homekit.confirmed``)."""
         out = []
-        for ev in self.gd.poll():
+        for ev in self.gd.poll_each():
             if ev.kind is EventKind.GRANT_ADDED:
-                out.append(("added", unverified_uid(ev.token) or "?"))
+                out.append(("added", confirmed(ev) or "?"))
             else:
                 out.append(("removed", ev.uid))
         return out

@@ -12,8 +12,7 @@ from slurm_fiber.core.book.health import SourceHealth
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.trust.grant import FiberSpec, VerifiedToken
 from slurm_fiber.homes import GrantDir, GrantEvent, Home, Problem, drive
-from slurm_fiber.homes.grantdir import unverified_uid
-from tests.homes.homekit import FedHome, token
+from tests.homes.homekit import FedHome, token, unverified_uid
 
 
 class TokenRefused(Exception):

@@ -17,7 +17,7 @@ from slurm_fiber.core.book.health import HealthState, SourceHealth
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import MAX_TOKEN_BYTES, GrantDir, GrantDirRefused
 from tests.homes.grantdirkit import Dir
-from tests.homes.homekit import token
+from tests.homes.homekit import confirmed, token
 
 NOBODY = 65534
 
@@ -79,11 +79,13 @@ def test_junk_and_partial_files_are_reported_once_until_they_change(d: Dir) -> N
     assert d.codes() == ["junk", "junk"]
     f.write_bytes(full)
     assert d.poll() == [("added", "alpha")]
+    assert "JWT" in d.problems[-1].reason and d.problems[-1].subject.endswith(".jwt")
+    # A JWT naming no valid UID is delivered: the grantdir reads no claims, the core's
+    # verification refuses it, and the file holds no grant.
     (d.path / "nosub.jwt").write_bytes(token("", "x"))
     (d.path / "badsub.jwt").write_bytes(token("../../etc", "x"))
-    assert d.poll() == []
-    assert d.codes() == ["junk", "junk", "junk", "junk"]
-    assert "sub" in d.problems[-1].reason and d.problems[-1].subject.endswith(".jwt")
+    assert d.poll() == [("added", "?"), ("added", "?")]
+    assert d.codes() == ["junk", "junk"] and d.gd.uids() == {"alpha"}
 
 
 def test_a_file_that_turns_bad_keeps_its_last_good_uid_until_deleted(d: Dir) -> None:
@@ -286,6 +288,7 @@ def test_events_poll_at_once_then_every_interval(d: Dir, clock: FakeClock) -> No
 
     async def consume() -> None:
         async for ev in d.gd.events():
+            confirmed(ev)  # as drive does once the core verified it
             got.append(ev.kind.value)
 
     async def main() -> None:

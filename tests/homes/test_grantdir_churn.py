@@ -20,8 +20,7 @@ from pathlib import Path
 
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes import EventKind, GrantDir, GrantEvent, Problem
-from slurm_fiber.homes.grantdir import unverified_uid
-from tests.homes.homekit import token
+from tests.homes.homekit import confirmed, token, unverified_uid
 
 OPS = 1000
 NAMES = [f"f{i:03d}.jwt" for i in range(150)]
@@ -120,10 +119,10 @@ def test_churn_of_a_thousand_files_loses_nothing(tmp_path: Path, clock: FakeCloc
     held: set[str] = set()
 
     def poll() -> None:
-        for event in gd.poll():
+        for event in gd.poll_each():
             delivered.append(event)
             if event.kind is EventKind.GRANT_ADDED:
-                uid = unverified_uid(event.token)
+                uid = confirmed(event)
                 assert uid is not None
                 held.add(uid)
             else:

@@ -19,8 +19,8 @@ from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.seam import EventKind
 from slurm_fiber.homes import Problem
 from slurm_fiber.homes import grantdir as grantdir_module
-from slurm_fiber.homes.grantdir import SLICE, GrantDir, unverified_uid
-from tests.homes.homekit import token
+from slurm_fiber.homes.grantdir import SLICE, GrantDir
+from tests.homes.homekit import confirmed, token
 
 FILES = 5000
 VALID_EVERY = 50  # every 50th file holds a valid grant: 100 grants, 4,900 junk files
@@ -71,7 +71,7 @@ async def scan_with_ticker(gd: GrantDir) -> tuple[list[tuple[str, str]], int]:
     during = ticks - before
     running.cancel()
     await asyncio.gather(running, return_exceptions=True)
-    return [(e.kind.value, e.uid or unverified_uid(e.token) or "") for e in events], during
+    return [(e.kind.value, e.uid or confirmed(e) or "") for e in events], during
 
 
 def test_a_5000_file_grantdir_is_delivered_in_slices_and_junk_is_read_once(

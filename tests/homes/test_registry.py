@@ -78,8 +78,9 @@ def test_a_built_standalone_home_says_its_audience_cgroup_reason_and_closes(
 
 
 def test_every_option_a_home_says_it_reads_is_a_fiberd_option() -> None:
-    from slurm_fiber.config import OPTIONS
+    """fiberd's own or one a home declares (``HomeEntry.own_options``)."""
+    from slurm_fiber.cli.fiberd_options import all_options
 
-    known = {opt.name for opt in OPTIONS}
+    known = {opt.name for opt in all_options()}
     for name in names()[:3]:
         assert set(lookup(name).options) <= known, name

@@ -19,7 +19,7 @@ from slurm_fiber.homes import EventKind, GrantDirRefused, Home
 from slurm_fiber.homes.readyfile import writer
 from slurm_fiber.homes.sdnotify import NotifyError, notify_address, sd_notify
 from slurm_fiber.homes.standalone import StandaloneHome
-from tests.homes.homekit import token
+from tests.homes.homekit import confirmed, token
 
 GPU0 = Device("gpu", 0, "/dev/nvidia0", "GPU-aaaa")
 GPU1 = Device("gpu", 1, "/dev/nvidia1")
@@ -94,13 +94,15 @@ def test_grant_files_are_delivered_added_and_removed(tmp_path: Path, clock: Fake
         events = await home.grants()
         first = await anext(events)
         assert first.kind is EventKind.GRANT_ADDED and first.token == token("alpha")
+        confirmed(first)  # as drive does once the core verified it
         (grants / "b.jwt").write_bytes(token("beta"))
         (grants / "a.jwt").unlink()
         pending = asyncio.ensure_future(anext(events))
         await clock.settle()
         assert not pending.done()  # nothing until the next poll
         await clock.advance_and_settle(2.0)
-        assert (await pending).token == token("beta")
+        added = await pending
+        assert added.token == token("beta") and confirmed(added) == "beta"
         removed = await anext(events)
         assert (removed.kind, removed.uid) == (EventKind.GRANT_REMOVED, "alpha")
         await events.aclose()

@@ -9,9 +9,6 @@ detection), ``claimdevices`` (a DRA allocation as core Devices),
 ``reading`` (one poll round: Pod and claims read and judged), ``home``
 (``KubernetesHome`` and ``build_kubernetes_home``, which fiberd calls). Its
 test doubles (the fake API server, the real-apiserver runner) are in
-``slurm_fiber.testing.kubernetes``.
+``slurm_fiber.testing.kubernetes``. ``options`` declares the home's own fiberd
+options; importing it (for ``fiberd --help``) loads nothing else of the home.
 """
-
-from slurm_fiber.homes.kubernetes.home import KubernetesHome, build_kubernetes_home
-
-__all__ = ["KubernetesHome", "build_kubernetes_home"]

@@ -70,6 +70,7 @@ from slurm_fiber.homes.grantdir import GrantDir
 from slurm_fiber.homes.healthpoll import HealthPoll, error_message
 from slurm_fiber.homes.kubernetes.api import ApiFailure, KubeApi
 from slurm_fiber.homes.kubernetes.incluster import load_in_cluster
+from slurm_fiber.homes.kubernetes.options import DEFAULT_CONDITION, READY_CONDITION
 from slurm_fiber.homes.kubernetes.reading import Reading, read_scope
 from slurm_fiber.homes.kubernetes.scope import ScopeLoss, ScopeTracker, identity_claims
 from slurm_fiber.homes.problem import ProblemSink, log_problem
@@ -77,7 +78,6 @@ from slurm_fiber.homes.readygate import ReadyGate
 from slurm_fiber.homes.scopeloss import ScopeLossQueue
 
 NAME = "kubernetes"
-DEFAULT_CONDITION = FiberdConfig.ready_condition  # slurm-fiber.io/template-warm
 FIRST_ROUND_BUDGET = 2.0  # seconds for the round before serving (a cold TLS connection)
 TOKEN_REFUSALS = 2  # rounds in a row answered 401 (token re-read before each) that end the Pod
 log = logging.getLogger("slurm_fiber.homes.kubernetes")
@@ -334,7 +334,7 @@ async def build_kubernetes_home(
         stale_after=config.stale_ttl,
         devices=config.devices,
         cgroup=config.cgroup_root,
-        condition_type=config.ready_condition,
+        condition_type=config.home_options.get(READY_CONDITION, DEFAULT_CONDITION),
         on_problem=on_problem,
     )
     await home.first_round(max(config.poll_interval, FIRST_ROUND_BUDGET))

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fiber.config import load_config
 from slurm_fiber.core.book.health import HealthState
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.core.devices import Device
 from slurm_fiber.core.trust.grant import FiberSpec, ScopeClaim, VerifiedToken
 from slurm_fiber.homes import Home, LosesScope
-from slurm_fiber.homes.kubernetes import KubernetesHome, build_kubernetes_home
+from slurm_fiber.homes.kubernetes.home import KubernetesHome, build_kubernetes_home
 from slurm_fiber.homes.kubernetes.incluster import InClusterError
+from slurm_fiber.homes.select import load_config
 from slurm_fiber.testing.kubernetes.fake import PODS, FakeApiServer
 
 GPU_GRANT = VerifiedToken("g1", "iss", "j", ("aud",), 0.0, 0.0, None,

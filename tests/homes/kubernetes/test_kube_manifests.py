@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from slurm_fiber.config import load_config
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.homes.kubernetes import incluster
 from slurm_fiber.homes.kubernetes.api import KubeApi
 from slurm_fiber.homes.kubernetes.incluster import InClusterConfig
+from slurm_fiber.homes.select import load_config
 from slurm_fiber.testing.kubernetes.fake import DEFAULT_GATE, FakeApiServer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
@@ -64,7 +64,8 @@ def test_pod_manifest_configures_fiberd_for_its_secret_and_readiness_gate() -> N
     (mount,) = container["volumeMounts"]
     assert config.home == "kubernetes"
     assert config.grantdir == mount["mountPath"] and mount["readOnly"] is True
-    assert pod["spec"]["readinessGates"] == [{"conditionType": config.ready_condition}]
+    condition = config.home_options["ready_condition"]
+    assert pod["spec"]["readinessGates"] == [{"conditionType": condition}]
 
 
 def test_role_grants_exactly_what_the_home_calls(
