@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_fiber.core.book.misses import Miss, MissCode
-from slurm_fiber.core.runtime.core import AdmitRefused
+from slurm_fiber.core.runtime.trail import AdmitRefused
 from slurm_fiber.errors import CodedError
 from slurm_fiber.homes.grantdir import GrantDirRefused
 from slurm_fiber.homes.kubernetes.home import DevicesUnknown
