@@ -1,46 +1,39 @@
 """Where a client finds fiberd's socket (fiberctl, fibermap, the Executor).
 
-A client-side policy: each home says where its fiberd's socket is from a
-client's environment (``HomeEntry.socket`` in the home registry), so this
-module knows no home's layout.
-
-Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then the
-first built-in home that places a socket from the environment (the Slurm
-home inside a job: the job's socket on this node; homes.builtin says how),
-then a standalone fiberd's socket: ``$FIBERD_STATE_DIR/fiberd.sock``, else
-/var/lib/slurm-fiber/fiberd.sock (fiberd's own defaults, so both sides agree
-without configuration). Installed homes are not asked: reading the package
-metadata would add about 50 ms to every client command; their clients give
-``$FIBERD_SOCKET``. Paths are strings, as the homes give them: pathlib would
-add about 3 ms to each fiberctl started per task.
+Order: an explicit path (``--socket``), then ``$FIBERD_SOCKET``, then, inside a
+Slurm job (``$SLURM_JOB_ID``), the job's socket on this node as the node's path
+convention places it (defaults.job_socket_of: ``<state root>/nodes/<node>/jobs/
+<job id>/fiberd.sock``, the state root as client.siteroot reads it, the node
+``$SLURMD_NODENAME`` or the short host name), then a standalone fiberd's socket:
+``$FIBERD_STATE_DIR/fiberd.sock``, else /var/lib/slurm-fiber/fiberd.sock
+(fiberd's own defaults, so both sides agree without configuration). Other homes'
+clients give ``$FIBERD_SOCKET``. Paths are strings (the client's budget).
 """
 
 from __future__ import annotations
 
 import os
 
-from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR
+from slurm_fiber.client.siteroot import site_state_root
+from slurm_fiber.defaults import SOCKET_NAME, STATE_DIR, job_socket_of
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the client's budget)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 
-def home_socket_path(environ: Mapping[str, str]) -> str | None:
-    """The socket the first built-in home places from ``environ``, None when none does.
+def job_socket_path(environ: Mapping[str, str]) -> str | None:
+    """Inside a Slurm job, the job's socket on this node; None outside one.
 
-    Blocks on what that home reads (the Slurm home: the site config's ``state_root``);
-    raises ValueError for a relative ``$SLURM_FIBER_STATE_ROOT``.
+    Blocks on reading the site file's ``state_root``; raises ValueError for a relative
+    ``$SLURM_FIBER_STATE_ROOT`` or a node name that is not one.
     """
-    # Imported here: a client given its socket (--socket, $FIBERD_SOCKET) never pays for
-    # the registry's imports.
-    from slurm_fiber.homes.select import builtin_entries
-
-    for entry in builtin_entries():
-        path = entry.socket(environ)
-        if path is not None:
-            return path
-    return None
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return None
+    # the host name as gethostname(2) gives it, without importing socket
+    node = environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    return job_socket_of(site_state_root(environ), node, int(job_id))
 
 
 def default_socket_path(environ: Mapping[str, str]) -> str:
@@ -56,4 +49,4 @@ def discover_socket(explicit: str | os.PathLike[str] | None = None,
         return os.fspath(explicit)
     if env.get("FIBERD_SOCKET"):
         return env["FIBERD_SOCKET"]
-    return home_socket_path(env) or default_socket_path(env)
+    return job_socket_path(env) or default_socket_path(env)

@@ -9,10 +9,10 @@ directory. The concrete homes live in sub-modules.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fiberctl imports this)
-if TYPE_CHECKING:
-    from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
     from slurm_fiber.core.seam import (
         EventKind,
         GrantEvent,
@@ -50,8 +50,6 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib  # with warnings: not in fiberctl's start-up, which asks no lazy name
-
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

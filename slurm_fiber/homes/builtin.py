@@ -3,20 +3,19 @@
 The one module that knows every built-in home (homes.select looks them up
 here). Each home's own modules are imported inside the functions below, on
 purpose: fiberd loads only the home it runs, and listing the homes (for
-``--help``, discovery, conform) imports none of them.
+``--help``, conform) imports none of them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_fiber.homes.select import BuiltHome, HomeEntry, HomeRefused
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (discovery imports this)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from pathlib import Path
-
     from slurm_fiber.config import FiberdConfig
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.homes.problem import ProblemSink
@@ -77,28 +76,6 @@ def _in_slurm_job(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
 
-def _slurm_socket(environ: Mapping[str, str]) -> str | None:
-    """Inside a Slurm job (``$SLURM_JOB_ID``), the job's socket on this node as the node's
-    path convention places it (``<state root>/nodes/<node>/jobs/<job id>/fiberd.sock``;
-    state root ``$SLURM_FIBER_STATE_ROOT``, else the site config's, else
-    /var/lib/slurm-fiber; node ``$SLURMD_NODENAME`` or the short host name). Blocks on
-    reading the site config's ``state_root`` (only that key); a relative
-    ``$SLURM_FIBER_STATE_ROOT`` raises ValueError. Strings all the way (homes.slurm.layout,
-    not paths): a client's start-up imports no pathlib."""
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return None
-    from slurm_fiber.defaults import SOCKET_NAME
-    from slurm_fiber.homes.slurm.layout import job_dir_of
-    from slurm_fiber.homes.slurm.sitefile import site_state_root
-
-    root = site_state_root(environ)
-    # the host name as gethostname(2) gives it, without socket (and its enum and selectors:
-    # a fiberctl started in a job looks its socket up here)
-    node = environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    return os.path.join(job_dir_of(root, node, int(job_id)), SOCKET_NAME)
-
-
 async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str, str],
                        on_problem: ProblemSink) -> BuiltHome:
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
@@ -123,8 +100,6 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
     state_dir = home.paths.state_dir
 
     def announce(sock: Path) -> None:
-        from pathlib import Path
-
         root = home.cgroup_root()
         fiberdrecord.write_record(state_dir, fiberdrecord.this_process(
             sock, Path(root) if root else None))
@@ -158,7 +133,7 @@ STANDALONE = HomeEntry(
 SLURM = HomeEntry(
     "slurm", "inside a job step, run it as `srun --overlap fiberd-run`", _build_slurm,
     options=("poll_interval", "stale_ttl"), defaults=_slurm_defaults, claims=_in_slurm_job,
-    socket=_slurm_socket, stage="slurm_fiber.conform.slurm:SlurmStage")
+    stage="slurm_fiber.conform.slurm:SlurmStage")
 KUBERNETES = HomeEntry(
     "kubernetes", "the grant Pod", _build_kubernetes,
     options=("grantdir", "poll_interval", "stale_ttl", "devices", "cgroup_root",

@@ -4,14 +4,11 @@ One ``HomeEntry`` per home says everything the rest of slurm_fiber needs to
 know about it: its ``name`` (what ``--home`` takes), a one-line ``summary``
 and the fiberd ``options`` it reads (for ``fiberd --help``), ``defaults``
 (options the environment implies, e.g. a Slurm job's state dir), ``claims``
-(whether an environment is this home's, so ``fiberd-run`` picks it),
-``socket`` (where a client finds this home's fiberd; discovery asks the
-built-in homes only, so a client's start-up reads no package metadata), its
-conformance ``stage``, and ``build``,
-which returns a ``BuiltHome``: the ``Home`` the core runs plus everything
-fiberd's wiring needs from the home (audience, why its cgroup root is what it
-is, what to announce and withdraw, how to close it). So nothing about a home
-is found by probing it.
+(whether an environment is this home's, so ``fiberd-run`` picks it), its
+conformance ``stage``, and ``build``, which returns a ``BuiltHome``: the
+``Home`` the core runs plus everything fiberd's wiring needs from the home
+(audience, why its cgroup root is what it is, what to announce and withdraw,
+how to close it). So nothing about a home is found by probing it.
 
 The built-in homes are listed in ``slurm_fiber.homes.builtin``; another
 package adds one with an entry point in the group ``slurm_fiber.homes``
@@ -21,22 +18,23 @@ built-in name wins over an installed one. An unknown name is refused with
 home reads no package metadata; listing every home scans the installed
 entry points once per process (and then only when asked).
 
-Entries stay light to import: each home's own modules are imported inside
-its ``build``, so fiberd loads only the home it runs (no Kubernetes client
-in a Slurm job) and this module stays importable by every option parser.
-The entry classes are plain classes, not dataclasses: discovery imports this
-module in fiberctl inside a job, whose import budget (tests/cli/test_fiberctl.py)
-leaves dataclasses out.
+Each home's own modules are imported inside its ``build``, so fiberd loads
+only the home it runs (no Kubernetes client in a Slurm job) and this module
+stays importable by every option parser.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start-up)
-if TYPE_CHECKING:  # only types: discovery imports this module in every client's start-up
-    from collections.abc import Awaitable, Callable, Iterator, Mapping
-    from pathlib import Path
-    from typing import Any
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
     from slurm_fiber.config import FiberdConfig, Option
     from slurm_fiber.core.clock import Clock
     from slurm_fiber.core.seam import Home
@@ -62,6 +60,7 @@ async def _close_nothing() -> list[str]:
     return []
 
 
+@dataclass
 class BuiltHome:
     """A built home: the ``Home`` the core runs and what fiberd's wiring needs from it.
 
@@ -74,20 +73,17 @@ class BuiltHome:
     ``cgroup_root()``, which may resolve the root on first use.
     """
 
+    home: Home
+    audience: str
+    announce: Callable[[Path], None] = dataclasses.field(default=_nothing, repr=False)
+    withdraw: Callable[[], None] = dataclasses.field(default=_nothing, repr=False)
+    close: Callable[[], Awaitable[list[str]]] = dataclasses.field(default=_close_nothing,
+                                                                   repr=False)
+    cgroup_reason: Callable[[], str] | None = dataclasses.field(default=None, repr=False)
 
-    def __init__(self, home: Home, audience: str, announce: Callable[[Path], None] = _nothing,
-                 withdraw: Callable[[], None] = _nothing,
-                 close: Callable[[], Awaitable[list[str]]] = _close_nothing,
-                 cgroup_reason: Callable[[], str] | None = None) -> None:
-        self.home, self.audience, self.announce, self.withdraw = home, audience, announce, withdraw
-        self.close, self.cgroup_reason = close, cgroup_reason
-
-    def __repr__(self) -> str:
-        return f"BuiltHome(home={self.home!r}, audience={self.audience!r})"
-
-    def replaced(self, **changes: object) -> BuiltHome:
-        """A copy with ``changes`` (field name -> new value), as ``dataclasses.replace``."""
-        return BuiltHome(**{**vars(self), **changes})
+    def replaced(self, **changes: Any) -> BuiltHome:
+        """A copy with ``changes`` (field name -> new value): ``dataclasses.replace``."""
+        return dataclasses.replace(self, **changes)
 
     def cgroup_line(self) -> str:
         """``cgroup_reason()``, or a line saying the home gives no cgroup root."""
@@ -96,11 +92,10 @@ class BuiltHome:
         return f"the {self.home.name()} home gives no cgroup root"
 
 
-if TYPE_CHECKING:  # a type only: collections.abc stays out of a client's start-up
-    # ``build(config, clock, environ, on_problem)``: blocks briefly (file reads in threads);
-    # raises HomeRefused with one line when the home cannot be built here.
-    HomeBuilder = Callable[[FiberdConfig, Clock, Mapping[str, str], ProblemSink],
-                           Awaitable[BuiltHome]]
+# ``build(config, clock, environ, on_problem)``: blocks briefly (file reads in threads);
+# raises HomeRefused with one line when the home cannot be built here.
+HomeBuilder = Callable[["FiberdConfig", "Clock", Mapping[str, str], "ProblemSink"],
+                       Awaitable[BuiltHome]]
 
 
 def _no_defaults(_environ: Mapping[str, str]) -> dict[str, object]:
@@ -111,56 +106,33 @@ def _never(_environ: Mapping[str, str]) -> bool:
     return False
 
 
-def _no_socket(_environ: Mapping[str, str]) -> str | None:
-    return None
-
-
+@dataclass(frozen=True)
 class HomeEntry:
     """One home in the registry. Every callable but ``build`` is pure or reads small files.
 
     ``defaults(environ)`` returns fiberd options the home implies (option
     name to value, below the file, environment and flags; raises HomeRefused
     when the environment is not the home's). ``claims(environ)``: whether
-    ``fiberd-run`` without ``--home`` should pick this home. ``socket(environ)``:
-    the socket of this home's fiberd as a client in ``environ`` finds it (a path
-    string: a client's start-up need not import pathlib), None when ``environ``
-    says nothing of it. ``stage``: ``module:attr`` of its grant-conform Stage
-    factory, None when it has none. ``own_options``: ``module:attr`` of the tuple of
-    ``config.Option`` the home declares for itself (loaded only when fiberd's options
-    are, ``home_options``), None when it has none. Immutable.
+    ``fiberd-run`` without ``--home`` should pick this home. ``stage``:
+    ``module:attr`` of its grant-conform Stage factory, None when it has none.
+    ``own_options``: ``module:attr`` of the tuple of ``config.Option`` the home
+    declares for itself (loaded only when fiberd's options are, ``home_options``),
+    None when it has none.
     """
 
     name: str
     summary: str
-    build: HomeBuilder
-    options: tuple[str, ...]
-    defaults: Callable[[Mapping[str, str]], dict[str, object]]
-    claims: Callable[[Mapping[str, str]], bool]
-    socket: Callable[[Mapping[str, str]], str | None]
-    stage: str | None
-    own_options: str | None
-
-    def __init__(self, name: str, summary: str, build: HomeBuilder,
-                 options: tuple[str, ...] = (),
-                 defaults: Callable[[Mapping[str, str]], dict[str, object]] = _no_defaults,
-                 claims: Callable[[Mapping[str, str]], bool] = _never,
-                 socket: Callable[[Mapping[str, str]], str | None] = _no_socket,
-                 stage: str | None = None, own_options: str | None = None) -> None:
-        for name_, value in (("name", name), ("summary", summary), ("build", build),
-                             ("options", options), ("defaults", defaults),
-                             ("claims", claims), ("socket", socket), ("stage", stage),
-                             ("own_options", own_options)):
-            object.__setattr__(self, name_, value)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r} of a frozen HomeEntry")
-
-    def __repr__(self) -> str:
-        return f"HomeEntry(name={self.name!r}, summary={self.summary!r})"
+    build: HomeBuilder = dataclasses.field(repr=False)
+    options: tuple[str, ...] = dataclasses.field(default=(), repr=False)
+    defaults: Callable[[Mapping[str, str]], dict[str, object]] = dataclasses.field(
+        default=_no_defaults, repr=False)
+    claims: Callable[[Mapping[str, str]], bool] = dataclasses.field(default=_never, repr=False)
+    stage: str | None = dataclasses.field(default=None, repr=False)
+    own_options: str | None = dataclasses.field(default=None, repr=False)
 
 
 def builtin_entries() -> tuple[HomeEntry, ...]:
-    """The homes slurm_fiber ships, in the order fiberd-run and discovery ask them."""
+    """The homes slurm_fiber ships, in the order fiberd-run asks them."""
     from slurm_fiber.homes.builtin import BUILTIN
 
     return BUILTIN
@@ -172,8 +144,6 @@ _INSTALLED: list[tuple[tuple[str, str], ...]] = []  # _installed()'s one answer,
 def _installed() -> tuple[tuple[str, str], ...]:
     """(name, value) of every ``slurm_fiber.homes`` entry point, read once per process."""
     if not _INSTALLED:
-        from importlib.metadata import entry_points  # about 10 ms: only when a name needs it
-
         _INSTALLED.append(tuple(sorted(
             (ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP))))
     return _INSTALLED[0]
@@ -189,8 +159,6 @@ def load_object(spec: str) -> object:
 
     Raises LookupError with one line when it cannot be had.
     """
-    import importlib  # with warnings: not in a client's start-up, which loads no object
-
     module, _, attr = spec.partition(":")
     try:
         target: object = importlib.import_module(module)
@@ -227,8 +195,6 @@ def lookup(name: str) -> HomeEntry:
     for installed, spec in _installed():
         if installed == name:
             return _load(name, spec)
-    import difflib  # only on this error: fiberctl imports this module (its import budget)
-
     near = difflib.get_close_matches(name, names(), n=1)
     hint = f"; did you mean {near[0]}?" if near else ""
     raise UnknownHome(f"no home named {name!r} (known: {', '.join(names())}){hint}")

@@ -18,14 +18,15 @@ import pytest
 
 CLIENT = {"slurm_fiber", "slurm_fiber.client", "slurm_fiber.client.connection",
           "slurm_fiber.client.discovery", "slurm_fiber.client.fiberctl",
+          "slurm_fiber.client.siteroot",
           "slurm_fiber.client.waits", "slurm_fiber.defaults", "slurm_fiber.errors",
           "slurm_fiber.protocol",
           "slurm_fiber.protocol.framing", "slurm_fiber.protocol.limits",
           "slurm_fiber.protocol.replies", "slurm_fiber.protocol.requests"}
-# In a Slurm job the socket is the job's: the Slurm home says where (its site file).
-IN_JOB = {"slurm_fiber.homes", "slurm_fiber.homes.builtin", "slurm_fiber.homes.select",
-          "slurm_fiber.homes.slurm", "slurm_fiber.homes.slurm.layout",
-          "slurm_fiber.homes.slurm.names", "slurm_fiber.homes.slurm.sitefile"}
+# In a Slurm job the socket is the job's: the client reads the site file's state_root
+# itself (client.siteroot) and places the socket by defaults' path convention, so a run
+# in a job loads what any run does and no slurm_fiber.homes module.
+IN_JOB: set[str] = set()
 MAP = {"slurm_fiber.client.fibermap", "slurm_fiber.client.mapinput",
        "slurm_fiber.client.mapspool", "slurm_fiber.client.tasks", "slurm_fiber.safefs"}
 # Never on a client's start: each costs about 0.5-10 ms of every task, or is the server's.

@@ -23,7 +23,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fiber.homes.slurm.names import NODE_RULE, SlurmParseError, is_node_name
+from slurm_fiber.defaults import NODE_RULE, is_node_name
+from slurm_fiber.homes.slurm.names import SlurmParseError
 
 MAX_ID = 2**32 - 2  # Slurm ids and Unix ids are uint32; the top values are sentinels
 MAX_FREE_TEXT = 4096

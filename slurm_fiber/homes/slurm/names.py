@@ -1,21 +1,14 @@
-"""Slurm's node names and parse errors, checked without ``re``.
+"""Slurm's parse errors, and a node name checked as one of them.
 
-``fiberctl`` inside a job finds the job's socket through the node's directory
-(homes.slurm.layout), whose name must be a node name: this module is all that
-path needs of the job's variables, and it stays within fiberctl's import budget
-(tests/cli/test_fiberctl.py: no ``re``). Pure.
+The node name rule itself is the path convention's (slurm_fiber.defaults);
+``check_node`` refuses a name that breaks it with the Slurm home's coded error.
+Pure.
 """
 
 from __future__ import annotations
 
+from slurm_fiber.defaults import NODE_RULE, is_node_name
 from slurm_fiber.errors import CodedError
-
-# A node name is a path component of the node's state (paths.node_dir): it starts with a
-# letter or a digit, so it is never "", "." or "..", and holds no "/" or control character.
-NODE_RULE = "letters, digits and _ . + -, starting with a letter or digit"
-MAX_NODE_NAME = 128
-_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
-_NODE_CHARS = _ALNUM | frozenset("_.+-")
 
 
 class SlurmParseError(CodedError, ValueError):
@@ -26,13 +19,6 @@ class SlurmParseError(CodedError, ValueError):
     ``slurm_error`` (Slurm itself reported a failure) or ``unrecognised``
     (output in no format this package knows). ``str()`` is one line.
     """
-
-
-def is_node_name(value: str) -> bool:
-    """Whether ``value`` is a node name (NODE_RULE: ASCII letters, digits and ``_ . + -``,
-    the first a letter or digit, at most MAX_NODE_NAME characters)."""
-    return (0 < len(value) <= MAX_NODE_NAME and value[0] in _ALNUM
-            and all(c in _NODE_CHARS for c in value))
 
 
 def check_node(node: str) -> str:

@@ -3,8 +3,8 @@
 The prolog creates these paths, fiberd-run and the Slurm home use them,
 fiberctl finds the socket from ``SLURM_JOB_ID``, and the epilog removes
 them. All of them derive from ``job_paths(state_root, job)``, built on the
-string forms in homes.slurm.layout (which a client finding a job's socket
-uses, without pathlib), so the parts cannot disagree. The layout, under the
+node's path convention in slurm_fiber.defaults (which a client finding a job's
+socket uses too), so the parts cannot disagree. The layout, under the
 state root (default /var/lib/slurm-fiber, overridden by
 ``SLURM_FIBER_STATE_ROOT``)::
 
@@ -29,8 +29,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_fiber.defaults import GRANTDIR_NAME, READY_NAME, SOCKET_NAME, STATE_DIR
-from slurm_fiber.homes.slurm.layout import job_dir_of, node_dir_of, state_root_of
+from slurm_fiber.defaults import (
+    GRANTDIR_NAME,
+    READY_NAME,
+    SOCKET_NAME,
+    STATE_DIR,
+    STATE_ROOT_ENV,
+    job_dir_of,
+    node_dir_of,
+    state_root_of,
+)
+from slurm_fiber.homes.slurm.names import check_node
 
 DEFAULT_STATE_ROOT = Path(STATE_DIR)
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
@@ -56,13 +65,13 @@ class JobPaths:
 def state_root(env: Mapping[str, str] | None = None) -> Path:
     """The state root: ``SLURM_FIBER_STATE_ROOT`` from ``env`` (default os.environ) or
     /var/lib/slurm-fiber. Raises ValueError when the variable is set but not absolute."""
-    return Path(state_root_of(os.environ if env is None else env))
+    return Path(state_root_of((os.environ if env is None else env).get(STATE_ROOT_ENV, "")))
 
 
 def node_dir(root: str | os.PathLike[str], node: str) -> Path:
-    """The per-node directory under ``root`` (layout.node_dir_of: ValueError for a name
-    that is not a node's, so no caller can step out of ``root``)."""
-    return Path(node_dir_of(root, node))
+    """The per-node directory under ``root``. Raises SlurmParseError (a ValueError) for a
+    name that is not a node's (names.check_node), so no caller can step out of ``root``."""
+    return Path(node_dir_of(root, check_node(node)))
 
 
 def job_paths(root: str | os.PathLike[str], node: str, job_id: int) -> JobPaths:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import os
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,15 +49,49 @@ from typing import Any
 
 from slurm_fiber.core.fibers.spec import BadFiberClaim, parse_fiber_spec
 from slurm_fiber.core.trust.grant import FiberSpec
+from slurm_fiber.defaults import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.gres import gpu_files
 from slurm_fiber.homes.slurm.home import SlurmHomeConfig
 from slurm_fiber.homes.slurm.jobenv import SlurmParseError
-from slurm_fiber.homes.slurm.layout import STATE_ROOT_ENV
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
-from slurm_fiber.homes.slurm.sitefile import SiteConfigError, config_path, read_site_file
 
+CONFIG_ENV = SITE_CONFIG_ENV
+DEFAULT_CONFIG = Path(DEFAULT_SITE_CONFIG)
+MAX_CONFIG_BYTES = 1 << 20
 CHECKS = ("config", "job", "state_dir", "tokens", "spool", "leases", "cgroup")
 ISSUER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/@-")
+
+
+class SiteConfigError(ValueError):
+    """The site configuration cannot be used; ``str()`` is one line naming the file and key."""
+
+
+def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:
+    """The config file and whether it was named explicitly (``SLURM_FIBER_CONFIG``)."""
+    named = environ.get(CONFIG_ENV, "")
+    return (Path(named), True) if named else (DEFAULT_CONFIG, False)
+
+
+def read_site_file(path: Path, explicit: bool) -> dict[str, Any] | None:
+    """The decoded TOML at ``path``; None for an absent default file. Blocks on one small
+    read. Raises SiteConfigError."""
+    if not path.is_absolute():
+        raise SiteConfigError(f"{CONFIG_ENV}={str(path)[:200]!r} must be an absolute path")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        if explicit:
+            raise SiteConfigError(f"{path}: no such file (named by {CONFIG_ENV})") from None
+        return None
+    except OSError as err:
+        raise SiteConfigError(f"{path}: {err.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise SiteConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise SiteConfigError(f"{path}: not valid TOML ({err})") from None
 
 
 @dataclass(frozen=True)
@@ -168,8 +203,7 @@ def fatal_checks(environ: Mapping[str, str]) -> frozenset[str]:
     Used by the prolog to decide whether a broken configuration drains the
     node. Never raises: an unreadable file or list gives the empty set.
     """
-    named, explicit = config_path(environ)
-    path = Path(named)
+    path, explicit = config_path(environ)
     try:
         doc = read_site_file(path, explicit) or {}
         return _fatal(doc.get("fatal", []), "fatal", path.parent)
@@ -185,8 +219,7 @@ def load_site_config(environ: Mapping[str, str]) -> SiteConfig:
     for an unreadable file, bad TOML, an unknown key or a bad value, and
     when ``issuer_key`` is set without ``issuer``.
     """
-    named, explicit = config_path(environ)
-    path = Path(named)
+    path, explicit = config_path(environ)
     doc = read_site_file(path, explicit)
     values = {} if doc is None else _build(doc, path)
     if values.get("issuer_key") and not values.get("issuer"):

@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 
 from slurm_fiber.homes.slurm.paths import DEFAULT_STATE_ROOT
-from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, fatal_checks, load_site_config
-from slurm_fiber.homes.slurm.sitefile import DEFAULT_CONFIG, config_path
+from slurm_fiber.homes.slurm.siteconfig import (
+    DEFAULT_CONFIG,
+    SiteConfigError,
+    config_path,
+    fatal_checks,
+    load_site_config,
+)
 
 FULL = """
 issuer = "citest"

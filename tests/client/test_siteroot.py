@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_fiber.homes.slurm.sitefile import plain_line, plain_state_root, site_state_root
+from slurm_fiber.client.siteroot import plain_line, plain_state_root, site_state_root
 
-CHECKOUT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[2]
 SHIPPED = [CHECKOUT / "contrib" / "slurm.conf.d" / "slurm-fiber.toml",
            CHECKOUT / "docker" / "slurm-cluster" / "slurm-fiber.toml"]
 
