@@ -73,8 +73,8 @@ before a worker starts) starts as many as there is room for under
 ``max_workers`` with one batch clone (``slurm_fiber.client.tasks.TaskRunner.
 run_many``), each still its own fiber. A future is settled as soon as its fiber has written the
 call's value or exception (the clone's ``early`` result events, protocol v4:
-the fiber's exit, its cgroup's tidying and its audit record still follow,
-about 2 ms on this project's test VM); its room under ``max_workers`` is freed
+the fiber's exit, its cgroup's tidying and its audit record still follow);
+its room under ``max_workers`` is freed
 only once the fiber has ended.
 """
 

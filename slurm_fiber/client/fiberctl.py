@@ -91,9 +91,8 @@ EXIT_EPILOG = ("exit codes: 0 ok; 1 refused or failed (one line on stderr); 2 us
                "after a third Ctrl-C; run: the fiber's own status (126/127 exec failed, "
                "128+N signal N). See fiberctl --help.")
 
-# run and call handle signals with the C module ``_signal``: ``signal`` wraps it in enums
-# (Signals, Handlers, Sigmasks), whose building costs a fiberctl started per task about
-# 0.4 ms; the commands that name signals (kill, a failed forward) import ``signal``.
+# run and call handle signals with the C module ``_signal`` (the import budget: ``signal``
+# builds enums); the commands that name signals (kill, a failed forward) import ``signal``.
 FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT,
                      _signal.SIGUSR1, _signal.SIGUSR2)
 
@@ -828,8 +827,8 @@ def quick_parse(words: Sequence[str]) -> SimpleNamespace | None:
 def help_formatter(prog: str) -> argparse.HelpFormatter:
     """argparse's RawDescriptionHelpFormatter at the width shutil.get_terminal_size gives
     (COLUMNS, else standard output's terminal, else 80), found without shutil: argparse
-    imports it (with bz2 and lzma, about 3 ms) each time it makes a formatter without a
-    width, which every parser does as its arguments are added."""
+    imports it (with bz2 and lzma) each time it makes a formatter without a width, which
+    every parser does as its arguments are added."""
     import argparse
 
     try:
@@ -979,11 +978,11 @@ def main(argv: Sequence[str] | None = None, *, teardown: bool = True) -> None:
 
 
 def leave(code: int) -> NoReturn:
-    """Exit with ``code`` at once, without the interpreter's teardown, which frees every
-    module fiberctl imported: about 3 ms of CPU, a tenth of a ``run`` or ``call``'s own.
-    Their only buffered output is stdout's and stderr's (no thread, file or atexit
-    handler of theirs is left), so both are flushed first; when that fails (a closed
-    pipe), the ordinary exit happens instead and reports it as it always does."""
+    """Exit with ``code`` at once, without the interpreter's teardown (which frees every
+    module fiberctl imported; docs/benchmarks.md has its cost). Their only buffered output
+    is stdout's and stderr's (no thread, file or atexit handler of theirs is left), so both
+    are flushed first; when that fails (a closed pipe), the ordinary exit happens instead
+    and reports it as it always does."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -709,7 +709,7 @@ def run_on_nodes(opts: argparse.Namespace, argv: Sequence[str],
     """``--nodes all`` in a job of ``nodes`` nodes: one srun step, one task per node, each
     running its round-robin share through its node's fiberd; then the merged joblog, exit
     status and summary. Blocks until every share has ended."""
-    import json  # only here: with subprocess, a few ms of every map's start
+    import json  # only here: outside a map start's import budget
     import subprocess
 
     from slurm_fiber.safefs import UnsafePath

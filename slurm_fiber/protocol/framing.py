@@ -11,9 +11,9 @@ server buffer without bound; a length over the cap is a fatal framing error
 recoverable one (the next frame still parses).
 
 ``json_dumps`` and ``json_loads`` are ``json.dumps`` and ``json.loads``, exactly,
-without importing ``json`` for what a client usually sends and receives: the
-``json`` package imports ``re`` (and with it ``enum``) for its pure-Python
-fallbacks, about 1.2 ms of each ``fiberctl run`` started per task. They call the
+without importing ``json`` for what a client usually sends and receives (the
+``json`` package imports ``re`` and ``enum``, outside the client's import budget,
+slurm_fiber/client/__init__.py). They call the
 C accelerator ``json`` itself calls (``_json``), set as ``json``'s defaults, and
 hand anything else (every error, NaN and Infinity, whitespace around a value, an
 interpreter without ``_json``) to ``json``, so every value, string and exception

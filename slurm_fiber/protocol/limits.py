@@ -2,7 +2,7 @@
 
 Both ends read these from here and nowhere else: the server refuses past a limit,
 the client stays within it and names the version a request needs. Plain constants,
-nothing imported, so a client started per task loads them for free.
+nothing imported (the client's import budget, slurm_fiber/client).
 """
 
 VERSION = 5  # the newest protocol version (docs/socket-protocol.md, "Versions")

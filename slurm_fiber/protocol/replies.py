@@ -8,10 +8,9 @@ missing from an older fiberd's reply gets its default), so a newer client
 reads an older fiberd. Records (fibers, grants) stay JSON objects: their
 fields are documented in docs/socket-protocol.md and grow additively.
 
-Light on purpose: plain classes with slots, nothing imported (not even
-``typing`` or ``collections.abc``, whose imports cost a client started per
-task, ``fiberctl run``, more than these whole types). A ``result`` is decoded
-JSON, so its objects are checked as ``dict``.
+Plain classes with slots and nothing imported: the client loads this module for
+every ``fiberctl run`` (the client package's import budget, slurm_fiber/client).
+A ``result`` is decoded JSON, so its objects are checked as ``dict``.
 """
 
 from __future__ import annotations
