@@ -257,6 +257,9 @@ def test_a_grant_with_fewer_places_than_the_window_takes_fiberds_path(
                                      wait=True, window=2)
         entries, exits = stream(client, started.items, 3)
         rows = records(served)
-    assert [str(e["key"]) for e in entries if e["ok"]] == ["k0", "k1", "k2"]
+    # fiberd's path answers in the order items land, not the request's: a start that missed
+    # for capacity is held back while one launched meanwhile (a place freed by an end that
+    # came before its start landed) may land first
+    assert sorted(str(e["key"]) for e in entries if e["ok"]) == ["k0", "k1", "k2"]
     assert len(exits) == 3 and most_at_once(log) == 1
     assert not [r for r in rows if r["event"] == "window_open"]
