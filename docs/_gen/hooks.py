@@ -52,7 +52,7 @@ def configuration() -> str:
 
 
 def exit_codes(commands: dict[str, Any], model: Any) -> str:
-    from slurm_fiber.cli import fiberctl
+    from slurm_fiber.client import fiberctl
 
     rows = [(value, name) for name, value in vars(fiberctl).items()
             if name.startswith("EXIT_") and isinstance(value, int)]
