@@ -232,7 +232,7 @@ def _cgroup_root(value: object) -> str | None:
 
 
 def _user(value: object) -> str:
-    """A user's name or uid, as written (``core/identity.py`` resolves it when fiberd
+    """A user's name or uid, as written (``core/runtime/identity.py`` resolves it when fiberd
     starts: a config file is read before the host's accounts matter)."""
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
     if not text or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?", text):

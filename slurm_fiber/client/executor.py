@@ -12,7 +12,7 @@ with this process's import path (``tasks.caller_path``: its ``sys.path``
 entries that are not the interpreter's own, such as the script's directory,
 the working directory and ``PYTHONPATH``), which the fiber puts first on its
 own ``sys.path`` (each entry that is safe there: a directory only its uid or
-root can write, ``core/dirtrust.py``; the others named on the fiber's stderr);
+root can write, ``core/templates/dirtrust.py``; the others named on the fiber's stderr);
 a function importable here (a module-level function of a module
 other than ``__main__``) goes by reference, ``module:qualname``, with its
 arguments pickled; any other function (defined in ``__main__``, a lambda, a
