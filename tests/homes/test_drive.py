@@ -136,7 +136,7 @@ def test_the_package_names_are_the_functions_whatever_was_imported_first() -> No
     import subprocess
     import sys
 
-    code = ("import slurm_fiber.daemon, slurm_fiber.homes.seam, slurm_fiber.homes.grantdir; "
+    code = ("import slurm_fiber.daemon, slurm_fiber.homes.grantdir; "
             "import slurm_fiber.homes as h; "
             "print(callable(h.drive), h.Home.__name__, h.GrantDir.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
