@@ -6,6 +6,7 @@ real template, real processes and (where named) real cgroup leaves."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -226,6 +227,37 @@ def test_a_template_killed_mid_window_loses_no_record_of_a_started_fiber(
     assert sorted(str(r["fiber"]) for r in ends) == sorted(str(r["fiber"]) for r in starts)
     assert [e["key"] for e in entries if not e["ok"]] == ["k2"]
     assert not (stamps(log).keys() & {"-k0", "-k1"})  # killed with their leaves
+
+
+def test_a_template_gone_before_its_first_report_answers_every_item_at_once(
+        site: Site, tmp_path: Path) -> None:
+    """The interleaving that made the killed-template test flaky: the template dies before
+    it reports anything, so the window's first batch is its last (what the leaves tell)
+    and the first ``started`` event is already final. Made certain here: the template is
+    stopped before the order reaches it and killed once fiberd has sent it."""
+    log = tmp_path / "log"
+    with fiberd_in_thread(site, task_window="template") as served, \
+            FiberdClient(served.path) as client:
+        pid = served.on_loop(lambda: served.service.grant("g1").template.process.pid)
+        os.kill(pid, signal.SIGSTOP)
+        answer: list[object] = []
+        thread = threading.Thread(target=lambda: answer.append(client.clone_batch(
+            [stamped(log, f"k{i}", 30) for i in range(3)], wait=True, window=2)))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not served.on_loop(lambda: bool(served.service.windows)):  # the order is sent
+            assert time.monotonic() < deadline, "the window never opened"
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        thread.join(30)
+        assert answer
+        first = answer[0].items  # type: ignore[attr-defined]
+        entries, exits = stream(client, first, 3)
+        rows = [r for r in records(served) if r.get("window")]
+    assert not log.exists() and not exits  # nothing started
+    assert sorted(str(e["key"]) for e in first) == ["k0", "k1", "k2"]  # all in the first
+    assert entries == first and not any(e["ok"] for e in entries)
+    assert [r["event"] for r in rows] == ["window_open"]
 
 
 def test_a_leaf_tells_a_start_the_template_never_reported(cgroup_root: Path) -> None:
