@@ -80,7 +80,7 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
                        on_problem: ProblemSink) -> BuiltHome:
     """The job's home: site settings, GPU leases held by this process, the fiberd record."""
     from slurm_fiber.homes.slurm import fiberdrecord
-    from slurm_fiber.homes.slurm.control import select_control
+    from slurm_fiber.homes.slurm.control import CliControl
     from slurm_fiber.homes.slurm.home import build_slurm_home, end_fiberd, health_poll_every
     from slurm_fiber.homes.slurm.leases import NodeLeases
     from slurm_fiber.homes.slurm.siteconfig import SiteConfigError, home_config
@@ -93,7 +93,7 @@ async def _build_slurm(config: FiberdConfig, clock: Clock, environ: Mapping[str,
     except SiteConfigError as err:
         raise HomeRefused(f"site config: {err}") from None
     leases = NodeLeases.for_job(site, job, clock)  # verifies the prolog's claims, writes nothing
-    control, _reason = await select_control(dict(environ))
+    control = CliControl(dict(environ))
     home = await build_slurm_home(environ, clock, control, settings, leases=leases,
                                   on_job_end=end_fiberd)
     home.on_problem = on_problem

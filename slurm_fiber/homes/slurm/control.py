@@ -6,11 +6,6 @@ subprocess timeout and killed (and reaped) when it runs over or its caller
 is cancelled. The job's state comes from `squeue --json`, never from
 `scontrol -o show job`, whose Key=Value line a user's Comment can spoof.
 
-``select_control`` picks the backend: pyslurm only when it imports and its
-version matches the running Slurm's major.minor (`scontrol --version`),
-else the CLI, with the reason. No pyslurm backend is implemented yet, so it
-always returns the CLI and says why (see ``select_control``).
-
 Failures raise ``ControlPlaneError`` (code and one-line reason); Slurm
 output that cannot be used raises SlurmParseError from the parsers.
 """
@@ -18,7 +13,6 @@ output that cannot be used raises SlurmParseError from the parsers.
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +24,6 @@ from slurm_fiber.homes.slurm.scontrol import Ping, QueueJob, parse_ping, parse_s
 
 DEFAULT_TIMEOUT = 5.0
 MAX_OUTPUT_LINE = 200
-VERSION = re.compile(r"slurm(?:-wlm)?\s+(\d+)\.(\d+)")
 UNKNOWN_JOB = "Invalid job id"
 
 
@@ -144,48 +137,3 @@ class CliControl:
             reason = first_line(out.stderr) or first_line(out.stdout) or "no message"
             raise ControlPlaneError(
                 "exit_status", f"scontrol update JobId={job_id} exited {out.returncode}: {reason}")
-
-
-def slurm_version(text: str) -> tuple[int, int] | None:
-    """(major, minor) from `scontrol --version` ("slurm 22.05.8", "slurm-wlm 22.05.8"), or None."""
-    match = VERSION.search(text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def pyslurm_matches(pyslurm_version: str, running: tuple[int, int] | None) -> str | None:
-    """Why a pyslurm of ``pyslurm_version`` cannot drive a Slurm of ``running``; None when it can.
-
-    pyslurm's version is Slurm's (e.g. "25.11.0" binds Slurm 25.11); the
-    major.minor must be equal.
-    """
-    if running is None:
-        return "the running Slurm's version is unknown (scontrol --version gave none)"
-    theirs = slurm_version(f"slurm {pyslurm_version}")
-    if theirs != running:
-        return (f"pyslurm {pyslurm_version} does not match Slurm "
-                f"{running[0]:02d}.{running[1]:02d}")
-    return None
-
-
-async def select_control(env: Mapping[str, str] | None = None,
-                         timeout: float = DEFAULT_TIMEOUT) -> tuple[ControlPlane, str]:
-    """The backend to use and a one-line reason for the choice. Blocks on `scontrol --version`.
-
-    Returns the CLI backend whenever pyslurm does not import, does not match
-    the running Slurm, or (in this release) matches: a pyslurm backend is not
-    implemented yet, and the reason says so. Never raises.
-    """
-    cli = CliControl(env, timeout)
-    try:
-        import pyslurm  # optional
-    except Exception as err:
-        return cli, f"scontrol/squeue CLI (pyslurm does not import: {type(err).__name__})"
-    try:
-        out = await run_bounded(["scontrol", "--version"], env, timeout)
-        running = slurm_version(out.stdout)
-    except ControlPlaneError:
-        running = None
-    mismatch = pyslurm_matches(str(getattr(pyslurm, "__version__", "")), running)
-    if mismatch:
-        return cli, f"scontrol/squeue CLI ({mismatch})"
-    return cli, "scontrol/squeue CLI (pyslurm matches, but its backend is not implemented yet)"

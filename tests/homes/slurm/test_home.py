@@ -22,9 +22,6 @@ from slurm_fiber.homes.slurm.cgroup_root import CgroupChoice
 from slurm_fiber.homes.slurm.control import (
     CliControl,
     ControlPlaneError,
-    pyslurm_matches,
-    select_control,
-    slurm_version,
 )
 from slurm_fiber.homes.slurm.gres import gpu_files
 from slurm_fiber.homes.slurm.home import (
@@ -145,18 +142,6 @@ def test_cli_backend_missing_command(tmp_path: Path) -> None:
     with pytest.raises(ControlPlaneError) as err:
         asyncio.run(CliControl({"PATH": str(tmp_path)}).ping())
     assert err.value.code == "exec_failed"
-
-
-def test_backend_selection_and_versions(tmp_path: Path) -> None:
-    assert slurm_version("slurm-wlm 22.05.8\n") == (22, 5)
-    assert slurm_version("slurm 24.11.3") == (24, 11)
-    assert slurm_version("garbage") is None
-    assert pyslurm_matches("22.5.1", (22, 5)) is None
-    assert pyslurm_matches("25.11.0", (22, 5)) == "pyslurm 25.11.0 does not match Slurm 22.05"
-    assert "version is unknown" in str(pyslurm_matches("25.11.0", None))
-    control, reason = asyncio.run(select_control(Replay(tmp_path / "r").env))
-    assert isinstance(control, CliControl)
-    assert reason.startswith("scontrol/squeue CLI (pyslurm")
 
 
 # ---- health rounds and scope loss, on a FakeClock
