@@ -13,7 +13,10 @@ malformed or refused request gets an error reply with a code and a one-line
 reason, is counted in the metrics and reported to the ``audit`` callback;
 nothing a client sends can stop the server or reach another connection.
 Idle clients, clients that stall mid-frame and clients that stop reading
-replies are disconnected on deadlines kept on the injected Clock.
+replies are disconnected on deadlines kept on the injected Clock. Each
+connection (``_Connection``) reads and writes frames, keeps those deadlines,
+follows the conversation table (conversation.py) and dispatches each request by
+its row in ``OPS``; its Clone and batch streams are its ``Streams`` (streams.py).
 
 Admission (docs/socket-protocol.md, "Connection limits"): the peer is read
 and checked at accept, before the connection takes a slot. A uid other than
@@ -43,47 +46,37 @@ import inspect
 import logging
 import math
 import os
-import signal
 import socket
 import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurm_fiber.core.api.answers import OUT_OF_FDS, PeerGone, out_of_fds
+from slurm_fiber.core.api.answers import Refusal as Refusal  # still importable from here
 from slurm_fiber.core.api.conversation import Action, Conversation, Event, State, Violation
 from slurm_fiber.core.api.service import (
-    FiberExit,
-    FiberHandle,
     FiberNotFound,
-    Forked,
     Peer,
     Service,
-    Stdio,
 )
 from slurm_fiber.core.api.sockfile import ClaimedSocket, claim_socket, peer_groups
-from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
-from slurm_fiber.core.api.window_stream import stream_window, window_requests
-from slurm_fiber.core.book.misses import Miss
+from slurm_fiber.core.api.streams import Streams
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.metrics.families import CONTENT_TYPE, FiberMetrics
-from slurm_fiber.core.waiting import set_done
 from slurm_fiber.protocol import requests as rq
 from slurm_fiber.protocol.framing import (
     Frame,
     FrameDecoder,
     FramingError,
-    close_all,
     encode_frame,
 )
 from slurm_fiber.protocol.limits import DEFAULT_MAX_FRAME, MAX_BATCH_FDS, MAX_REPLY
-from slurm_fiber.protocol.replies import BatchStarted, Cancelled
 from slurm_fiber.protocol.validate import (
     TABLE,
     ApiError,
-    BatchItem,
     ErrorCode,
     Parsed,
     error_reply,
@@ -99,12 +92,6 @@ _RECV_SIZE = 65536
 _ANC_SIZE = socket.CMSG_SPACE((MAX_BATCH_FDS + 1) * array.array("i").itemsize)  # room to
 # see "too many" (each descriptor received is closed unless its frame may carry it)
 _PEERCRED = struct.Struct("3i")
-_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
-
-
-def miss_reply(rid: int | str | None, miss: Miss) -> dict[str, object]:
-    """A clone that started nothing (always final)."""
-    return {"id": rid, "ok": False, "final": True, "miss": miss.to_json()}
 
 
 def peer_allowed(peer: Peer, uids: frozenset[int], gids: frozenset[int]) -> bool:
@@ -112,15 +99,6 @@ def peer_allowed(peer: Peer, uids: frozenset[int], gids: frozenset[int]) -> bool
     return peer.uid in uids or peer.gid in gids
 
 
-def _api_error(error: Exception) -> ApiError:
-    """A batch item's refusal as validation made it (an ApiError, always)."""
-    return error if isinstance(error, ApiError) else ApiError(ErrorCode.BAD_REQUEST, str(error))
-
-
-def _out_of_fds(err: BaseException) -> bool:
-    """Whether ``err`` failed for want of descriptors: an OSError, or an error that
-    carries its cause's ``errno`` (a failed fork, core/templates/faults.py)."""
-    return getattr(err, "errno", None) in _OUT_OF_FDS
 _ACCEPT_BACKOFF = (0.05, 1.0)  # first and longest pause when accept cannot get a descriptor
 LOG_EVERY = 60.0  # seconds between two log lines about running out of descriptors
 
@@ -153,17 +131,6 @@ class ServerConfig:
         return frozenset({os.getuid(), 0})
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """One refused request or connection, as given to the audit callback."""
-
-    code: str
-    reason: str
-    peer: Peer | None
-    op: str | None = None
-    request_id: int | str | None = None
-
-
 class Phase(enum.Enum):
     """What a connection is doing, which decides which deadline applies."""
 
@@ -181,10 +148,6 @@ def phase_deadline(phase: Phase, since: float, config: ServerConfig) -> float | 
         Phase.WRITING: config.write_timeout,
     }.get(phase)
     return None if limit is None else since + limit
-
-
-class PeerGone(Exception):
-    """The client closed the connection or stopped taking data."""
 
 
 def _mark_ready(fut: asyncio.Future[None]) -> None:
@@ -241,7 +204,11 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 class _Connection:
-    """One accepted client. Runs as one task; its watchdog cancels it on a deadline."""
+    """One accepted client: frame I/O, the per-phase deadlines, the conversation, dispatch.
+
+    Runs as one task; its watchdog cancels it on a deadline. Its clone and batch
+    requests and their streams are answered by ``self.streams``.
+    """
 
     def __init__(self, server: ApiServer, sock: socket.socket, peer: Peer) -> None:
         self.server = server
@@ -258,6 +225,7 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         self.talk = Conversation()  # where the conversation is (docs/socket-protocol.md)
         self.windowed = False  # the request answered is a windowed batch
+        self.streams = Streams(self)  # its clone and batch requests, and their streams
 
     # --- deadlines ---------------------------------------------------------------------
 
@@ -484,7 +452,7 @@ class _Connection:
         except FiberNotFound as e:
             await self.refuse(rid, op_name, ApiError(ErrorCode.NOT_FOUND, str(e)))
         except Exception as e:
-            if _out_of_fds(e):  # not a defect: retryable (an OSError, or a failed fork's)
+            if out_of_fds(e):  # not a defect: retryable (an OSError, or a failed fork's)
                 why = e.strerror if isinstance(e, OSError) else str(e)
                 reason = f"fiberd is out of file descriptors ({why}); retry later"
                 self.server.fd_log.warn(f"op {op_name} from {self.peer} failed: {reason}")
@@ -505,298 +473,6 @@ class _Connection:
             value = await value
         await self.send(ok_reply(rid, TABLE[request.OP].reply.of(value).to_json()))
 
-    async def clone(self, rid: int | str | None, op: rq.Clone, frame: Frame) -> None:
-        server = self.server
-        assert self.peer is not None
-        started_at = server.clock.mono()
-        stdio = Stdio(**dict(zip(op.stdio, frame.fds, strict=True)))
-        try:
-            outcome = await server.service.clone(op, self.peer, stdio)
-        finally:
-            frame.close_fds()
-        elapsed = server.clock.mono() - started_at
-        if isinstance(outcome, Miss):
-            server.metrics.clone_missed(outcome.code, elapsed)
-            await self.send(miss_reply(rid, outcome))
-            return
-        record = outcome.to_json()
-        server.metrics.clone_started(elapsed, str(record.get("uid", "")))
-        await self.send_started(ok_reply(rid, {"fiber": record}, "started", final=not op.wait),
-                                [outcome], op.hangup)
-        if op.wait:
-            await self.stream_exits(rid, [outcome], op.hangup, op.early)
-
-    async def clone_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame) -> None:
-        """Start the batch's valid items through the Service; answer one ``started`` event
-        with every item's outcome (fiber, miss or error) in order, then, with ``wait``, each
-        started fiber's ``exit`` event (the last one final). With a ``window`` (v5), only
-        that many start at first; the rest start as those end (``BatchWindow``), each
-        answered in a later ``started`` event."""
-        server = self.server
-        assert self.peer is not None
-        self.windowed = op.window is not None
-        started_at = server.clock.mono()
-        valid: list[BatchItem] = []
-        requests: list[rq.Clone] = []
-        stdios: list[Stdio] = []
-        fds = iter(frame.fds)
-        for item in op.items:
-            passed = {name: next(fds) for name in item.stdio}  # a refused item's too
-            clone = item.clone
-            if clone is None:
-                continue
-            valid.append(item)
-            requests.append(clone)
-            stdios.append(Stdio(**passed))
-        if op.window is not None:
-            await self.windowed_batch(rid, op, frame, valid, requests, stdios)
-            return
-        try:
-            outcomes = (list(await server.service.clone_batch(requests, self.peer, stdios))
-                        if valid else [])
-        finally:
-            frame.close_fds()
-        if len(outcomes) != len(valid):
-            raise RuntimeError(f"the runtime answered {len(outcomes)} of {len(valid)} items")
-        elapsed = server.clock.mono() - started_at
-        by_item = dict(zip((id(i) for i in valid), outcomes, strict=True))
-        entries: list[dict[str, object]] = []
-        fibers: list[FiberHandle] = []
-        for item in op.items:
-            outcome = by_item.get(id(item))
-            if item.error is not None:
-                entries.append(self.refused_item(rid, item.key, _api_error(item.error)))
-                continue
-            assert outcome is not None
-            entries.append(self.item_entry(rid, item.key, outcome, elapsed))
-            if not isinstance(outcome, Miss | Exception):
-                fibers.append(outcome)
-        streams = op.wait and bool(fibers)
-        await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                         final=not streams), fibers, op.hangup)
-        if streams:
-            await self.stream_exits(rid, fibers, op.hangup, op.early)
-
-    async def windowed_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame,
-                             valid: list[BatchItem], requests: list[rq.Clone],
-                             stdios: list[Stdio]) -> None:
-        """``clone_batch`` with a ``window``: the refused items and the first ``window``
-        starts answered in the first ``started`` event, later starts in later ones, as
-        ``stream_exits`` refills the window."""
-        server, count, peer = self.server, len(op.items), self.peer
-        assert peer is not None
-        opener = getattr(server.service, "open_window", None)  # the runtime's task windows
-        if opener is not None and window_requests(requests, stdios):
-            run = await opener(requests, peer, stdios, [str(item.key) for item in valid],
-                               op.window or 1)
-            if run is not None:  # the runtime took the batch as a task window
-                if not isinstance(run, Miss):
-                    frame.fds.clear()  # handed to the template and closed
-                frame.close_fds()
-                refused = [self.refused_item(rid, item.key, _api_error(item.error))
-                           for item in op.items if item.error is not None]
-                if isinstance(run, Miss):
-                    refused += [{"key": item.key, "ok": False, "miss": run.to_json()}
-                                for item in valid]
-                if not isinstance(run, Miss):  # the stream begins: it reads frames from here
-                    self.talk.on(Event.STARTED_WINDOW)
-                await stream_window(self, rid, run, refused, PeerGone)
-                return
-        kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
-        server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap
-        close_all(fd for fd in frame.fds if fd not in kept)  # the refused items'
-        frame.fds.clear()  # the others' are the window's now, closed once answered
-        entries = [self.refused_item(rid, item.key, _api_error(item.error))
-                   for item in op.items if item.error is not None]
-
-        took: dict[str, float] = {}  # each start's seconds, by key, for its entry
-
-        async def start(item: Pending, forked: Forked) -> Outcome:
-            begun = server.clock.mono()
-            outcome = (await server.service.clone_batch([item.request], peer, [item.stdio],
-                                                        batch=count, forked=forked))[0]
-            took[item.key] = server.clock.mono() - begun
-            return outcome
-
-        window = BatchWindow(
-            [Pending(n, str(item.key), request, stdio)
-             for n, (item, request, stdio) in enumerate(zip(valid, requests, stdios,
-                                                            strict=True))],
-            op.window or 1, start,
-            lambda key, outcome: self.item_entry(rid, key, outcome, took.pop(key, 0.0)),
-            partial(server.release_window_fds, peer))
-        try:
-            fibers, started = window.land(await window.launch_first(), 0)
-            entries += started
-            more = bool(fibers) or window.pending
-            await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                             final=not more),
-                                    [*fibers, *window.started_unanswered()], op.hangup)
-            if more:
-                await self.stream_exits(rid, fibers, op.hangup, op.early, window)
-        finally:
-            window.close()
-
-    async def send_started(self, message: dict[str, object], fibers: list[FiberHandle],
-                           hangup: bool) -> None:
-        """Send a clone's first ``started`` event; a client gone by then has ``fibers``
-        hung up when the stream would have (the table's hang-up in a stream)."""
-        try:
-            await self.send(message)
-        except PeerGone:
-            if self.talk.state is not State.CLOSED and self.talk.on(
-                    Event.HANG_UP) is Action.HANG_UP_FIBERS and hangup:
-                for fiber in fibers:
-                    self.hang_up(fiber)
-            raise
-
-    def refused_item(self, rid: int | str | None, key: str | None,
-                     error: ApiError) -> dict[str, object]:
-        """The ``started`` entry of an item refused alone (counted and audited)."""
-        self.server.refusal(Refusal(error.code.value, error.reason, self.peer,
-                                    "clone_batch", rid))
-        return {"key": key, "ok": False, "error": error.to_json()}
-
-    def item_entry(self, rid: int | str | None, key: str | None, outcome: Outcome,
-                   elapsed: float) -> dict[str, object]:
-        """The ``started`` entry of an item the Service answered (counted; an item the
-        runtime failed on is answered ``internal``, audited as a refusal)."""
-        metrics = self.server.metrics
-        if isinstance(outcome, Miss):
-            metrics.clone_missed(outcome.code, elapsed)
-            return {"key": key, "ok": False, "miss": outcome.to_json()}
-        if isinstance(outcome, Exception) and _out_of_fds(outcome):
-            reason = f"fiberd is out of file descriptors ({outcome}); retry later"
-            self.server.fd_log.warn(f"a clone_batch item from {self.peer} failed: {reason}")
-            return self.refused_item(rid, key, ApiError(ErrorCode.BUSY, reason))
-        if isinstance(outcome, Exception):
-            error = ApiError(ErrorCode.INTERNAL, f"fiberd failed on this item: "
-                             f"{type(outcome).__name__}: {outcome}")
-            return self.refused_item(rid, key, error)
-        record = outcome.to_json()
-        metrics.clone_started(elapsed, str(record.get("uid", "")))
-        return {"key": key, "ok": True, "fiber": record}
-
-    async def cancel(self, rid: int | str | None, _op: rq.Cancel, _frame: Frame) -> None:
-        """Never called: the conversation takes every cancel (``hear``): ignored between
-        requests, answered in a windowed batch's stream, refused busy in another."""
-        raise Violation(f"cancel {rid!r} dispatched as a request")
-
-    async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
-                           hangup: bool, early: bool = False,
-                           window: BatchWindow | None = None) -> None:
-        """Send each fiber's exit event as it ends (the last event final); with ``early``,
-        before it, a call fiber's ``result`` event as soon as it has written its result;
-        with a ``window``, start its next items as fibers end (``BatchWindow``), each
-        answered in a ``started`` event as it lands, and answer a ``cancel`` frame with
-        the ``cancelled`` event; meanwhile answer other frames with busy.
-
-        A client that disconnects first gets each fiber still running a SIGHUP
-        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned
-        (a window's items not started never start).
-        """
-        waiting: dict[str, FiberHandle] = {}  # running, by id
-        # Exits come by callback (``on_exit``), each in the loop step its end completes,
-        # and wake this stream through one future: no task per fiber between its end and
-        # its event (a task, a shield and the wait's own step cost two loop steps more).
-        ended: list[tuple[FiberHandle, FiberExit]] = []
-        woken: list[asyncio.Future[None]] = [asyncio.get_running_loop().create_future()]
-        results: dict[str, asyncio.Future[Any]] = {}  # early results, by fiber id
-        starting: dict[asyncio.Future[Any], Any] = window.starting if window else {}
-
-        def exited(fiber: FiberHandle, end: FiberExit) -> None:
-            ended.append((fiber, end))
-            set_done(woken[0])
-            if window is not None:  # the next starts go out now, not once this stream wakes
-                window.ended()
-                window.launch(len(waiting) - len(ended))
-
-        def watch(fiber: FiberHandle) -> None:
-            waiting[fiber.id] = fiber
-            fiber.on_exit(partial(exited, fiber))
-            if early:
-                results[fiber.id] = asyncio.ensure_future(fiber.call_result())
-
-        def gone(event: Event) -> PeerGone:
-            """The client left (``event``): what the table says, then the error to raise."""
-            if self.talk.on(event) is Action.HANG_UP_FIBERS and hangup:
-                for fiber in [*waiting.values(),
-                              *(window.started_unanswered() if window else ())]:
-                    self.hang_up(fiber)
-            return PeerGone("client left while its fibers ran")
-
-        for fiber in fibers:
-            watch(fiber)
-        if window is not None:
-            window.woken = lambda: set_done(woken[0])
-            window.launch(len(waiting))
-        try:
-            while waiting or (window is not None and window.pending):
-                reading = self.next_frame()
-                done, _ = await asyncio.wait({woken[0], *results.values(), *starting, reading},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if woken[0].done():
-                    woken[0] = asyncio.get_running_loop().create_future()
-                events = []
-                for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
-                    del results[fiber_id]  # sent before its exit event, which ends it
-                    if (event := written.result()) is not None:
-                        events.append(ok_reply(rid, event, "result", final=False))
-                news, ended[:] = list(ended), []
-                for fiber, end in news:
-                    del waiting[fiber.id]
-                    if fiber.id in results:  # its exit event carries the result: no later one
-                        results.pop(fiber.id).cancel()
-                    events.append(ok_reply(rid, end.to_json(), "exit", final=False))
-                if window is not None:  # (``exited`` told it of the ends already)
-                    landed, entries = window.land(done, len(waiting))
-                    for fiber in landed:
-                        watch(fiber)
-                    window.launch(len(waiting))  # the next starts go out before the events
-                    if entries:
-                        events.append(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                               final=False))
-                if events:
-                    events[-1]["final"] = not (waiting or (window is not None and window.pending))
-                    try:
-                        await self.send(*events)
-                    except PeerGone:  # found by the write, not by a read: the same hang-up
-                        if not events[-1]["final"]:
-                            raise gone(Event.HANG_UP) from None
-                        raise
-                if reading not in done:
-                    continue
-                self.pending_read = None
-                try:
-                    stray = reading.result()
-                except FramingError:
-                    raise gone(Event.BROKEN_FRAME) from None
-                if stray is None:
-                    raise gone(Event.HANG_UP)
-                await self.stream_control(rid, stray, window)
-        finally:
-            for task in results.values():
-                task.cancel()
-
-    async def stream_control(self, rid: int | str | None, frame: Frame,
-                             window: BatchWindow | None) -> None:
-        """A frame that came while a stream runs: a ``cancel`` of the streaming windowed
-        batch is answered with its ``cancelled`` event; anything else with busy."""
-        action = self.hear(frame, 0)
-        frame.close_fds()
-        if action is Action.CANCEL and window is not None:
-            keys = window.cancel()
-            await self.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled", final=False))
-            return
-        await self.refuse(request_id(frame.body), None, ApiError(
-            ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
-
-    def hang_up(self, fiber: FiberHandle) -> None:
-        assert self.peer is not None
-        try:
-            self.server.service.signal_fiber(fiber.id, signal.SIGHUP, self.peer)
-        except Exception as e:  # the fiber may be gone already; nothing to do then
-            log.info("hang-up of fiber %s: %s", fiber.id, e)
 
 
 class ApiServer:
@@ -918,10 +594,10 @@ class ApiServer:
                 await _readable(loop, listener.fileno())
                 continue
             except OSError as e:
-                if e.errno not in (*_OUT_OF_FDS, errno.ENOBUFS, errno.ENOMEM):
+                if e.errno not in (*OUT_OF_FDS, errno.ENOBUFS, errno.ENOMEM):
                     log.info("accept failed: %s", e)  # e.g. a client that left (ECONNABORTED)
                     continue
-                if e.errno in _OUT_OF_FDS and await self._answer_without_fds(listener, e):
+                if e.errno in OUT_OF_FDS and await self._answer_without_fds(listener, e):
                     pause = _ACCEPT_BACKOFF[0]
                     continue
                 self.fd_log.warn(f"fiberd cannot accept a connection: {e.strerror}; "
@@ -1090,14 +766,22 @@ def _simple(_kind: type[R], answer: Callable[[ApiServer, R, Peer], object]) -> A
     return run
 
 
+def _stream(_kind: type[R],
+            method: Callable[[Streams, int | str | None, R, Frame], Awaitable[None]]) -> Answer:
+    """A row for an op the connection's ``Streams`` answers (a Clone or batch, a cancel)."""
+    async def run(conn: _Connection, rid: int | str | None, request: R, frame: Frame) -> None:
+        await method(conn.streams, rid, request, frame)
+    return run
+
+
 # The server's op table: who answers each request type (validate.TABLE reads it).
 # Adding an op: its request type (protocol/requests.py), its row in validate.TABLE
 # (fields, parser, reply type), its reply type (protocol/replies.py), its row here,
 # and the client's typed method (client/connection.py).
 OPS: dict[type[rq.Request], Answer] = {
-    rq.Clone: _Connection.clone,
-    rq.CloneBatch: _Connection.clone_batch,
-    rq.Cancel: _Connection.cancel,
+    rq.Clone: _stream(rq.Clone, Streams.clone),
+    rq.CloneBatch: _stream(rq.CloneBatch, Streams.clone_batch),
+    rq.Cancel: _stream(rq.Cancel, Streams.cancel),
     rq.InspectFiber: _simple(rq.InspectFiber, lambda s, r, _p: s.service.inspect_fiber(r.fiber)),
     rq.StopFiber: _simple(rq.StopFiber, lambda s, r, p: s.service.stop_fiber(r.fiber, r.grace, p)),
     rq.SignalFiber: _simple(rq.SignalFiber,
