@@ -16,7 +16,8 @@ Idle clients, clients that stall mid-frame and clients that stop reading
 replies are disconnected on deadlines kept on the injected Clock. Each
 connection (``_Connection``) reads and writes frames, keeps those deadlines,
 follows the conversation table (conversation.py) and dispatches each request by
-its row in ``OPS``; its Clone and batch streams are its ``Streams`` (streams.py).
+its row in ``OPS``; its Clone and batch requests are its ``Streams`` (streams.py),
+their exit events exits.py's.
 
 Admission (docs/socket-protocol.md, "Connection limits"): the peer is read
 and checked at accept, before the connection takes a slot. A uid other than

@@ -1,28 +1,21 @@
-"""A connection's Clone streams: a Clone or batch started, then its fibers' exits streamed.
+"""A connection's Clone and batch requests: the fibers started, then their stream.
 
 ``Streams`` belongs to one connection and answers its ``clone`` and ``clone_batch``
 requests (docs/socket-protocol.md): the fibers are started through the Service and
 answered in one ``started`` event (each batch item's outcome in order: fiber, miss or
-error, a refused item counted and audited); with ``wait``, each fiber's ``exit`` event
-follows as it ends, the last one final, and with ``early`` a call fiber's ``result``
-event before it. A windowed batch starts only ``window`` items at first and the rest as
-fibers end (``window.BatchWindow``), each answered in a later ``started`` event, or is
-handed whole to the runtime's task window (``window_stream``); another user's windows
-hold at most ``max_window_fds_per_uid`` descriptors for items not started (``busy``
-past it). While a stream runs, a ``cancel`` of its windowed batch is answered with the
-``cancelled`` event and any other frame with ``busy``. A client that leaves mid-stream
-has its fibers still running hung up (SIGHUP) when the Clone asked for ``hangup``, and
-the wait is abandoned (a window's items not started never start). The connection
-keeps the frame I/O, the deadlines and the conversation table these streams feed.
+error, a refused item counted and audited); with ``wait``, their exit events follow
+(exits.py). A windowed batch starts only ``window`` items at first and the rest as
+fibers end (``window.BatchWindow``), or is handed whole to the runtime's task window
+(window_stream.py); another user's windows hold at most ``max_window_fds_per_uid``
+descriptors for items not started (``busy`` past it). The connection keeps the frame
+I/O, the deadlines and the conversation table these requests feed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slurm_fiber.core.api.answers import (
     PeerGone,
@@ -31,21 +24,20 @@ from slurm_fiber.core.api.answers import (
     miss_reply,
     out_of_fds,
 )
-from slurm_fiber.core.api.conversation import Action, Event, State, Violation
-from slurm_fiber.core.api.service import FiberExit, FiberHandle, Forked, Stdio
+from slurm_fiber.core.api.conversation import Event, Violation
+from slurm_fiber.core.api.exits import send_started, stream_exits
+from slurm_fiber.core.api.service import FiberHandle, Forked, Stdio
 from slurm_fiber.core.api.window import BatchWindow, Outcome, Pending, stdio_fds
 from slurm_fiber.core.api.window_stream import stream_window, window_requests
 from slurm_fiber.core.book.misses import Miss
-from slurm_fiber.core.waiting import set_done
 from slurm_fiber.protocol import requests as rq
-from slurm_fiber.protocol.framing import Frame, FramingError, close_all
-from slurm_fiber.protocol.replies import BatchStarted, Cancelled
+from slurm_fiber.protocol.framing import Frame, close_all
+from slurm_fiber.protocol.replies import BatchStarted
 from slurm_fiber.protocol.validate import (
     ApiError,
     BatchItem,
     ErrorCode,
     ok_reply,
-    request_id,
 )
 
 if TYPE_CHECKING:
@@ -77,10 +69,11 @@ class Streams:
             return
         record = outcome.to_json()
         server.metrics.clone_started(elapsed, str(record.get("uid", "")))
-        await self.send_started(ok_reply(rid, {"fiber": record}, "started", final=not op.wait),
-                                [outcome], op.hangup)
+        await send_started(self.conn,
+                           ok_reply(rid, {"fiber": record}, "started", final=not op.wait),
+                           [outcome], op.hangup)
         if op.wait:
-            await self.stream_exits(rid, [outcome], op.hangup, op.early)
+            await stream_exits(self.conn, rid, [outcome], op.hangup, op.early)
 
     async def clone_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame) -> None:
         """Start the batch's valid items through the Service; answer one ``started`` event
@@ -128,10 +121,10 @@ class Streams:
             if not isinstance(outcome, Miss | Exception):
                 fibers.append(outcome)
         streams = op.wait and bool(fibers)
-        await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                         final=not streams), fibers, op.hangup)
+        await send_started(self.conn, ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                               final=not streams), fibers, op.hangup)
         if streams:
-            await self.stream_exits(rid, fibers, op.hangup, op.early)
+            await stream_exits(self.conn, rid, fibers, op.hangup, op.early)
 
     async def windowed_batch(self, rid: int | str | None, op: rq.CloneBatch, frame: Frame,
                              valid: list[BatchItem], requests: list[rq.Clone],
@@ -185,26 +178,14 @@ class Streams:
             fibers, started = window.land(await window.launch_first(), 0)
             entries += started
             more = bool(fibers) or window.pending
-            await self.send_started(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                             final=not more),
-                                    [*fibers, *window.started_unanswered()], op.hangup)
+            await send_started(self.conn,
+                               ok_reply(rid, BatchStarted(entries).to_json(), "started",
+                                        final=not more),
+                               [*fibers, *window.started_unanswered()], op.hangup)
             if more:
-                await self.stream_exits(rid, fibers, op.hangup, op.early, window)
+                await stream_exits(self.conn, rid, fibers, op.hangup, op.early, window)
         finally:
             window.close()
-
-    async def send_started(self, message: dict[str, object], fibers: list[FiberHandle],
-                           hangup: bool) -> None:
-        """Send a clone's first ``started`` event; a client gone by then has ``fibers``
-        hung up when the stream would have (the table's hang-up in a stream)."""
-        try:
-            await self.conn.send(message)
-        except PeerGone:
-            if self.conn.talk.state is not State.CLOSED and self.conn.talk.on(
-                    Event.HANG_UP) is Action.HANG_UP_FIBERS and hangup:
-                for fiber in fibers:
-                    self.hang_up(fiber)
-            raise
 
     def refused_item(self, rid: int | str | None, key: str | None,
                      error: ApiError) -> dict[str, object]:
@@ -237,119 +218,3 @@ class Streams:
         """Never called: the conversation takes every cancel (``hear``): ignored between
         requests, answered in a windowed batch's stream, refused busy in another."""
         raise Violation(f"cancel {rid!r} dispatched as a request")
-
-    async def stream_exits(self, rid: int | str | None, fibers: list[FiberHandle],
-                           hangup: bool, early: bool = False,
-                           window: BatchWindow | None = None) -> None:
-        """Send each fiber's exit event as it ends (the last event final); with ``early``,
-        before it, a call fiber's ``result`` event as soon as it has written its result;
-        with a ``window``, start its next items as fibers end (``BatchWindow``), each
-        answered in a ``started`` event as it lands, and answer a ``cancel`` frame with
-        the ``cancelled`` event; meanwhile answer other frames with busy.
-
-        A client that disconnects first gets each fiber still running a SIGHUP
-        when ``hangup`` (as a terminal hang-up would), and the wait is abandoned
-        (a window's items not started never start).
-        """
-        waiting: dict[str, FiberHandle] = {}  # running, by id
-        # Exits come by callback (``on_exit``), each in the loop step its end completes,
-        # and wake this stream through one future: no task per fiber between its end and
-        # its event (a task, a shield and the wait's own step cost two loop steps more).
-        ended: list[tuple[FiberHandle, FiberExit]] = []
-        woken: list[asyncio.Future[None]] = [asyncio.get_running_loop().create_future()]
-        results: dict[str, asyncio.Future[Any]] = {}  # early results, by fiber id
-        starting: dict[asyncio.Future[Any], Any] = window.starting if window else {}
-
-        def exited(fiber: FiberHandle, end: FiberExit) -> None:
-            ended.append((fiber, end))
-            set_done(woken[0])
-            if window is not None:  # the next starts go out now, not once this stream wakes
-                window.ended()
-                window.launch(len(waiting) - len(ended))
-
-        def watch(fiber: FiberHandle) -> None:
-            waiting[fiber.id] = fiber
-            fiber.on_exit(partial(exited, fiber))
-            if early:
-                results[fiber.id] = asyncio.ensure_future(fiber.call_result())
-
-        def gone(event: Event) -> PeerGone:
-            """The client left (``event``): what the table says, then the error to raise."""
-            if self.conn.talk.on(event) is Action.HANG_UP_FIBERS and hangup:
-                for fiber in [*waiting.values(),
-                              *(window.started_unanswered() if window else ())]:
-                    self.hang_up(fiber)
-            return PeerGone("client left while its fibers ran")
-
-        for fiber in fibers:
-            watch(fiber)
-        if window is not None:
-            window.woken = lambda: set_done(woken[0])
-            window.launch(len(waiting))
-        try:
-            while waiting or (window is not None and window.pending):
-                reading = self.conn.next_frame()
-                done, _ = await asyncio.wait({woken[0], *results.values(), *starting, reading},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if woken[0].done():
-                    woken[0] = asyncio.get_running_loop().create_future()
-                events = []
-                for fiber_id, written in [(i, t) for i, t in results.items() if t in done]:
-                    del results[fiber_id]  # sent before its exit event, which ends it
-                    if (event := written.result()) is not None:
-                        events.append(ok_reply(rid, event, "result", final=False))
-                news, ended[:] = list(ended), []
-                for fiber, end in news:
-                    del waiting[fiber.id]
-                    if fiber.id in results:  # its exit event carries the result: no later one
-                        results.pop(fiber.id).cancel()
-                    events.append(ok_reply(rid, end.to_json(), "exit", final=False))
-                if window is not None:  # (``exited`` told it of the ends already)
-                    landed, entries = window.land(done, len(waiting))
-                    for fiber in landed:
-                        watch(fiber)
-                    window.launch(len(waiting))  # the next starts go out before the events
-                    if entries:
-                        events.append(ok_reply(rid, BatchStarted(entries).to_json(), "started",
-                                               final=False))
-                if events:
-                    events[-1]["final"] = not (waiting or (window is not None and window.pending))
-                    try:
-                        await self.conn.send(*events)
-                    except PeerGone:  # found by the write, not by a read: the same hang-up
-                        if not events[-1]["final"]:
-                            raise gone(Event.HANG_UP) from None
-                        raise
-                if reading not in done:
-                    continue
-                self.conn.pending_read = None
-                try:
-                    stray = reading.result()
-                except FramingError:
-                    raise gone(Event.BROKEN_FRAME) from None
-                if stray is None:
-                    raise gone(Event.HANG_UP)
-                await self.stream_control(rid, stray, window)
-        finally:
-            for task in results.values():
-                task.cancel()
-
-    async def stream_control(self, rid: int | str | None, frame: Frame,
-                             window: BatchWindow | None) -> None:
-        """A frame that came while a stream runs: a ``cancel`` of the streaming windowed
-        batch is answered with its ``cancelled`` event; anything else with busy."""
-        action = self.conn.hear(frame, 0)
-        frame.close_fds()
-        if action is Action.CANCEL and window is not None:
-            keys = window.cancel()
-            await self.conn.send(ok_reply(rid, Cancelled(keys).to_json(), "cancelled", final=False))
-            return
-        await self.conn.refuse(request_id(frame.body), None, ApiError(
-            ErrorCode.BUSY, "this connection is waiting for a fiber; use another one"))
-
-    def hang_up(self, fiber: FiberHandle) -> None:
-        assert self.conn.peer is not None
-        try:
-            self.server.service.signal_fiber(fiber.id, signal.SIGHUP, self.conn.peer)
-        except Exception as e:  # the fiber may be gone already; nothing to do then
-            log.info("hang-up of fiber %s: %s", fiber.id, e)
