@@ -374,7 +374,7 @@ class SlurmStage(OpenedStage):
     async def deliver(self, uid: str, token: str) -> None:
         """Write ``<uid>.jwt`` (0600, the job user's) into the job's grantdir by rename."""
         safefs.replace_file(self.paths.grantdir / f"{uid}.jwt", token.encode(), mode=0o600,
-                     uid=self.job.uid, gid=self.job.gid)
+                           uid=self.job.uid, gid=self.job.gid)
 
     async def remove(self, uid: str) -> None:
         """Delete ``<uid>.jwt``."""

@@ -64,20 +64,7 @@ class AuditTrail:
         (core/audit/syncer.py, started on first use) while the loop goes on. Raises
         AuditWriteFailed (a record whose fsync failed stays in the file, its durability
         unknown)."""
-        if self.audit.fsync is not FsyncPolicy.ALWAYS:
-            self.write(event, **fields)
-            return
-        if self._syncer is None:
-            self._syncer = AuditSyncer(self.audit.fileno(), self.parts.settings.python)
-        self.audit.write_many([(event, present(**fields))], durable=False)
-        appended = self.audit.appended
-        try:
-            await self._syncer.synced()
-        except OSError as err:
-            raise AuditWriteFailed(err.errno or errno.EIO, f"audit log {self.audit.path}: "
-                                   f"record written, not made durable "
-                                   f"({err.strerror or err})") from None
-        self.audit.synced_through(appended)
+        await self.write_many_durably([(event, fields)])
 
     async def write_many_durably(self, records: Sequence[tuple[str, dict[str, object]]],
                                  ) -> None:
