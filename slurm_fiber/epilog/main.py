@@ -74,6 +74,7 @@ NAME = "slurm-fiber-epilog"
 AUDIT_NAME = "audit.jsonl"
 BUDGET_SHARE = 0.8  # of a step's time bound, spent finding, killing and waiting for processes
 WORK_SHARE = 0.6  # of a step's time bound, spent removing files (the rest: a slow syscall)
+MOST_STEPS = 12  # hook.step calls in one run: the whole epilog takes at most this many bounds
 
 
 def _processes(hook: Hook, config: SiteConfig, state_dir: Path | None, job: SlurmJob,
@@ -179,7 +180,8 @@ def run_epilog(environ: Mapping[str, str], hook: Hook) -> int:
         kept_dir = hook.step("state_dir", lambda: keep_retired(retired))
         hook.report("state_dir", f"kept {kept_dir or retired}: its audit log could not be moved")
         first = None
-    gone = hook.step("state_dir", lambda: remove_retired(paths, first, work_s))
+    gone = hook.step("state_dir", lambda: remove_retired(paths, first, work_s,
+                                                               MOST_STEPS * config.step_seconds))
     if gone is False:
         hook.warn("state_dir", f"{retired} is not removed yet: later epilogs go on with it")
     elif gone and retired is not None:

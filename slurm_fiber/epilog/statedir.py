@@ -7,9 +7,11 @@ job id's name is free at once (a later job with the same id is never
 blocked by what this one left), and the grantdir inside is renamed up into
 the area and removed there, so a fiberd still running sees its grants go.
 The later steps read the retired copy (fiberd's record, the audit log)
-through root's 0700 area; the last step removes it, and then what earlier
-epilogs left in the area, until a deadline: a tree of any depth or width
-costs at most the step's bound, and what is left waits for the next epilog.
+through root's 0700 area, where it is *busy*: another job's epilog sweeping
+the area meanwhile leaves it alone for the epilog's whole bound. The last
+step removes it, and then what earlier epilogs left in the area, until a
+deadline: a tree of any depth or width costs at most the step's bound, and
+what is left (its busy mark dropped) waits for the next epilog.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from slurm_fiber.hooks.retire import (
     remove_entry,
     remove_some,
     retire,
+    settle,
 )
 from slurm_fiber.safefs import DIR_FLAGS, UnsafePath
 
@@ -69,7 +72,8 @@ def retire_state_dir(paths: JobPaths, job_id: int, seconds: float) -> Path | Non
         try:
             area_fd = open_area(node_fd)
             try:
-                name = retire(jobs_fd, paths.state_dir.name, area_fd, f"job-{job_id}")
+                name = retire(jobs_fd, paths.state_dir.name, area_fd, f"job-{job_id}",
+                              busy=True)
                 if name is not None:
                     _drop_grants(area_fd, name, job_id, paths.grantdir.name, deadline)
             finally:
@@ -96,9 +100,12 @@ def _drop_grants(area_fd: int, name: str, job_id: int, grants: str, deadline: fl
             remove_entry(area_fd, moved, deadline)
 
 
-def remove_retired(paths: JobPaths, first: str | None, seconds: float) -> bool:
-    """Remove ``first`` from the node's retired area, then what earlier runs left there,
-    for at most ``seconds``; whether ``first`` is gone (True when None)."""
+def remove_retired(paths: JobPaths, first: str | None, seconds: float,
+                   spare_seconds: float) -> bool:
+    """Remove ``first`` from the node's retired area, then what earlier runs left there
+    (never a busy entry younger than ``spare_seconds``: another epilog still reads it),
+    for at most ``seconds``; whether ``first`` is gone (True when None). A ``first`` left
+    is settled, so that the next epilog goes on with it."""
     deadline = time.monotonic() + seconds
     try:
         node_fd = safefs.open_dir(paths.state_dir.parent.parent)
@@ -112,8 +119,9 @@ def remove_retired(paths: JobPaths, first: str | None, seconds: float) -> bool:
         return True
     try:
         if first is not None and not remove_entry(area_fd, first, deadline):
+            settle(area_fd, first)
             return False
-        remove_some(area_fd, deadline)
+        remove_some(area_fd, deadline, spare_seconds)
         return True
     finally:
         os.close(area_fd)
@@ -124,8 +132,6 @@ def keep_retired(retired: Path) -> Path:
     removal touches (an admin looks at it); its new path."""
     area_fd = safefs.open_dir(retired.parent)
     try:
-        os.rename(retired.name, KEPT_PREFIX + retired.name, src_dir_fd=area_fd,
-                  dst_dir_fd=area_fd)
+        return retired.parent / settle(area_fd, retired.name, KEPT_PREFIX)
     finally:
         os.close(area_fd)
-    return retired.parent / (KEPT_PREFIX + retired.name)

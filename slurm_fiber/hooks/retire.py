@@ -9,6 +9,13 @@ the node's retired area (``<node dir>/retired``, root's, mode 0700, made and
 checked by ``open_area``). The name is free at once for a later job with the
 same id, and from then on nobody but root reaches the tree by a path.
 
+An epilog retires its job's state dir *busy* (``busy-<unix time>-<label>.<random>``):
+it still reads the job's audit log from there, so another epilog's sweep of
+the area (``remove_some``) leaves a busy entry alone for ``spare_seconds``
+(the epilog's whole bound), and the epilog itself either removes it or
+``settle``s it (the busy mark dropped, or ``kept-`` put in its place) before
+it ends. A busy entry whose epilog died is swept once its time has passed.
+
 ``remove_some`` removes what the area holds, oldest work first, until a
 deadline: only through directory fds opened with O_NOFOLLOW|O_DIRECTORY
 relative to fds it holds (a link is unlinked, never followed; ``..`` is
@@ -29,6 +36,7 @@ from slurm_fiber.safefs import DIR_FLAGS, UnsafePath
 
 AREA_NAME = "retired"
 KEPT_PREFIX = "kept-"  # entries an admin must look at (an audit log that could not be moved)
+BUSY_PREFIX = "busy-"  # entries an epilog still reads: busy-<unix time>-<label>.<random>
 AREA_MODE = 0o700
 MAX_DEPTH = 32  # directory fds held at once while removing one tree
 
@@ -57,10 +65,14 @@ def open_area(node_fd: int) -> int:
     return fd
 
 
-def retire(parent_fd: int, name: str, area_fd: int, label: str) -> str | None:
-    """Rename ``name`` of ``parent_fd`` (whatever it is) into the area as ``<label>.<random>``;
-    its new name, or None when there was nothing to move. Raises OSError otherwise."""
+def retire(parent_fd: int, name: str, area_fd: int, label: str, *, busy: bool = False
+           ) -> str | None:
+    """Rename ``name`` of ``parent_fd`` (whatever it is) into the area as ``<label>.<random>``
+    (``busy-<unix time>-<label>.<random>`` when ``busy``); its new name, or None when there
+    was nothing to move. Raises OSError otherwise."""
     new = f"{label}.{os.urandom(6).hex()}"
+    if busy:
+        new = f"{BUSY_PREFIX}{int(time.time())}-{new}"
     try:
         os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=area_fd)
     except FileNotFoundError:
@@ -68,26 +80,47 @@ def retire(parent_fd: int, name: str, area_fd: int, label: str) -> str | None:
     return new
 
 
-def remove_some(area_fd: int, deadline: float, first: str | None = None) -> bool:
-    """Remove entries of the area (``first`` before the others; never one named
-    ``kept-*``) until ``deadline`` (time.monotonic()); whether nothing else is left. Never
-    raises for what an entry holds: what cannot be removed now is left for a later call.
-    Entries made meanwhile (a deep directory moved up) are taken in the next round."""
+def settle(area_fd: int, name: str, prefix: str = "") -> str:
+    """Rename busy entry ``name`` of the area to ``prefix`` + its name without the busy mark
+    (any epilog's sweep then takes it, or none when ``prefix`` is ``kept-``); the new name."""
+    plain = name.split("-", 2)[2] if name.startswith(BUSY_PREFIX) else name
+    os.rename(name, prefix + plain, src_dir_fd=area_fd, dst_dir_fd=area_fd)
+    return prefix + plain
+
+
+def is_spared(name: str, spare_seconds: float, now: float) -> bool:
+    """Whether a sweep leaves entry ``name`` alone: ``kept-*``, or busy and retired less
+    than ``spare_seconds`` before ``now`` (a time from the future counts as passed)."""
+    if name.startswith(KEPT_PREFIX):
+        return True
+    if not name.startswith(BUSY_PREFIX):
+        return False
+    stamp = name[len(BUSY_PREFIX):].split("-", 1)[0]
+    return stamp.isdigit() and 0 <= now - int(stamp) < spare_seconds
+
+
+def remove_some(area_fd: int, deadline: float, spare_seconds: float = 0.0) -> bool:
+    """Remove entries of the area, oldest name first, until ``deadline`` (time.monotonic()),
+    leaving those ``is_spared``; whether nothing else is left. Never raises for what an
+    entry holds: what cannot be removed now is left for a later call. Entries made
+    meanwhile (a deep directory moved up) are taken in the next round."""
     while time.monotonic() < deadline:
-        with os.scandir(area_fd) as entries:
-            names = sorted(e.name for e in entries if not e.name.startswith(KEPT_PREFIX))
+        names = _sweepable(area_fd, spare_seconds)
         if not names:
             return True
-        if first in names:
-            names.remove(first)
-            names.insert(0, first)
         for name in names:
             if time.monotonic() >= deadline:
                 break
             with contextlib.suppress(OSError):
                 remove_entry(area_fd, name, deadline)
+    return not _sweepable(area_fd, spare_seconds)
+
+
+def _sweepable(area_fd: int, spare_seconds: float) -> list[str]:
+    """The area's entries a sweep removes now, sorted."""
+    now = time.time()
     with os.scandir(area_fd) as entries:
-        return all(e.name.startswith(KEPT_PREFIX) for e in entries)
+        return sorted(e.name for e in entries if not is_spared(e.name, spare_seconds, now))
 
 
 def remove_entry(area_fd: int, name: str, deadline: float) -> bool:

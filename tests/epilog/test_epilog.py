@@ -20,6 +20,7 @@ import pytest
 from slurm_fiber.core.cgroups import teardown
 from slurm_fiber.core.clock import FakeClock
 from slurm_fiber.epilog import main as epilog
+from slurm_fiber.epilog.statedir import retire_state_dir
 from slurm_fiber.homes.slurm.fiberdrecord import FiberdRecord, write_record
 from slurm_fiber.homes.slurm.paths import job_paths
 from slurm_fiber.hooks.hook import Hook
@@ -214,6 +215,29 @@ def test_a_state_dir_with_an_unmovable_audit_log_is_kept(site: Site,
     assert out.returncode == 0 and "job 68: audit: " in out.stderr
     kept = list((site.state_root / "nodes" / "n1" / "retired").glob("kept-job-68.*/audit.jsonl"))
     assert "kept" in out.stderr and len(kept) == 1 and not paths.state_dir.exists()
+
+
+def test_an_epilog_leaves_the_state_dir_another_epilog_still_reads(
+        site: Site, test_user: JobUser) -> None:
+    """Two jobs end together on a node: job 70's epilog has retired its state dir and not
+    yet kept its audit log when job 69's epilog sweeps the retired area."""
+    envs = {job: job_env(site, job, test_user.uid, test_user.gid, test_user.name)
+            for job in (69, 70)}
+    for job, env in envs.items():
+        assert run_hook("prolog", env).returncode == 0
+        (job_paths(site.state_root, "n1", job).state_dir / "audit.jsonl").write_text(
+            f'{{"job": {job}}}\n')
+    busy = retire_state_dir(job_paths(site.state_root, "n1", 70), 70, 5.0)
+    assert busy is not None
+    area = busy.parent
+    stale = area / f"busy-{int(time.time()) - 3600}-job-71.0123456789ab"  # its epilog died
+    stale.mkdir()
+    out = run_hook("epilog", envs[69])
+    assert (out.returncode, out.stderr) == (0, "")
+    assert (busy / "audit.jsonl").read_text() == '{"job": 70}\n'
+    assert sorted(p.name for p in area.iterdir()) == [busy.name]
+    kept = site.state_root / "nodes" / "n1" / "audit" / "job-69.jsonl"
+    assert kept.read_text() == '{"job": 69}\n'
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
