@@ -17,8 +17,27 @@ hierarchy fiberd carves a group per fiber in) and, per task, starts a fresh proc
   W2        a forked child of a worker holding the preloads with its heap frozen, as a
             template does, that joins the leaves, computes ``i * i`` and writes it to a
             pipe
+  W1-clone3 the same ``true`` from a child that ``clone3(CLONE_INTO_CGROUP)`` starts
+            inside the cgroup2 leaf (the leaf's directory fd; kernel 5.7 or later): no
+            move at all, so only on the cgroup2 hierarchy alone, what a pure cgroup2 host
+            has. Fork semantics (no CLONE_VM: the child gets a copy of the worker's page
+            tables, as W1-fork's does) through ``syscall(435, ...)`` by ctypes, with
+            ``PyOS_BeforeFork`` and ``PyOS_AfterFork_*`` around it as ``os.fork`` has; the
+            child execs at once (glibc's own fork bookkeeping, its atfork handlers and
+            the thread's cached tid, is skipped: nothing in the child uses it before the
+            exec). The worker imports ctypes for it and nothing else. Beside W1-fork it
+            is what the child's move costs; beside W1, whether a copy of the page tables
+            with no move beats vfork with two.
+            Vfork semantics (CLONE_VM|CLONE_VFORK, as glibc's posix_spawn uses) cannot be
+            had from Python safely: the child would run the interpreter on the worker's
+            stack and memory. It is not tried here
+  moves     no process: the two ``cgroup.procs`` writes W1 makes per task (into the
+            leaves and back), alone. W1 less its moves bounds what a C-level spawn
+            straight into the cgroup (CLONE_VM|CLONE_VFORK|CLONE_INTO_CGROUP) would
+            cost: the kernel's placement at clone time is not in it
 
-The first task checks it sits in every leaf. The worker reads the result where there
+The first task checks it sits in every leaf (W1 and W1-clone3: ``cat /proc/self/cgroup``
+started in its place, its output read by the worker). The worker reads the result where there
 is one and reaps the child. Leaves are reused from task to task, as fiberd's leaf pool
 reuses them (core/leaves.py). There is no socket, admission, audit record, spare or
 client: what a task costs here is what the kernel charges for the process, the cgroup
@@ -29,11 +48,17 @@ daemon does anything. (W1 against W1-fork is what spawning an exec fiber, instea
 execing a pre-placed fork, would save.)
 
 Returns tasks/s over all workers (the slowest worker's wall time) and CPU ms per task
-(workers and their reaped children, /proc clock ticks). Needs root (or a delegated
+(workers and their reaped children, getrusage); W1 also the wall and CPU time its
+workers spent in their moves, per task. Needs root (or a delegated
 subtree) where hierarchies are given; leaves no cgroup behind; raises OSError with
 one line when it cannot place or measure. Blocks; run it from a script.
 
-    .venv/bin/python bench/confined_floor.py [-n 400] [-j 2] [--v1]
+By default the leaves are on the cgroup2 hierarchy alone; ``--v1`` adds the v1 ones
+(not with W1-clone3). ``--rounds R`` runs the workloads listed alternately R times and
+prints each round and the medians, and W1 less its moves (``without_moves``).
+
+    .venv/bin/python bench/confined_floor.py [-n 400] [-j 2] [--v1] [--rounds 3]
+        [--workloads W1,W1-fork,W1-clone3,moves]
 """
 
 from __future__ import annotations
@@ -42,6 +67,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,7 +78,10 @@ from cgroup_join import own_dir  # bench/cgroup_join.py: this process's cgroup v
 from slurm_fiber.core.cgroups.v1 import V1_LIMITED, V1_NOT_PER_FIBER, V1Layout
 
 _WORKER = """
-import gc, json, os, sys, time
+import gc, json, os, resource, sys, time
+def cpu_now():  # seconds of CPU, this worker and its reaped children
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 workload, n, leaves = sys.argv[1], int(sys.argv[2]), [l for l in sys.argv[3].split(",") if l]
 for m in sys.argv[4:]:
     __import__(m)
@@ -73,20 +102,57 @@ def join(paths):  # move this process: one cgroup.procs write per hierarchy
 def placed(text):  # whether /proc/<pid>/cgroup's text names every leaf
     return sum(line.endswith(tail) for line in text.splitlines()) == len(leaves)
 
+if workload == "W1-clone3":  # clone3(CLONE_INTO_CGROUP), fork semantics, as os.fork wraps fork
+    import ctypes, struct
+    libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held, as in os.fork
+    libc.syscall.restype = ctypes.c_long
+    leaf_fd = os.open(leaves[0], os.O_RDONLY | os.O_DIRECTORY)  # close-on-exec
+    # struct clone_args (v2, 88 bytes): flags=CLONE_INTO_CGROUP, exit_signal=SIGCHLD, cgroup
+    packed = struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, leaf_fd)
+    clone_args = ctypes.create_string_buffer(packed, len(packed))
+    size = ctypes.c_size_t(len(packed))
+    api = ctypes.pythonapi
+    before, child, parent = api.PyOS_BeforeFork, api.PyOS_AfterFork_Child, api.PyOS_AfterFork_Parent
+
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()  # released with the other workers
-t0, c0 = time.perf_counter(), os.times()
+moving, moving_cpu = 0.0, 0.0  # W1: wall and this thread's CPU seconds in its moves
+t0, c0 = time.perf_counter(), cpu_now()
 for i in range(n):
+    if workload == "moves":  # W1's two moves per task, no process
+        join(procs)
+        join(homes)
+        continue
     r, w = os.pipe()
     if workload == "W1":  # spawned from inside the leaves, the worker back out at once
         check = i == 0 and leaves
+        m0, m1 = time.perf_counter(), time.thread_time()
         join(procs)
+        moving, moving_cpu = moving + time.perf_counter() - m0, moving_cpu + time.thread_time() - m1
         try:
             pid = os.posix_spawn("/bin/cat", ["cat", "/proc/self/cgroup"], env,
                                  file_actions=[quiet[0], (os.POSIX_SPAWN_DUP2, w, 1)]) \\
                 if check else os.posix_spawn("/bin/true", ["true"], env, file_actions=quiet)
         finally:
+            m0, m1 = time.perf_counter(), time.thread_time()
             join(homes)
+            moving += time.perf_counter() - m0
+            moving_cpu += time.thread_time() - m1
+    elif workload == "W1-clone3":  # the child starts in the leaf; it execs at once
+        before()
+        pid = libc.syscall(435, clone_args, size)  # SYS_clone3 (x86_64, aarch64)
+        if pid == 0:
+            child()
+            try:
+                if i == 0:  # the check: what sits in the child's place says where it is
+                    os.dup2(w, 1)
+                    os.execv("/bin/cat", ["cat", "/proc/self/cgroup"])
+                os.execv("/bin/true", ["true"])
+            finally:
+                os._exit(127)
+        parent()
+        if pid < 0:
+            sys.exit(f"clone3: {os.strerror(ctypes.get_errno())}")
     else:
         pid = os.fork()
         if pid == 0:
@@ -105,17 +171,18 @@ for i in range(n):
     got = os.read(r, 65536)
     os.close(r)
     _, status = os.waitpid(pid, 0)
-    if workload == "W1" and i == 0 and leaves and not placed(got.decode()):
+    if workload in ("W1", "W1-clone3") and i == 0 and leaves and not placed(got.decode()):
         sys.exit(f"task 0 did not sit in every leaf: {got!r}")
     if status != 0 or (workload == "W2" and int(got) != i * i):
         sys.exit(f"task {i}: status {status}, result {got!r}")
-c1 = os.times()
-cpu = sum(c1[:4]) - sum(c0[:4])
-print(json.dumps({"wall": time.perf_counter() - t0, "cpu": cpu}))
+cpu = cpu_now() - c0
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": cpu, "moving": moving,
+                  "moving_cpu": moving_cpu}))
 """
 
 
-WORKLOADS = ("W1", "W1-fork", "W2")
+WORKLOADS = ("W1", "W1-fork", "W2")  # the default run
+ALL_WORKLOADS = (*WORKLOADS, "W1-clone3", "moves")
 
 
 def fiber_hierarchies(carved: bool, backend: str | None) -> list[str]:
@@ -164,7 +231,11 @@ def leaves(hierarchies: list[str], jobs: int) -> Iterator[list[list[Path]]]:
 def confined_floor(workload: str, n: int, jobs: int, preloads: list[str],
                    hierarchies: list[str]) -> dict[str, float]:
     """``n`` tasks per worker, ``jobs`` workers at once (see the module doc): tasks/s and
-    CPU ms per task. OSError when a worker fails or a leaf cannot be made."""
+    CPU ms per task; W1 also ``move_wall_ms_per_task``. OSError when a worker fails, a
+    leaf cannot be made, or W1-clone3 is asked for on any hierarchy but cgroup2 alone."""
+    if workload == "W1-clone3" and hierarchies != ["unified"]:
+        raise OSError("W1-clone3 places its child on the cgroup2 hierarchy only; "
+                      "run it without --v1")
     with leaves(hierarchies, jobs) as placed:
         workers = [subprocess.Popen(
             [sys.executable, "-c", _WORKER, workload, str(n), ",".join(map(str, mine)),
@@ -189,8 +260,35 @@ def confined_floor(workload: str, n: int, jobs: int, preloads: list[str],
                           f"{[w.returncode for w in workers]})")
     runs = [json.loads(out.strip().splitlines()[-1]) for out in outs]
     tasks = n * jobs
-    return {"tasks_per_s": round(tasks / max(r["wall"] for r in runs), 1),
-            "cpu_per_task_ms": round(sum(r["cpu"] for r in runs) / tasks * 1000, 3)}
+    figures = {"tasks_per_s": round(tasks / max(r["wall"] for r in runs), 1),
+               "cpu_per_task_ms": round(sum(r["cpu"] for r in runs) / tasks * 1000, 3)}
+    if workload == "W1":
+        for key, name in (("moving", "move_wall_ms_per_task"),
+                          ("moving_cpu", "move_cpu_ms_per_task")):
+            figures[name] = round(sum(r[key] for r in runs) / tasks * 1000, 3)
+    return figures
+
+
+def medians(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each workload's figures, the median over the rounds."""
+    return {w: {k: round(statistics.median(r[w][k] for r in rounds), 3) for k in rounds[0][w]}
+            for w in rounds[0]}
+
+
+def without_moves(figures: dict[str, dict[str, float]], jobs: int) -> dict[str, dict[str, float]]:
+    """W1 less its two moves: what a spawn straight into the cgroup would cost at most,
+    the kernel's placement at clone time aside. ``in_situ``: less the wall and CPU W1's
+    own workers spent in their moves; ``alone`` (with the ``moves`` workload in the
+    round): less the wall time per task and the CPU the moves alone took, as many at once."""
+    w1 = figures["W1"]
+    moves = {"in_situ": (w1["move_wall_ms_per_task"], w1["move_cpu_ms_per_task"])}
+    if "moves" in figures:
+        moves["alone"] = (jobs / figures["moves"]["tasks_per_s"] * 1000,
+                          figures["moves"]["cpu_per_task_ms"])
+    per_task = jobs / w1["tasks_per_s"] * 1000  # a worker's wall ms per task
+    return {name: {"tasks_per_s": round(jobs * 1000 / (per_task - wall), 1),
+                   "cpu_per_task_ms": round(w1["cpu_per_task_ms"] - cpu, 3)}
+            for name, (wall, cpu) in moves.items() if per_task > wall}
 
 
 def main() -> int:
@@ -199,18 +297,41 @@ def main() -> int:
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
                         help="workers at once (default: usable CPUs)")
     parser.add_argument("--v1", action="store_true",
-                        help="also the v1 hierarchies (a fiber on the hybrid backend)")
+                        help="also the v1 hierarchies (a fiber on the hybrid backend); "
+                             "without it, the cgroup2 hierarchy alone")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, run in this order each round, of "
+                             f"{', '.join(ALL_WORKLOADS)} (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of the workloads, alternated; each printed, then medians")
     parser.add_argument("modules", nargs="*", default=["json", "decimal", "asyncio"],
                         help="W2's preloads")
     opts = parser.parse_args()
+    workloads = [w for w in opts.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in ALL_WORKLOADS]
+    if unknown or not workloads or opts.rounds < 1:
+        parser.error(f"workloads are some of {', '.join(ALL_WORKLOADS)} "
+                     f"(not {', '.join(unknown) or 'none'}); rounds at least 1")
     where = fiber_hierarchies(True, "hybrid" if opts.v1 else "v2")
+    rounds: list[dict[str, dict[str, float]]] = []
     try:
-        figures = {w: confined_floor(w, opts.n, opts.jobs, opts.modules, where)
-                   for w in WORKLOADS}
+        for k in range(opts.rounds):
+            rounds.append({w: confined_floor(w, opts.n, opts.jobs, opts.modules, where)
+                           for w in workloads})
+            if opts.rounds > 1:
+                print(f"round {k + 1}: " + json.dumps(rounds[-1]), file=sys.stderr)
     except OSError as err:
         print(json.dumps({"bench": "confined_floor", "unavailable": str(err)}))
         return 1
-    print(json.dumps({"bench": "confined_floor", "hierarchies": where, **figures}))
+    figures: dict[str, object] = {"bench": "confined_floor", "hierarchies": where}
+    if opts.rounds == 1:
+        figures.update(rounds[0])
+    else:
+        figures.update({"rounds": rounds, "median": medians(rounds)})
+    if "W1" in workloads:
+        bounds = [without_moves(r, opts.jobs) for r in rounds]
+        figures["W1_less_moves"] = bounds[0] if opts.rounds == 1 else bounds
+    print(json.dumps(figures))
     return 0
 
 
