@@ -21,13 +21,15 @@ hierarchy fiberd carves a group per fiber in) and, per task, starts a fresh proc
             inside the cgroup2 leaf (the leaf's directory fd; kernel 5.7 or later): no
             move at all, so only on the cgroup2 hierarchy alone, what a pure cgroup2 host
             has. Fork semantics (no CLONE_VM: the child gets a copy of the worker's page
-            tables, as W1-fork's does) through ``syscall(435, ...)`` by ctypes, with
-            ``PyOS_BeforeFork`` and ``PyOS_AfterFork_*`` around it as ``os.fork`` has; the
-            child execs at once (glibc's own fork bookkeeping, its atfork handlers and
-            the thread's cached tid, is skipped: nothing in the child uses it before the
-            exec). The worker imports ctypes for it and nothing else. Beside W1-fork it
-            is what the child's move costs; beside W1, whether a copy of the page tables
-            with no move beats vfork with two.
+            tables, as W1-fork's does) through ``syscall(435, ...)`` by ctypes; the
+            child execs at once, with nothing re-initialised: neither ``os.fork``'s
+            interpreter re-init (which W1-fork pays) nor glibc's fork bookkeeping (its
+            atfork handlers, the thread's cached tid), safe because the worker has one
+            thread and the child only execs (as core/templates/child/lean_fork.py
+            argues for the template). The worker imports ctypes for it and nothing
+            else. Beside W1-fork it is what the child's move and os.fork's re-init
+            cost; beside W1, whether a copy of the page tables with no move beats vfork
+            with two.
             Vfork semantics (CLONE_VM|CLONE_VFORK, as glibc's posix_spawn uses) cannot be
             had from Python safely: the child would run the interpreter on the worker's
             stack and memory. It is not tried here
@@ -102,7 +104,7 @@ def join(paths):  # move this process: one cgroup.procs write per hierarchy
 def placed(text):  # whether /proc/<pid>/cgroup's text names every leaf
     return sum(line.endswith(tail) for line in text.splitlines()) == len(leaves)
 
-if workload == "W1-clone3":  # clone3(CLONE_INTO_CGROUP), fork semantics, as os.fork wraps fork
+if workload == "W1-clone3":  # clone3(CLONE_INTO_CGROUP), fork semantics
     import ctypes, struct
     libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held, as in os.fork
     libc.syscall.restype = ctypes.c_long
@@ -111,8 +113,6 @@ if workload == "W1-clone3":  # clone3(CLONE_INTO_CGROUP), fork semantics, as os.
     packed = struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, leaf_fd)
     clone_args = ctypes.create_string_buffer(packed, len(packed))
     size = ctypes.c_size_t(len(packed))
-    api = ctypes.pythonapi
-    before, child, parent = api.PyOS_BeforeFork, api.PyOS_AfterFork_Child, api.PyOS_AfterFork_Parent
 
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()  # released with the other workers
@@ -128,7 +128,8 @@ for i in range(n):
         check = i == 0 and leaves
         m0, m1 = time.perf_counter(), time.thread_time()
         join(procs)
-        moving, moving_cpu = moving + time.perf_counter() - m0, moving_cpu + time.thread_time() - m1
+        moving += time.perf_counter() - m0
+        moving_cpu += time.thread_time() - m1
         try:
             pid = os.posix_spawn("/bin/cat", ["cat", "/proc/self/cgroup"], env,
                                  file_actions=[quiet[0], (os.POSIX_SPAWN_DUP2, w, 1)]) \\
@@ -139,10 +140,8 @@ for i in range(n):
             moving += time.perf_counter() - m0
             moving_cpu += time.thread_time() - m1
     elif workload == "W1-clone3":  # the child starts in the leaf; it execs at once
-        before()
         pid = libc.syscall(435, clone_args, size)  # SYS_clone3 (x86_64, aarch64)
-        if pid == 0:
-            child()
+        if pid == 0:  # no os.fork re-init: one thread here, and the child only execs
             try:
                 if i == 0:  # the check: what sits in the child's place says where it is
                     os.dup2(w, 1)
@@ -150,7 +149,6 @@ for i in range(n):
                 os.execv("/bin/true", ["true"])
             finally:
                 os._exit(127)
-        parent()
         if pid < 0:
             sys.exit(f"clone3: {os.strerror(ctypes.get_errno())}")
     else:
