@@ -112,7 +112,7 @@ if workload == "W1-clone3":  # clone3(CLONE_INTO_CGROUP), fork semantics
     # struct clone_args (v2, 88 bytes): flags=CLONE_INTO_CGROUP, exit_signal=SIGCHLD, cgroup
     packed = struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, leaf_fd)
     clone_args = ctypes.create_string_buffer(packed, len(packed))
-    size = ctypes.c_size_t(len(packed))
+    size, sys_clone3 = ctypes.c_size_t(len(packed)), ctypes.c_long(435)  # x86_64, aarch64
 
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()  # released with the other workers
@@ -140,7 +140,7 @@ for i in range(n):
             moving += time.perf_counter() - m0
             moving_cpu += time.thread_time() - m1
     elif workload == "W1-clone3":  # the child starts in the leaf; it execs at once
-        pid = libc.syscall(435, clone_args, size)  # SYS_clone3 (x86_64, aarch64)
+        pid = libc.syscall(sys_clone3, clone_args, size)
         if pid == 0:  # no os.fork re-init: one thread here, and the child only execs
             try:
                 if i == 0:  # the check: what sits in the child's place says where it is
@@ -229,8 +229,9 @@ def leaves(hierarchies: list[str], jobs: int) -> Iterator[list[list[Path]]]:
 def confined_floor(workload: str, n: int, jobs: int, preloads: list[str],
                    hierarchies: list[str]) -> dict[str, float]:
     """``n`` tasks per worker, ``jobs`` workers at once (see the module doc): tasks/s and
-    CPU ms per task; W1 also ``move_wall_ms_per_task``. OSError when a worker fails, a
-    leaf cannot be made, or W1-clone3 is asked for on any hierarchy but cgroup2 alone."""
+    CPU ms per task; W1 also the wall and CPU ms per task of its moves. OSError when a
+    worker fails, a leaf cannot be made, or W1-clone3 is asked for on any hierarchy but
+    cgroup2 alone."""
     if workload == "W1-clone3" and hierarchies != ["unified"]:
         raise OSError("W1-clone3 places its child on the cgroup2 hierarchy only; "
                       "run it without --v1")
