@@ -19,13 +19,14 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "confined_floor.py"
 
 @pytest.mark.machine_may_lack("a writable cgroup v2 hierarchy (root or a delegated subtree)")
 def test_bench_confined_floor_runs_clone3_into_the_leaf_beside_spawn_and_its_moves() -> None:
-    out = subprocess.run([sys.executable, str(BENCH), "-n", "3", "-j", "2", "--rounds", "2",
-                          "--workloads", "W1,W1-fork,W1-clone3,moves"],
-                         capture_output=True, text=True, timeout=120)
-    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    bench = subprocess.Popen([sys.executable, str(BENCH), "-n", "3", "-j", "2", "--rounds", "2",
+                              "--workloads", "W1,W1-fork,W1-clone3,moves"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = bench.communicate(timeout=120)
+    figures = json.loads(stdout.strip().splitlines()[-1])
     if "unavailable" in figures:
         pytest.skip(figures["unavailable"])
-    assert out.returncode == 0, out.stderr
+    assert bench.returncode == 0, stderr
     assert figures["hierarchies"] == ["unified"]
     assert len(figures["rounds"]) == 2
     for figs in (*figures["rounds"], figures["median"]):
@@ -35,7 +36,7 @@ def test_bench_confined_floor_runs_clone3_into_the_leaf_beside_spawn_and_its_mov
                                    "move_cpu_ms_per_task"}
     for bound in figures["W1_less_moves"]:
         assert bound["in_situ"]["tasks_per_s"] > 0
-    leftovers = [d for d, _, _ in os.walk("/sys/fs/cgroup") if "/sf-floor-" in d]
+    leftovers = [d for d, _, _ in os.walk("/sys/fs/cgroup") if f"/sf-floor-{bench.pid}" in d]
     assert leftovers == []
 
 
