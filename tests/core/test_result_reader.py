@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import socket
 
-from slurm_fiber.core.fibers.fiber import _ResultReader
+from slurm_fiber.core.fibers.fiber import ResultReader
 from tests.core.processkit import aio
 
 
 @aio
 async def test_a_record_queued_behind_a_reset_is_still_read():
     ours, fibers = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    reader = _ResultReader(ours)
+    reader = ResultReader(ours)
     ours.send(b'{"t": "unread"}')  # the fiber exits without reading this datagram,
     fibers.send(b'{"ok": true, "result": 4}')  # after writing its record:
     fibers.close()  # the kernel reports ECONNRESET once, before the queued record

@@ -148,7 +148,7 @@ class Fiber:
     pidfd: int | None = field(default=None, repr=False)
     _reported: asyncio.Future[tuple[FiberState, dict[str, object]]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future(), repr=False)
-    _result: _ResultReader | None = field(default=None, repr=False)
+    _result: ResultReader | None = field(default=None, repr=False)
     _finished: asyncio.Task[FiberEnd] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _cause: StopReason | None = field(default=None, repr=False)
@@ -166,7 +166,7 @@ class Fiber:
         self.pidfd = pidfd
         if result_sock is not None:
             result_sock.setblocking(False)
-            self._result = _ResultReader(result_sock)
+            self._result = ResultReader(result_sock)
         self._finished = asyncio.ensure_future(self._finish())
 
     def reported_exit(self, msg: dict[str, object]) -> None:
@@ -580,7 +580,7 @@ async def _rearm_on(nudge: asyncio.Event, timer: DeadlineTimer) -> None:
         timer.rearm()
 
 
-class _ResultReader:
+class ResultReader:
     """Collects what a fiber writes to its result socket (call mode's record).
 
     Reads while the fiber runs (so a large record never blocks the fiber);
@@ -588,12 +588,18 @@ class _ResultReader:
     waiting for EOF, since a descendant might still hold the socket open.
     At EOF it closes the socket at once: nothing more can come, and an exec
     fiber's end is closed as soon as it execs, so a running exec fiber costs
-    fiberd one fd (its pidfd), not two (10,000 of them fit in 20,000).
+    fiberd one fd (its pidfd), not two (10,000 of them fit in 20,000). With a
+    ``limit``, a record longer than that many bytes is dropped as it passes it (the
+    socket closed, the record a ``ResultTooLarge`` error): what fiberd holds of it
+    is bounded. Also used by a task window's call fibers (core/runtime/task_window.py).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, limit: int | None = None) -> None:
         self.sock = sock
         self.chunks: list[bytes] = []
+        self.limit = limit  # bytes a record may have (None: no bound); past it, dropped
+        self.size = 0
+        self.too_large = False
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(sock.fileno(), self._take)
         self.reading = True
@@ -621,6 +627,10 @@ class _ResultReader:
             if not chunk:
                 break
             self.chunks.append(chunk)
+            self.size += len(chunk)
+            if self.limit is not None and self.size > self.limit:
+                self.too_large, self.chunks = True, []  # the writer gets a broken pipe
+                break
         self._stop_reading()
         self.sock.close()
         set_done(self.complete)
@@ -639,7 +649,11 @@ class _ResultReader:
         return self.record()
 
     def record(self) -> dict[str, object] | None:
-        """The record read so far (whole once ``complete``); None when there is none."""
+        """The record read so far (whole once ``complete``); None when there is none; a
+        ``ResultTooLarge`` error once it passed ``limit``."""
+        if self.too_large:
+            return {"ok": False, "error": {"type": "ResultTooLarge", "message":
+                                           f"the fiber's result passed {self.limit} bytes"}}
         if not self.chunks:
             return None
         try:
