@@ -42,6 +42,7 @@ its order channel.
 from __future__ import annotations
 
 import _signal
+import _socket
 import argparse
 import base64
 import contextlib
@@ -63,6 +64,7 @@ from slurm_fiber.core.templates import wire
 from slurm_fiber.core.templates.child import exec_spawn
 from slurm_fiber.core.templates.child.child_exits import ChildExits, sweep_due, sweep_wait
 from slurm_fiber.core.templates.child.fiber_setup import (
+    EXIT_CGROUP,
     EXIT_SETUP,
     ResultChannel,
     await_order,
@@ -72,6 +74,7 @@ from slurm_fiber.core.templates.child.fiber_setup import (
     take_order,
     try_join,
     write_control,
+    write_error,
 )
 from slurm_fiber.core.templates.child.lean_fork import LeanFork
 from slurm_fiber.core.templates.child.prctl import die_with_parent, no_new_privs
@@ -167,6 +170,8 @@ class Server:
         self.walked_at = 0.0  # when the last walk ended (time.monotonic())
         self.walk_took = 0.0  # and the CPU seconds its looking took
         self.windows: dict[str, TaskWindow] = {}  # task windows (core/.../window_run.py)
+        self.queued = select.poll()  # whether another message waits (``handle_requests``)
+        self.queued.register(self.sock, select.POLLIN)
 
     def _terminate(self, *_: object) -> None:
         self.kill_all()
@@ -182,7 +187,10 @@ class Server:
                 os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
-        """Drop the template's fds (in a fiber, before user code)."""
+        """Drop the template's fds (in a fiber, before user code), the descriptors of task
+        windows' tasks not started among them."""
+        for window in self.windows.values():
+            window.forget_fds()
         self.sock.close()
         self.doors.close()
         os.close(self.wake_r)
@@ -206,7 +214,7 @@ class Server:
                 elif fd == self.wake_r:
                     self._drain_wakeups()
                     self.signalled = True
-                elif not self.handle_request():
+                elif not self.handle_requests():
                     return
             if sweep_due(self.signalled, time.monotonic(), self.walked_at, self.walk_took):
                 self.walk()
@@ -217,7 +225,8 @@ class Server:
         shortened to the next window's due time."""
         for window in list(self.windows.values()):
             window.enforce()
-            window.pump(self.home, set(_SPARE_UNBLOCKS), self.doors, self._adopt)
+            window.pump(self.home, set(_SPARE_UNBLOCKS), self.doors, self._adopt,
+                        self.fork_call)
             due = window.enforce()  # with what started now
             window.report()
             if window.done:
@@ -275,6 +284,16 @@ class Server:
             return  # in the window's next report
         _send(self.sock, {"t": "exit", "id": spare_id, "pid": pid, "status": status,
                           "cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024})
+
+    def handle_requests(self) -> bool:
+        """Serve every message queued on the socket (``handle_request`` each); False when
+        the parent is gone or said stop. All of them before the windows' next pump: a
+        ``window_close`` queued behind another order is read before a fiber the close
+        killed is reaped and its place refilled."""
+        while self.handle_request():
+            if not self.queued.poll(0):
+                return True
+        return False
 
     def handle_request(self) -> bool:
         """Serve one message; False when the parent is gone or said stop."""
@@ -363,6 +382,37 @@ class Server:
         _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
 
 
+    def fork_call(self, order: dict[str, object], stdio: list[int], result_fd: int,
+                  cgroup: str | None, also: list[str]) -> int:
+        """Fork a task window's call fiber (core/templates/child/window_run.py): as a
+        spare is forked, the child joins ``cgroup`` (and ``also``), leads its own process
+        group, drops the template's descriptors and runs ``order`` as a spare runs its
+        order (``run_fiber``), its record on ``result_fd``, then exits with its code. The
+        caller closes ``stdio`` and ``result_fd`` and adopts the pid. Raises OSError when
+        the fork fails."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _FIBER_SIGNALS)
+        try:
+            pid = self.fork()
+        except OSError:
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+            raise
+        if pid == 0:
+            code = EXIT_SETUP
+            try:
+                code = run_window_call(order, stdio, result_fd,
+                                       {"cgroup": cgroup, "also": also}, self)
+            except BaseException:
+                traceback.print_exc()  # to the fiber's stderr, else the template's log
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # on both sides, as for a spare: no signal race
+        return pid
+
     def spawn(self, msg: dict[str, object], stdio: list[int]) -> None:
         """Start an exec fiber's program in its leaf (core/exec_spawn.py) with the passed
         ``stdio`` (closed here); answer ``spawned`` with its pidfd, or ``spawn_failed``.
@@ -401,6 +451,35 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     server.close()
     _reseed()
     return await_order(order_fd, msg, joined, run_fiber)
+
+
+def run_window_call(order: wire.Message, stdio: list[int], result_fd: int,
+                    leaf: wire.Message, server: Server) -> int:
+    """In a task window's forked call fiber: confine as a spare does (its ``leaf``: cgroup
+    and v1 mirrors), then run ``order`` with its ``stdio``, the record on ``result_fd``.
+    Returns the exit code (never user code's); EXIT_CGROUP, with an error record, when
+    the leaf could not be joined."""
+    die_with_parent(server.pid)
+    joined = try_join(leaf)
+    os.setpgid(0, 0)
+    _signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        _signal.signal(sig, _signal.SIG_DFL)
+    _signal.signal(signal.SIGINT, _signal.default_int_handler)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SPARE_UNBLOCKS)
+    server.close()
+    _reseed()
+    channel = _socket.socket(fileno=result_fd)
+    try:
+        channel.setblocking(True)
+        result = ResultChannel(channel)
+        if joined is not None:
+            write_error(result, OSError(joined.errno, f"cannot join cgroup "
+                                        f"{leaf.get('cgroup')}: {joined.strerror}"))
+            return EXIT_CGROUP
+        return run_fiber(order, stdio, result)
+    finally:
+        channel.close()
 
 
 def run_fiber(order: wire.Message, stdio: list[int], result: ResultChannel) -> int:

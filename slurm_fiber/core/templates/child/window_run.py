@@ -3,12 +3,17 @@
 fiberd (core/templates/window_parent.py) decides a window once and sends it as one
 ``window`` message: its id, ``size`` (how many at once), ``left`` (seconds until the
 window's deadline, min(lease, fence) as fiberd knew it), ``seconds`` (each fiber's own
-limit, or None), the exec tasks (each a run order, as a ``spawn`` carries) with their
-passed stdio descriptors in order, and one cgroup leaf per task (``leaves``, each with
-its v1 mirrors; none when uncarved). ``TaskWindow`` then, on the template's own loop:
+limit, or None), the tasks (each a run order, as a ``spawn`` or a spare's ``run``
+carries) with their passed stdio descriptors in order, a call task's result channel
+after its stdio (its ``result``), and one cgroup leaf per task (``leaves``, each with
+its v1 mirrors; none when uncarved); at most ``MAX_FDS`` descriptors in all (the
+kernel's SCM_MAX_FD). ``TaskWindow`` then, on the template's own loop:
 
-- starts tasks in order while fewer than ``size`` run, each straight into its own leaf
-  (core/exec_spawn.py), never past the deadline, never after ``close``; the n-th task
+- starts tasks in order while fewer than ``size`` run, each in its own leaf: an exec
+  task's program straight into it (core/exec_spawn.py), a call task forked by the
+  template (``fork_call``: the child joins the leaf, as a spare does, and runs the
+  order as a spare would, its record on the result channel); never past the deadline,
+  never after ``close``; the n-th task
   taken gets the n-th leaf, so a leaf hosts one task of a window at most and fiberd can
   tell from a leaf's CPU figures alone whether its task ran (the record of a start the
   template never reported);
@@ -43,18 +48,23 @@ from slurm_fiber.core.templates.child import exec_spawn
 from slurm_fiber.core.templates.child.fiber_setup import write_control
 
 MAX_TASKS = 64  # tasks of one window message (a clone_batch's items)
-MAX_FDS = 3 * MAX_TASKS  # their stdio descriptors, all in the one message
+MAX_FDS = 253  # descriptors of one message: the kernel's SCM_MAX_FD
 
 Send = Callable[[dict[str, object]], None]
+# fork_call(order, stdio, result channel, leaf, leaf's v1 mirrors): the forked call
+# fiber's pid (it joins the leaf and runs the order). Raises OSError when it cannot fork.
+ForkCall = Callable[[dict[str, object], list[int], int, str | None, list[str]], int]
 
 
 @dataclass
 class Task:
-    """One task not started yet: its key, run order and passed stdio descriptors."""
+    """One task not started yet: its key, run order and passed descriptors (its stdio,
+    then, for a call task, its result channel)."""
 
     key: str
     order: dict[str, object]
     fds: list[int]
+    result: bool = False  # a call task: its last descriptor is its result channel
 
 
 @dataclass
@@ -96,8 +106,10 @@ class TaskWindow:
             tasks: deque[Task] = deque()
             for raw in msg.get("tasks") or []:
                 order = dict(raw["order"])
-                count = sum(1 for given in order.get("stdio") or [] if given)
-                tasks.append(Task(str(raw["key"]), order, [next(it) for _ in range(count)]))
+                result = raw.get("result") is True
+                count = sum(1 for given in order.get("stdio") or [] if given) + result
+                tasks.append(Task(str(raw["key"]), order, [next(it) for _ in range(count)],
+                                  result))
             leaves = [(leaf if isinstance(leaf, str) else None, list(also))
                       for leaf, also in msg.get("leaves") or []]
             if len(leaves) < len(tasks) or len(tasks) > MAX_TASKS:
@@ -114,9 +126,10 @@ class TaskWindow:
             raise ValueError(f"unreadable window order: {e}") from None
 
     def pump(self, home: wire.Message, unblocked: set[int], doors: HeldFiles,
-             adopt: Callable[[int, str, str | None], None]) -> None:
+             adopt: Callable[[int, str, str | None], None], fork_call: ForkCall) -> None:
         """Start tasks while fewer than ``size`` run and the window is open and before its
-        deadline; ``adopt(pid, key, cgroup)`` makes each a child the template reaps."""
+        deadline (a call task by ``fork_call``); ``adopt(pid, key, cgroup)`` makes each a
+        child the template reaps. A task's descriptors are closed here once it started."""
         while (self.tasks and not self.closed and len(self.running) < self.size
                and time.monotonic() < self.deadline):
             task = self.tasks.popleft()
@@ -124,10 +137,17 @@ class TaskWindow:
             self.next_leaf += 1
             leaf, also = self.leaves[index]
             try:
-                pid = exec_spawn.spawn({"order": task.order, "cgroup": leaf, "also": also},
-                                       task.fds, home, unblocked, doors)
+                if task.result:
+                    pid = fork_call(task.order, task.fds[:-1], task.fds[-1], leaf, also)
+                else:
+                    pid = exec_spawn.spawn({"order": task.order, "cgroup": leaf,
+                                            "also": also}, task.fds, home, unblocked, doors)
             except exec_spawn.Refused as e:
                 self.ends.append([task.key, None, None, 0.0, 0, f"not started: {e}"])
+                continue
+            except OSError as e:  # the template could not fork a call task
+                self.ends.append([task.key, None, None, 0.0, 0,
+                                  f"not started: cannot fork: {e.strerror or e}"])
                 continue
             finally:
                 for fd in task.fds:
@@ -188,6 +208,14 @@ class TaskWindow:
                                   "ends": self.ends, "done": finished}
         self.starts, self.ends = [], []
         self.send(msg)
+
+    def forget_fds(self) -> None:
+        """Close the descriptors of the tasks not started (in a forked fiber, before user
+        code: no fiber holds another task's stdio or result channel)."""
+        for task in self.tasks:
+            for fd in task.fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _drop_tasks(self) -> None:
         while self.tasks:
