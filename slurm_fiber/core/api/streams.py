@@ -149,7 +149,7 @@ class Streams:
                                 for item in valid]
                 if not isinstance(run, Miss):  # the stream begins: it reads frames from here
                     self.conn.talk.on(Event.STARTED_WINDOW)
-                await stream_window(self.conn, rid, run, refused, PeerGone)
+                await stream_window(self.conn, rid, run, refused, PeerGone, op.early)
                 return
         kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
         server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap

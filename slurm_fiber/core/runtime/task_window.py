@@ -1,6 +1,6 @@
 """A task window (``task_window = "template"``): fiberd decides once, the template runs the tasks.
 
-``open_window`` is the runtime's side of a windowed ``clone_batch`` of exec items when
+``open_window`` is the runtime's side of a windowed ``clone_batch`` of exec and call items when
 fiberd runs with ``task_window = "template"`` (off by default; docs/design.md, "Task
 windows"). It resolves the grant and decides once for the whole window (the book's
 ``decide_clone``, counting the window's ``size`` places against the grant's ``fibers``
@@ -18,12 +18,19 @@ before the template hears of the window, then hands the template the tasks
   ``batches`` gives them to the client; a fiber the template started and never
   reported (it died) is written as a lost start from its leaf's CPU figures;
 - per-fiber ``seconds`` are kept by the template (it kills the leaf); what fiberd
-  guarantees itself is the window's deadline.
+  guarantees itself is the window's deadline;
+- a call item's record comes back as on fiberd's own path: fiberd makes its result
+  channel (a SEQPACKET socketpair, as for a spare), passes the fiber's end with the
+  order and reads its own with the reader a spare's call has (``ResultReader``, bounded
+  by a reply's size, ``MAX_REPLY``); the fiber's exit carries its ``result`` or
+  ``error`` (``call_outcome``: ``FiberDied`` when it wrote none), and ``written`` tells
+  when the record is complete, for an early ``result`` event before the exit.
 
-Not in the window path (answered by fiberd's own path instead): call items, items of a
-template that runs as another account (``fiber_user``). Window fibers are not listed by
-``list_fibers`` and cannot be stopped one by one; memory peaks and OOM counts are not
-read per fiber.
+Not in the window path (answered by fiberd's own path instead): items of a template
+that runs as another account (``fiber_user``), a batch whose descriptors (stdio, and
+one result channel per call) would pass one message's ``MAX_FDS``. Window fibers are
+not listed by ``list_fibers`` and cannot be stopped one by one; memory peaks and OOM
+counts are not read per fiber.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -42,9 +50,12 @@ from slurm_fiber.core.audit.log import AuditEvent, AuditWriteFailed
 from slurm_fiber.core.book.decisions import Deadline, closed_miss
 from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.cgroups.leaves import LeafCreateFailed
-from slurm_fiber.core.templates.child.window_run import MAX_TASKS
+from slurm_fiber.core.fibers.fiber import ResultReader
+from slurm_fiber.core.fibers.handles import call_outcome
+from slurm_fiber.core.templates.child.window_run import MAX_FDS, MAX_TASKS
 from slurm_fiber.core.templates.parent import FiberRequest, Template, TemplateNotReady
 from slurm_fiber.core.templates.window_parent import Batch, WindowLink, close_fds
+from slurm_fiber.protocol.limits import MAX_REPLY
 
 if TYPE_CHECKING:
     from slurm_fiber.core.runtime.core import Core
@@ -74,6 +85,8 @@ class TaskWindowRun:
     link: WindowLink
     keys: list[str]
     size: int
+    modes: list[str] = field(default_factory=list)  # each task's mode, "exec" or "call"
+    readers: dict[str, ResultReader] = field(default_factory=dict)  # call fibers', by id
     cause: str | None = None  # why it was closed, once it is
     answered: set[str] = field(default_factory=set)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -94,6 +107,7 @@ class TaskWindowRun:
                     self.template.window_order(self.id, "window_ack")
                 if batch.done:
                     entries += self._unstarted()
+                    self._drop_readers()
                     self.template.give_back_window(self.link.leaves)
                     self.closed.set()
                 yield entries, exits, batch.done
@@ -102,9 +116,33 @@ class TaskWindowRun:
         finally:
             if not self.closed.is_set():  # the client left: close, kill, wait for the end
                 await self.close("cancelled")
+            self._drop_readers()
             self.core.windows.pop(self.id, None)
             if self._keeper is not None:
                 self._keeper.cancel()
+
+    def mode(self, fiber_id: str) -> str:
+        """The mode of the window's fiber ``fiber_id`` ("call" or "exec")."""
+        _, _, n = fiber_id.rpartition(".")
+        return self.modes[int(n)] if n.isdigit() and int(n) < len(self.modes) else "exec"
+
+    def written(self, fiber_id: str) -> asyncio.Future[None] | None:
+        """For a call fiber whose record is still being read: done once it is complete
+        (end of file on its channel, which may be before its exit); else None."""
+        reader = self.readers.get(fiber_id)
+        return reader.complete if reader is not None else None
+
+    def result_event(self, fiber_id: str) -> dict[str, object] | None:
+        """A call fiber's early ``result`` event (as fiberd's path's ``call_result``):
+        its ``fiber_id`` and ``result`` or ``error``; None when it wrote no record (its
+        exit says how it ended) or its exit was taken already."""
+        reader = self.readers.get(fiber_id)
+        record = reader.record() if reader is not None else None
+        if record is None:
+            return None
+        result, error = call_outcome(record)
+        return {"fiber_id": fiber_id, **({"result": result} if error is None
+                                         else {"error": error})}
 
     def cancel(self) -> list[str]:
         """Start nothing more (the client's ``cancel``): the keys that will not start,
@@ -159,18 +197,22 @@ class TaskWindowRun:
             fid = self.fiber_id(key) if key is not None else None
             records.append((AuditEvent.FIBER_START, {
                 **base, "fiber": fid, "pid": start.get("pid"), "key": key,
+                "mode": self.mode(str(fid)),
                 **({"lost": True, "leaf": start.get("leaf"),
                     "usage_usec": start.get("usage_usec")} if batch.lost else {})}))
             if key is not None:
                 self.answered.add(str(key))
                 entries.append({"key": key, "ok": True, "fiber": {
-                    "id": fid, "pid": start.get("pid"), "grant": self.uid, "mode": "exec",
+                    "id": fid, "pid": start.get("pid"), "grant": self.uid,
+                    "mode": self.mode(str(fid)),
                     "epoch": self.epoch, "window": self.id, "state": "running"}})
         for end in batch.ends:
             key = str(end.get("key"))
             refused = end.get("refused")
             if isinstance(refused, str) and key not in self.answered:
                 self.answered.add(key)
+                if (reader := self.readers.pop(self.fiber_id(key), None)) is not None:
+                    reader.finish()
                 records.append((AuditEvent.CLONE_FAILED, {**base, "key": key,
                                                           "reason": refused}))
                 entries.append({"key": key, "ok": False, "error": {
@@ -206,10 +248,24 @@ class TaskWindowRun:
         reason = None
         if self.cause is not None and sig is not None:
             reason = {"code": self.cause, "message": f"task window closed ({self.cause})"}
-        return FiberExit(fiber_id=self.fiber_id(end.get("key")), exit_code=code, signal=sig,
-                         rusage=rusage, reason=reason,
-                         error={"type": "FiberLost", "message": "its template died before "
-                                "reporting its end"} if lost else None)
+        fiber_id = self.fiber_id(end.get("key"))
+        result: object = None
+        error: dict[str, object] | None = None
+        reader = self.readers.pop(fiber_id, None)
+        record = reader.finish() if reader is not None else None  # its writer has exited
+        if lost:
+            error = {"type": "FiberLost", "message": "its template died before reporting "
+                     "its end"}
+        elif self.mode(fiber_id) == "call":
+            result, error = call_outcome(record)
+        return FiberExit(fiber_id=fiber_id, exit_code=code, signal=sig, rusage=rusage,
+                         result=result, error=error, reason=reason)
+
+    def _drop_readers(self) -> None:
+        """Close the result channels of call fibers that never started (or never ended)."""
+        readers, self.readers = self.readers, {}
+        for reader in readers.values():
+            reader.finish()
 
     def _unstarted(self) -> list[dict[str, object]]:
         cause = self.cause or "template"
@@ -223,14 +279,59 @@ class TaskWindowRun:
 async def open_window(core: Core, requests: Sequence[Clone], peer: Peer,
                       stdios: Sequence[Stdio], keys: list[str],
                       size: int) -> TaskWindowRun | Miss | None:
-    """Open a window for a windowed batch's exec items (module doc): the run, a miss for
-    them all (audited), or None when the window path does not take them (call items,
-    another account's template): fiberd's own path then. ``stdios``' descriptors are
-    handed to the template and closed here once the order is sent; on a miss or None
-    they are left to the caller."""
-    if not requests or len(requests) > MAX_TASKS or any(
-            r.exec is None or r.call is not None for r in requests):
+    """Open a window for a windowed batch's exec and call items (module doc): the run, a
+    miss for them all (audited), or None when the window path does not take them
+    (another account's template, more descriptors than one message carries, fiberd
+    out of descriptors): fiberd's own path then. ``stdios``' descriptors are handed to
+    the template and closed here once the order is sent; on a miss or None they are
+    left to the caller."""
+    if not requests or len(requests) > MAX_TASKS or len(stdios) != len(requests) or any(
+            (r.exec is None) == (r.call is None) for r in requests):
         return None
+    calls = sum(r.call is not None for r in requests)
+    passed_fds = sum(fd is not None for s in stdios for fd in (s.stdin, s.stdout, s.stderr))
+    if passed_fds + calls > MAX_FDS:
+        return None  # one window message cannot carry them: fiberd's path
+    channels = _result_channels(calls)
+    if channels is None:
+        return None
+    try:
+        run = await _open(core, requests, peer, stdios, keys, size, channels)
+    finally:
+        for ours, theirs in channels:  # what _open did not hand on
+            if ours is not None:
+                ours.close()
+            if theirs is not None:
+                theirs.close()
+    return run
+
+
+ChannelPair = list[socket.socket | None]
+
+
+def _result_channels(count: int) -> list[ChannelPair] | None:
+    """``count`` result channels (fiberd's end, the fiber's): SEQPACKET socketpairs, as a
+    spare's; None when fiberd is out of descriptors (its own path then says so)."""
+    channels: list[ChannelPair] = []
+    try:
+        for _ in range(count):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            channels.append([ours, theirs])
+    except OSError as err:
+        log.warning("a task window's result channels: %s; fiberd's path instead", err)
+        for pair in channels:
+            for sock in pair:
+                if sock is not None:
+                    sock.close()
+        return None
+    return channels
+
+
+async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Sequence[Stdio],
+                keys: list[str], size: int,
+                channels: list[ChannelPair]) -> TaskWindowRun | Miss | None:
+    """``open_window`` with its result channels made; the ones it hands on (to the
+    template, to the run's readers) are taken out of ``channels`` (set to None)."""
     first = requests[0]
     caller = {"caller_uid": peer.uid, "caller_pid": peer.pid,
               "batch": len(requests)}
@@ -273,26 +374,43 @@ async def open_window(core: Core, requests: Sequence[Clone], peer: Peer,
                          caller)
     tasks: list[dict[str, object]] = []
     fds: list[int] = []
-    for n, (request, stdio) in enumerate(zip(requests, stdios, strict=True)):
-        assert request.exec is not None
-        passed = (stdio.stdin, stdio.stdout, stdio.stderr)
-        order = template.run_order(FiberRequest(
-            id=f"{window_id}.{n}", mode="exec", argv=request.exec.argv, cwd=request.exec.cwd,
-            env=request.env, stdio=passed, jti=decision.jti, epoch=decision.epoch,
-            deadline=window_deadline.at))
-        tasks.append({"key": keys[n], "order": order})
-        fds += [fd for fd in passed if fd is not None]
     run = TaskWindowRun(core, window_id, resolved, decision.jti, decision.epoch, template,
                         link, keys, size)
+    free = iter(channels)
+    for n, (request, stdio) in enumerate(zip(requests, stdios, strict=True)):
+        passed = (stdio.stdin, stdio.stdout, stdio.stderr)
+        fiber_id = f"{window_id}.{n}"
+        call, exe = request.call, request.exec
+        order = template.run_order(FiberRequest(  # as core/runtime/clones.py builds one
+            id=fiber_id, mode="call" if call is not None else "exec",
+            target=call.target if call else None, args=call.args if call else (),
+            kwargs=call.kwargs if call else {}, pickled=call.pickled if call else None,
+            path=call.path if call else (), argv=exe.argv if exe else (),
+            cwd=exe.cwd if exe else None, env=request.env, stdio=passed, jti=decision.jti,
+            epoch=decision.epoch, deadline=window_deadline.at))
+        run.modes.append(str(order["mode"]))
+        fds += [fd for fd in passed if fd is not None]
+        if call is None:
+            tasks.append({"key": keys[n], "order": order})
+            continue
+        pair = next(free)
+        ours, theirs = pair[0], pair[1]
+        assert ours is not None and theirs is not None
+        ours.setblocking(False)
+        run.readers[fiber_id] = ResultReader(ours, limit=MAX_REPLY)
+        fds.append(theirs.detach())  # closed with the stdio once the order is sent
+        pair[0] = pair[1] = None
+        tasks.append({"key": keys[n], "order": order, "result": True})
     left = window_deadline.at - core.clock.mono()
     try:
         await template.open_window(link, link.order(size, left, seconds, tasks), fds)
     except TemplateNotReady:
         template.give_back_window(leaves)
+        run._drop_readers()
         return core.miss(resolved, Miss(MissCode.COLD, "the template is not ready",
                                         retry_after=1.0), caller)
     finally:
-        close_fds(fds)
+        close_fds(fds)  # the stdio and the fibers' ends of the result channels
     core.windows[window_id] = run
     run._keeper = asyncio.ensure_future(run.keep_deadline(window_deadline))
     return run

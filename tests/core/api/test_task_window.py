@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,3 +296,272 @@ def test_a_grant_with_fewer_places_than_the_window_takes_fiberds_path(
     assert sorted(str(e["key"]) for e in entries if e["ok"]) == ["k0", "k1", "k2"]
     assert len(exits) == 3 and most_at_once(log) == 1
     assert not [r for r in rows if r["event"] == "window_open"]
+
+
+# ---------------------------------------------------------------- call items (issue 42, W2)
+
+T = "tests.core.runtime.targetkit"
+
+
+def windows_opened(served: ThreadFiberd) -> list[dict[str, object]]:
+    return [r for r in records(served) if r["event"] == "window_open"]
+
+
+def by_fiber(entries: list[dict[str, object]], exits: list[dict[str, object]]
+             ) -> dict[str, dict[str, object]]:
+    """Each started item's exit event, by the item's key."""
+    ids = {e["fiber"]["id"]: str(e["key"]) for e in entries if e["ok"]}  # type: ignore[index]
+    return {ids[str(x["fiber_id"])]: x for x in exits}
+
+
+def stamped_call(log: Path, key: str, seconds: float) -> dict[str, object]:
+    """A call item whose fiber runs (os.system) what ``stamped`` execs: its shell is the
+    call fiber's child, in its leaf and process group."""
+    script = (f'echo "+{key} $(date +%s.%N)" >> {log}; sleep {seconds}; '
+              f'echo "-{key} $(date +%s.%N)" >> {log}')
+    return {"key": key, "call": {"target": "os:system", "args": [script]}}
+
+
+def test_a_window_of_calls_returns_every_value(windowed: ThreadFiberd) -> None:
+    import base64
+    import pickle
+    items: list[dict[str, object]] = [
+        {"key": f"k{i}", "call": {"target": "math:factorial", "args": [i]}} for i in range(6)]
+    items.append({"key": "p", "call": {"target": "math:gcd", "pickled": base64.b64encode(
+        pickle.dumps(((12, 18), {}))).decode()}})
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        entries, exits = stream(client, started.items)
+        assert client.ready().ready
+    assert [str(e["key"]) for e in entries] == [*(f"k{i}" for i in range(6)), "p"]
+    assert all(e["ok"] and e["fiber"]["mode"] == "call" for e in entries)  # type: ignore[index]
+    ends = by_fiber(entries, exits)
+    assert {k: x["result"] for k, x in ends.items() if k != "p"} == {
+        f"k{i}": [1, 1, 2, 6, 24, 120][i] for i in range(6)}
+    pickled = ends["p"]["result"]["pickled"]  # type: ignore[index]
+    assert pickle.loads(base64.b64decode(pickled)) == 6
+    assert {x["status"] for x in exits} == {0} and not any("error" in x for x in exits)
+    assert len(windows_opened(windowed)) == 1  # the task window ran them, not fiberd's path
+    starts = [r for r in records(windowed) if r["event"] == "fiber_start"]
+    assert {r["mode"] for r in starts} == {"call"} and len(starts) == 7
+
+
+def test_a_raising_call_returns_its_exception_and_a_silent_one_fiber_died(
+        windowed: ThreadFiberd) -> None:
+    items = [{"key": "raises", "call": {"target": "math:sqrt", "args": [-1]}},
+             {"key": "silent", "call": {"target": "os:_exit", "args": [3]}},
+             {"key": "missing", "call": {"target": f"{T}:no_such_function"}}]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=3)
+        entries, exits = stream(client, started.items)
+    ends = by_fiber(entries, exits)
+    assert ends["raises"]["error"]["type"] == "ValueError"  # type: ignore[index]
+    assert ends["raises"]["exit_code"] == 1 and "result" not in ends["raises"]
+    assert ends["missing"]["error"]["type"] == "AttributeError"  # type: ignore[index]
+    assert ends["silent"]["exit_code"] == 3  # it died before writing a record
+    assert ends["silent"]["error"] == {"type": "FiberDied",
+                                       "message": "the fiber ended before reporting a result"}
+    assert len(windows_opened(windowed)) == 1
+    exits_audited = [r for r in records(windowed) if r["event"] == "fiber_exit"]
+    assert sorted(r["exit"]["error"]["type"] for r in exits_audited) == [  # type: ignore[index]
+        "AttributeError", "FiberDied", "ValueError"]
+
+
+def test_a_large_call_result_arrives_whole_and_one_past_a_reply_is_refused(
+        windowed: ThreadFiberd) -> None:
+    items = [{"key": "big", "call": {"target": "operator:mul", "args": ["x", 2 << 20]}},
+             {"key": "huge", "call": {"target": "operator:mul", "args": ["y", 17 << 20]}}]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        entries, exits = stream(client, started.items)
+    ends = by_fiber(entries, exits)
+    assert ends["big"]["result"] == "x" * (2 << 20)
+    assert ends["huge"]["error"]["type"] == "ResultTooLarge"  # type: ignore[index]
+    assert len(windows_opened(windowed)) == 1
+
+
+def test_a_mixed_window_of_exec_and_call_items(windowed: ThreadFiberd, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    items: list[dict[str, object]] = []
+    for i in range(6):
+        items.append(marking(log, f"x{i}", 0.05) if i % 2 else
+                     {"key": f"c{i}", "call": {"target": "operator:add", "args": [i, 100]}})
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=2)
+        entries, exits = stream(client, started.items)
+    ends = by_fiber(entries, exits)
+    assert sorted(ends) == sorted(str(i["key"]) for i in items)
+    assert {k: x["result"] for k, x in ends.items() if k.startswith("c")} == {
+        "c0": 100, "c2": 102, "c4": 104}
+    assert {x["status"] for x in exits} == {0}
+    assert {str(e["key"]): e["fiber"]["mode"] for e in entries} == {  # type: ignore[index]
+        str(i["key"]): "call" if "call" in i else "exec" for i in items}
+    assert most_at_once(log) <= 2
+    assert len(windows_opened(windowed)) == 1
+
+
+def test_fence_kills_a_running_call_fiber_and_no_call_starts_after_it(
+        windowed: ThreadFiberd, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    fence_in(windowed, 1.0)
+    items = [stamped_call(log, f"k{i}", 0.6) for i in range(6)]
+    with FiberdClient(windowed.path) as client:
+        started = client.clone_batch(items, wait=True, window=1)
+        entries, exits = stream(client, started.items)
+    opened = windows_opened(windowed)
+    assert len(opened) == 1 and opened[0]["deadline_cause"] == "fence"
+    fence = float(opened[0]["deadline"])  # type: ignore[arg-type]
+    began = [at for mark, at in stamps(log).items() if mark.startswith("+")]
+    assert began and max(began) < fence  # no call started at or after the fence
+    ran = [e for e in entries if e["ok"]]
+    missed = [e for e in entries if not e["ok"]]
+    assert {e["miss"]["code"] for e in missed} == {"fenced"}  # type: ignore[index]
+    assert len(ran) + len(missed) == 6 and len(exits) == len(ran)
+    killed = [x for x in exits if x["signal"] == signal.SIGKILL]
+    assert len(killed) == 1 and killed[0]["reason"]["code"] == "fence"  # type: ignore[index]
+    assert killed[0]["error"]["type"] == "FiberDied"  # type: ignore[index]
+    rows = records(windowed)
+    started_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_start")
+    ended_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_exit")
+    assert started_ids == ended_ids == sorted(str(e["fiber"]["id"]) for e in ran)  # type: ignore[index]
+    assert [r["cause"] for r in rows if r["event"] == "window_close"] == ["fence"]
+
+
+def test_a_client_that_leaves_has_its_call_fibers_killed_and_their_ends_audited(
+        windowed: ThreadFiberd, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with FiberdClient(windowed.path) as client:
+        client.clone_batch([stamped_call(log, f"k{i}", 30) for i in range(4)],
+                           wait=True, window=2)
+        deadline = time.monotonic() + 30
+        while not log.exists() or len(stamps(log)) < 2:  # both running: then leave
+            assert time.monotonic() < deadline, "the calls never ran"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while not [r for r in records(windowed) if r["event"] == "window_close"] or \
+            len([r for r in records(windowed) if r["event"] == "fiber_exit"]) < len(
+                [r for r in records(windowed) if r["event"] == "fiber_start"]):
+        assert time.monotonic() < deadline, "the window's ends were never audited"
+        time.sleep(0.05)
+    rows = records(windowed)
+    starts = [r for r in rows if r["event"] == "fiber_start"]
+    assert sorted(str(r["key"]) for r in starts) == ["k0", "k1"]  # none after the close
+    assert {r["mode"] for r in starts} == {"call"}
+    ends = [r for r in rows if r["event"] == "fiber_exit"]
+    assert {r["exit"]["signal"] for r in ends} == {signal.SIGKILL}  # type: ignore[index]
+    assert [r["cause"] for r in rows if r["event"] == "window_close"] == ["cancelled"]
+    time.sleep(0.5)
+    assert sorted(stamps(log)) == ["+k0", "+k1"]  # none ran its 30 s, none started after
+
+
+def test_every_call_fiber_has_durable_records_admission_before_the_first(
+        site: Site, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        answer: list[object] = []
+        with fsync_stalled(served):
+            thread = threading.Thread(target=lambda: answer.append(client.clone_batch(
+                [stamped_call(log, f"k{i}", 0) for i in range(4)], wait=True, window=2)))
+            thread.start()
+            time.sleep(1.0)
+            assert not log.exists() and not answer  # the admission waits for its fsync
+        thread.join(30)
+        assert answer
+        _, exits = stream(client, answer[0].items)  # type: ignore[attr-defined]
+        assert len(exits) == 4 and {x["result"] for x in exits} == {0}
+        rows = records(served)
+    events = [r["event"] for r in rows if r.get("window")]
+    assert events[0] == "window_open"
+    starts = [r for r in rows if r["event"] == "fiber_start"]
+    ends = [r for r in rows if r["event"] == "fiber_exit" and r.get("window")]
+    assert sorted(r["key"] for r in starts) == [f"k{i}" for i in range(4)]  # type: ignore[type-var]
+    assert {r["mode"] for r in starts} == {"call"}
+    assert sorted(r["fiber"] for r in ends) == sorted(r["fiber"] for r in starts)  # type: ignore[type-var]
+
+
+def test_an_early_result_comes_before_its_exit_even_while_the_exit_waits_for_fsync(
+        site: Site) -> None:
+    items = [{"key": "k0", "call": {"target": f"{T}:sleep", "args": [1.0]}},
+             {"key": "k1", "call": {"target": f"{T}:sleep", "args": [0]}}]
+    with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
+            FiberdClient(served.path) as client:
+        client.clone(exec={"argv": ["true"]}, wait=True)  # starts the fsync helper
+        client.wait_exit(within=30)
+        started = client.clone_batch(items, wait=True, window=1, early=True)
+        seen = [("started", {"items": started.items})]
+        while not any(name == "started" and any(e["key"] == "k0" and e["ok"]
+                                                for e in body["items"])  # type: ignore[union-attr]
+                      for name, body in seen):
+            seen.append(client.wait_event(within=30))
+        k0 = next(e["fiber"]["id"] for _, body in seen for e in body["items"]  # type: ignore[union-attr]
+                  if e["key"] == "k0")
+        with fsync_stalled(served):  # k0's exit cannot be told; its result can
+            name, body = client.wait_event(within=30)
+            while name == "started":
+                name, body = client.wait_event(within=30)
+            assert (name, body) == ("result", {"fiber_id": k0, "result": "slept"})
+        rest = []
+        while not rest or not client.ready:
+            event = client.wait_event(within=30)
+            rest.append(event)
+            if sum(1 for n, _ in rest if n == "exit") == 2:
+                break
+        assert len(windows_opened(served)) == 1
+    order = [(n, b.get("fiber_id")) for n, b in rest]
+    assert ("exit", k0) in order
+    results = [b for n, b in rest if n == "result"]
+    assert all(r["fiber_id"] != k0 for r in results)  # its exit carried it: no second one
+    for r in results:
+        assert order.index(("result", r["fiber_id"])) < order.index(("exit", r["fiber_id"]))
+
+
+def test_a_window_whose_descriptors_pass_one_message_takes_fiberds_path(
+        windowed: ThreadFiberd) -> None:
+    count = 64  # 64 calls, each with stdin, stdout, stderr and its result: 256 > 253
+    nulls = [os.open(os.devnull, os.O_RDWR) for _ in range(3 * count)]
+    try:
+        stdio = [{"stdin": nulls[3 * i], "stdout": nulls[3 * i + 1],
+                  "stderr": nulls[3 * i + 2]} for i in range(count)]
+        items = [{"key": f"k{i}", "call": {"target": "operator:neg", "args": [i]}}
+                 for i in range(count)]
+        with FiberdClient(windowed.path) as client:
+            started = client.clone_batch(items, stdio=stdio, wait=True, window=4)
+            _, exits = stream(client, started.items, count, within=120)
+            assert sorted(x["result"] for x in exits) == sorted(-i for i in range(count))
+            assert not windows_opened(windowed)  # fiberd's own path ran them
+            started = client.clone_batch(items[:63], stdio=stdio[:63], wait=True, window=4)
+            _, exits = stream(client, started.items, 63, within=120)
+    finally:
+        for fd in nulls:
+            os.close(fd)
+    assert len(exits) == 63 and len(windows_opened(windowed)) == 1  # 252 fit: a window
+
+
+def test_a_template_of_another_account_takes_fiberds_path_for_calls(
+        tmp_path: Path, other_user: Any) -> None:
+    """A root fiberd whose templates run as another account (``fiber_user``): a windowed
+    batch of calls is served by fiberd's own path, as exec items are."""
+    from tests.cli.commandkit import wait_ready, wait_socket
+    from tests.security.test_hostile_root_fiberd_fibers import run_root_fiberd
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a fiberd whose templates run as another account")
+    site = Site(tmp_path, "other-account")
+    tmp_path.chmod(0o755)
+    site.drop()
+    proc = run_root_fiberd(site, {"fiber-user": other_user.name, "task-window": "template"})
+    try:
+        sock = wait_socket(site, proc)
+        wait_ready(sock)
+        items = [{"key": f"k{i}", "call": {"target": "os:getuid"}} for i in range(3)]
+        with FiberdClient(sock) as client:
+            started = client.clone_batch(items, grant="g1", wait=True, window=2)
+            entries, exits = stream(client, started.items, 3)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert all(e["ok"] for e in entries) and {x["result"] for x in exits} == {other_user.uid}
+    rows = [json.loads(line) for log in site.state.glob("audit*.jsonl")
+            for line in log.read_text().splitlines()]
+    assert rows and not [r for r in rows if r["event"] == "window_open"]  # fiberd's path
+    assert len([r for r in rows if r["event"] == "clone"]) == 3
