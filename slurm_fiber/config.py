@@ -39,7 +39,7 @@ the working directory (environment and flags).
 | strict_limits | false | refuse (``unenforceable``) a grant asking for limits not enforced here |
 | fiber_user | (none) | a root fiberd must name the user fibers run as (``root``: keep root) |
 | template_timeout | 10 | seconds a template may take to answer before it is killed and re-warmed |
-| task_window | fiberd | template: the task-window prototype runs exec batches (design §4) |
+| task_window | fiberd | template: task windows run windowed exec and call batches (design §4) |
 | log_format | text | text or json (one JSON object per line) |
 | log_level | info | debug, info, warning or error |
 | metrics_listen | (none) | serve HTTP ``/metrics`` on ``HOST:PORT`` (``PORT`` alone: 127.0.0.1) |

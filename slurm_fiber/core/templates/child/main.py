@@ -22,6 +22,11 @@ uid or root could write. In order, the template:
 3a. serves ``spawn`` orders: starts an exec fiber's program straight into its leaf
    (child/exec_spawn.py) and answers ``spawned`` (with the program's pidfd) or
    ``spawn_failed`` (fiberd then uses a spare, which reports the failure);
+3b. serves task windows (child/window_run.py): starts their tasks itself, an exec task
+   as a spawn, a call task forked as a spare is (``fork_call``: it joins its leaf and
+   runs its order at once, its record on the result channel the window passed); every
+   queued order is read before the windows' next starts, and a forked fiber closes the
+   descriptors of the tasks not started;
 4. reaps its children (``wait4``: by the pid SIGCHLD or fiberd's ``reap`` names, a full
    walk only as often as child/child_exits.py allows) and reports each exit with wait
    status and rusage, after SIGKILLing what the fiber left in its process group. It
