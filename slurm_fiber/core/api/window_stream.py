@@ -76,6 +76,8 @@ async def stream_window(conn: Connection, rid: int | str | None, run: WindowRun 
     first = True
     known: set[object] = set()  # fiber ids whose started entry went out
     results: dict[str, asyncio.Future[None]] = {}  # early results awaited, by fiber id
+    step: asyncio.Future[Any] | None = None
+    ended = False  # the last batch was taken
     try:
         while True:
             step = asyncio.ensure_future(anext(batches))
@@ -87,12 +89,13 @@ async def stream_window(conn: Connection, rid: int | str | None, run: WindowRun 
                 if reading.done():
                     conn.pending_read = None
                     if await _control(conn, rid, run, reading):
-                        await _left(run, step, batches)
                         raise gone("client left while its task window ran")
             try:
                 entries, exits, last = step.result()
             except StopAsyncIteration:
+                ended = True
                 return
+            ended = last
             for fiber_exit in exits:  # its exit event carries its result: no later one
                 results.pop(fiber_exit.fiber_id, None)
             events = _events(rid, entries, exits, known, refused if first else [], first)
@@ -107,6 +110,8 @@ async def stream_window(conn: Connection, rid: int | str | None, run: WindowRun 
             if early:
                 _await_results(run, entries, exits, results)
     finally:
+        if step is not None and not ended:  # the client left (or its stream failed)
+            await _left(run, step, batches)
         await batches.aclose()
 
 
@@ -155,15 +160,16 @@ def _events(rid: int | str | None, entries: list[Json], exits: list[FiberExit],
 
 
 async def _left(run: WindowRun, step: asyncio.Future[Any], batches: Any) -> None:
-    """The client left: close the window (its fibers killed) and take what the template
-    still reports, to its last report, so that every fiber started has its records
-    (audited by ``batches``, told to nobody). Bounded by the close's own bound."""
+    """The client left (found by a read or a write): close the window (its fibers
+    killed) and take what the template still reports (``step``, the batch in hand or
+    coming, then the rest), to its last report, so that every fiber started has its
+    records (audited by ``batches``, told to nobody). Bounded by the close's own bound."""
     closing = asyncio.ensure_future(run.close("cancelled"))
     try:
         while True:
             try:
                 _, _, last = await step
-            except StopAsyncIteration:
+            except Exception:  # the end, or what the stream itself raised already
                 return
             if last:
                 return

@@ -565,3 +565,19 @@ def test_a_template_of_another_account_takes_fiberds_path_for_calls(
             for line in log.read_text().splitlines()]
     assert rows and not [r for r in rows if r["event"] == "window_open"]  # fiberd's path
     assert len([r for r in rows if r["event"] == "clone"]) == 3
+
+
+def test_no_call_fiber_runs_past_its_seconds(site: Site) -> None:
+    mint = site.token
+    site.token = lambda *a, **kw: mint(*a, **{**kw, "seconds": 0.5})  # type: ignore[method-assign]
+    items = [{"key": f"k{i}", "call": {"target": f"{T}:sleep", "args": [30]}} for i in range(2)]
+    with fiberd_in_thread(site, task_window="template") as served, \
+            FiberdClient(served.path) as client:
+        began = time.monotonic()
+        started = client.clone_batch(items, wait=True, window=2)
+        _, exits = stream(client, started.items)
+        took = time.monotonic() - began
+        assert len(windows_opened(served)) == 1
+    assert {x["signal"] for x in exits} == {signal.SIGKILL} and len(exits) == 2
+    assert {x["error"]["type"] for x in exits} == {"FiberDied"}  # type: ignore[index]
+    assert took < 20
