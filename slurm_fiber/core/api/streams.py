@@ -136,9 +136,19 @@ class Streams:
         assert peer is not None
         opener = getattr(server.service, "open_window", None)  # the runtime's task windows
         if opener is not None and window_requests(requests, stdios):
-            run = await opener(requests, peer, stdios, [str(item.key) for item in valid],
-                               op.window or 1)
-            if run is not None:  # the runtime took the batch as a task window
+            # fiberd holds a call's result channel from the window's opening to its end:
+            # counted as a batch's held descriptors (busy past the cap) while the window runs
+            channels = sum(request.call is not None for request in requests)
+            server.hold_window_fds(peer, channels)
+            try:
+                run = await opener(requests, peer, stdios, [str(item.key) for item in valid],
+                                   op.window or 1)
+            except BaseException:
+                server.release_window_fds(peer, channels)
+                raise
+            if run is None:
+                server.release_window_fds(peer, channels)
+            else:  # the runtime took the batch as a task window
                 if not isinstance(run, Miss):
                     frame.fds.clear()  # handed to the template and closed
                 frame.close_fds()
@@ -149,7 +159,10 @@ class Streams:
                                 for item in valid]
                 if not isinstance(run, Miss):  # the stream begins: it reads frames from here
                     self.conn.talk.on(Event.STARTED_WINDOW)
-                await stream_window(self.conn, rid, run, refused, PeerGone, op.early)
+                try:
+                    await stream_window(self.conn, rid, run, refused, PeerGone, op.early)
+                finally:
+                    server.release_window_fds(peer, channels)
                 return
         kept = {fd for stdio in stdios for fd in stdio_fds(stdio)}
         server.hold_window_fds(peer, len(kept))  # raises ApiError (busy) past the cap

@@ -374,6 +374,8 @@ async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Seque
                          caller)
     tasks: list[dict[str, object]] = []
     fds: list[int] = []
+    passed_stdio = {fd for s in stdios for fd in (s.stdin, s.stdout, s.stderr)
+                    if fd is not None}
     run = TaskWindowRun(core, window_id, resolved, decision.jti, decision.epoch, template,
                         link, keys, size)
     free = iter(channels)
@@ -398,7 +400,7 @@ async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Seque
         assert ours is not None and theirs is not None
         ours.setblocking(False)
         run.readers[fiber_id] = ResultReader(ours, limit=MAX_REPLY)
-        fds.append(theirs.detach())  # closed with the stdio once the order is sent
+        fds.append(theirs.detach())  # closed here once the order is sent, or not
         pair[0] = pair[1] = None
         tasks.append({"key": keys[n], "order": order, "result": True})
     left = window_deadline.at - core.clock.mono()
@@ -407,10 +409,14 @@ async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Seque
     except TemplateNotReady:
         template.give_back_window(leaves)
         run._drop_readers()
+        close_fds([fd for fd in fds if fd not in passed_stdio])  # the stdio: the caller's
         return core.miss(resolved, Miss(MissCode.COLD, "the template is not ready",
                                         retry_after=1.0), caller)
-    finally:
-        close_fds(fds)  # the stdio and the fibers' ends of the result channels
+    except BaseException:
+        run._drop_readers()
+        close_fds([fd for fd in fds if fd not in passed_stdio])
+        raise
+    close_fds(fds)  # sent: the stdio and the fibers' ends of the result channels
     core.windows[window_id] = run
     run._keeper = asyncio.ensure_future(run.keep_deadline(window_deadline))
     return run

@@ -581,3 +581,63 @@ def test_no_call_fiber_runs_past_its_seconds(site: Site) -> None:
     assert {x["signal"] for x in exits} == {signal.SIGKILL} and len(exits) == 2
     assert {x["error"]["type"] for x in exits} == {"FiberDied"}  # type: ignore[index]
     assert took < 20
+
+
+CALL_WINDOWS = r"""
+import json, socket, struct, sys
+path, n = sys.argv[1], int(sys.argv[2])
+socks, answers = [], []
+for c in range(n):  # a sleeper holds the window; 63 calls wait, each with its result channel
+    items = [{"key": "s", "call": {"target": "time:sleep", "args": [30]}}] + [
+        {"key": f"k{i}", "call": {"target": "operator:neg", "args": [i]}} for i in range(63)]
+    body = json.dumps({"op": "clone_batch", "v": 5, "id": c, "wait": True, "window": 1,
+                       "grant": "g1", "items": items}).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(20)
+    s.connect(path)
+    s.sendall(struct.pack(">I", len(body)) + body)
+    (size,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+    reply = json.loads(s.recv(size, socket.MSG_WAITALL))
+    answers.append(reply.get("event") or reply.get("error", {}).get("code"))
+    socks.append(s)
+print(json.dumps({"answers": answers}), flush=True)
+sys.stdin.read()  # hold the batches until stdin closes
+"""
+
+
+def test_another_users_call_windows_hold_a_bounded_number_of_result_channels(
+        site: Site, tmp_path: Path, other_user: Any) -> None:
+    """fiberd holds a window's result channels while it runs: another user's windows count
+    them against ``max_window_fds_per_uid`` (256), as fiberd's path counts the descriptors
+    of items not started: four windows of 64 calls run, a fifth is refused busy."""
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a client of another account")
+    where = Path(tempfile.mkdtemp(prefix="sf-calls-"))
+    where.chmod(0o755)
+    path = where / "fiberd.sock"
+    try:
+        with fiberd_in_thread(site, task_window="template", socket=str(path),
+                              allowed_uids=str(other_user.uid)) as served:
+            proc = subprocess.Popen(["/usr/bin/python3", "-c", CALL_WINDOWS, str(path), "5"],
+                                    text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, **other_user.spawn_args())
+            try:
+                line = proc.stdout.readline() if proc.stdout else ""
+                assert line, proc.stderr.read() if proc.stderr else ""
+                assert json.loads(line)["answers"] == ["started"] * 4 + ["busy"]
+                assert served.on_loop(served.server.window_fds_by_uid) == {
+                    other_user.uid: 256}
+                assert len(windows_opened(served)) == 4
+            finally:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.wait(30)
+            end = time.monotonic() + 30  # its windows closed: their channels given up
+            while served.on_loop(served.server.window_fds_by_uid):
+                assert time.monotonic() < end, served.on_loop(served.server.window_fds_by_uid)
+                time.sleep(0.05)
+    finally:
+        for leftover in where.iterdir():
+            leftover.unlink()
+        where.rmdir()
