@@ -15,6 +15,7 @@ WINDOW_SINCE = 5  # clone_batch's "window" and the "cancel" op need "v" >= this
 
 DEFAULT_MAX_FRAME = 1 << 20  # bytes of one request frame: a 64 KiB token and arguments
 MAX_REPLY = 16 << 20  # bytes of one reply frame (fiber lists, pickled results)
+MAX_RESULT = MAX_REPLY - (64 << 10)  # bytes of a call's record: its exit reply holds it whole
 STDIO_NAMES = ("stdin", "stdout", "stderr")  # the descriptors a clone may pass, in order
 MAX_FDS = 3  # descriptors with one clone
 MAX_BATCH = 64  # items in one clone_batch

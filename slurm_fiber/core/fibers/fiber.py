@@ -49,6 +49,7 @@ from slurm_fiber.core.cgroups.groups import kill as cgroup_kill
 from slurm_fiber.core.clock import Clock
 from slurm_fiber.core.fibers.ends import LateReports, end_reading, survivors_frozen
 from slurm_fiber.core.waiting import first_done, pidfd_exited, pidfd_wait, set_done, zombie_exit
+from slurm_fiber.protocol.limits import MAX_RESULT
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,9 @@ class Fiber:
     # ------------------------------------------------------------ set-up (Template only)
 
     def attach(self, result_sock: socket.socket | None, pidfd: int | None) -> None:
-        """Start reading the result socket (stream or datagrams, joined until end of file;
-        None: a program spawned straight from the template, which writes no record).
+        """Start reading the result socket (stream or datagrams, joined until end of file,
+        bounded by what one reply can carry; None: a program spawned straight from the
+        template, which writes no record).
 
         The fiber owns the socket and ``pidfd`` (opened before the process
         could exit, or None) from now on. Called once by Template.fork.
@@ -166,7 +168,7 @@ class Fiber:
         self.pidfd = pidfd
         if result_sock is not None:
             result_sock.setblocking(False)
-            self._result = ResultReader(result_sock)
+            self._result = ResultReader(result_sock, limit=MAX_RESULT)
         self._finished = asyncio.ensure_future(self._finish())
 
     def reported_exit(self, msg: dict[str, object]) -> None:
@@ -653,7 +655,9 @@ class ResultReader:
         ``ResultTooLarge`` error once it passed ``limit``."""
         if self.too_large:
             return {"ok": False, "error": {"type": "ResultTooLarge", "message":
-                                           f"the fiber's result passed {self.limit} bytes"}}
+                                           f"the fiber's result passed {self.limit} bytes, "
+                                           "more than a reply carries: pass bigger data "
+                                           "by file name"}}
         if not self.chunks:
             return None
         try:

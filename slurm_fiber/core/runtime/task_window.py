@@ -22,7 +22,7 @@ before the template hears of the window, then hands the template the tasks
 - a call item's record comes back as on fiberd's own path: fiberd makes its result
   channel (a SEQPACKET socketpair, as for a spare), passes the fiber's end with the
   order and reads its own with the reader a spare's call has (``ResultReader``, bounded
-  by a reply's size, ``MAX_REPLY``); the fiber's exit carries its ``result`` or
+  by a reply's size, ``MAX_RESULT``); the fiber's exit carries its ``result`` or
   ``error`` (``call_outcome``: ``FiberDied`` when it wrote none), and ``written`` tells
   when the record is complete, for an early ``result`` event before the exit.
 
@@ -55,7 +55,7 @@ from slurm_fiber.core.fibers.handles import call_outcome
 from slurm_fiber.core.templates.child.window_run import MAX_FDS, MAX_TASKS
 from slurm_fiber.core.templates.parent import FiberRequest, Template, TemplateNotReady
 from slurm_fiber.core.templates.window_parent import Batch, WindowLink, close_fds
-from slurm_fiber.protocol.limits import MAX_REPLY
+from slurm_fiber.protocol.limits import MAX_RESULT
 
 if TYPE_CHECKING:
     from slurm_fiber.core.runtime.core import Core
@@ -399,7 +399,7 @@ async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Seque
         ours, theirs = pair[0], pair[1]
         assert ours is not None and theirs is not None
         ours.setblocking(False)
-        run.readers[fiber_id] = ResultReader(ours, limit=MAX_REPLY)
+        run.readers[fiber_id] = ResultReader(ours, limit=MAX_RESULT)
         fds.append(theirs.detach())  # closed here once the order is sent, or not
         pair[0] = pair[1] = None
         tasks.append({"key": keys[n], "order": order, "result": True})

@@ -101,3 +101,20 @@ def test_a_runner_does_not_ask_a_v3_fiberd_again_without_early_results(
     assert outcome.failure is not None and outcome.failure.startswith("unsupported_version:")
     assert outcome.attempts == 1
     assert [r.code for r in served.refusals] == ["unsupported_version"]  # asked once
+
+
+def test_a_call_result_past_a_reply_is_a_result_too_large_error_and_the_connection_goes_on(
+        fiberd_served: ThreadFiberd) -> None:
+    """fiberd's own path bounds a call's record as a task window does: a value that no
+    reply could carry ends as a ``ResultTooLarge`` error (early and in the exit), not as
+    a reply fiberd cannot encode, and the next request on the connection is answered."""
+    with FiberdClient(fiberd_served.path) as client:
+        client.clone(wait=True, early=True, v=4,
+                     call={"target": "operator:mul", "args": ["y", 17 << 20]})
+        (name, early), (_, end) = events_until(client, 1)
+        assert name == "result" and early["error"]["type"] == "ResultTooLarge"
+        assert end["error"] == early["error"] and end.get("result") is None
+        client.clone(wait=True, call={"target": "operator:mul", "args": ["x", 2 << 20]})
+        (_, whole), = events_until(client, 1)
+        assert whole["result"] == "x" * (2 << 20)
+        assert client.ready().ready
