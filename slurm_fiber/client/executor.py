@@ -76,6 +76,28 @@ call's value or exception (the clone's ``early`` result events, protocol v4:
 the fiber's exit, its cgroup's tidying and its audit record still follow);
 its room under ``max_workers`` is freed
 only once the fiber has ended.
+
+With ``windows=True`` (off by default: the task-window prototype, docs/design.md "Task
+windows"), a worker sends the calls pending as one *windowed* batch (``run_many(...,
+window=room)``, protocol v5): fiberd, or with ``task_window = "template"`` the template,
+starts the next call of it as one ends, with no round trip through this process. A
+window holds ``room`` slots under ``max_workers`` (the ones free when it is sent, at
+least 1; never more than its calls) and takes at most ``MAX_BATCH`` calls: all pending
+when it holds every slot, else its slots' share of them (``ceil(pending * room /
+max_workers)``, at least ``room``), so a window sent while others still run does not
+take calls a slot they free would have started at once (guided self-scheduling). As its
+calls end it gives a slot back each time fewer of its calls remain than slots it holds,
+and another worker takes the calls still queued with it: ``max_workers`` fibers at
+most, and no slot left idle while a queued call waits. What differs from sending calls
+without windows: a window's size is fixed when it is sent (a slot freed elsewhere
+meanwhile goes to queued calls, never to a window's own waiting ones); a call taken
+into a window is not ``running()`` until it ends and cannot be cancelled with
+``future.cancel()``, even before its fiber starts (fiberd cancels a window's calls only
+together); ``shutdown(cancel_futures=True)`` has every window start nothing more
+(``TaskRunner.cancel_pending``): its calls not started end cancelled, its running ones
+finish. Results, exceptions, captured output and echo, per-task timeouts (counted from
+each call's own start) are as without windows; ``nodes="all"`` hands calls out one at a
+time per node, as without windows.
 """
 
 from __future__ import annotations
@@ -103,7 +125,7 @@ from slurm_fiber.client.tasks import (
     in_job,
     wait_ready,
 )
-from slurm_fiber.protocol.limits import MAX_PICKLED
+from slurm_fiber.protocol.limits import MAX_BATCH, MAX_PICKLED
 
 T = TypeVar("T")
 
@@ -259,7 +281,8 @@ class Executor(cf.Executor):
     (cold, capacity; in a Slurm job also a fiberd not listening yet), saying once on
     stderr what it waits for (None: ``retries`` tries with a short backoff, as before);
     ``echo``: write what each call printed to this process's stdout and stderr;
-    ``nodes``: "all" for every node of this Slurm job (see the module doc).
+    ``nodes``: "all" for every node of this Slurm job (see the module doc); ``windows``:
+    send pending calls as windowed batches (a prototype, off by default: the module doc).
     """
 
     def __init__(self, max_workers: int | None = None, *,
@@ -269,7 +292,7 @@ class Executor(cf.Executor):
                  stop_grace: float = 1.0,
                  server_uids: Collection[int] | None = None,
                  wait: float | None = DEFAULT_WAIT, echo: bool = True,
-                 nodes: str | None = None) -> None:
+                 nodes: str | None = None, windows: bool = False) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         if nodes not in (None, "all"):
@@ -279,6 +302,7 @@ class Executor(cf.Executor):
         self.grant = grant
         self.timeout = timeout
         self.echo = echo
+        self.windows = windows
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
                                  retries=retries, stop_grace=stop_grace,
                                  server_uids=trusted_servers(server_uids), wait=wait,
@@ -299,7 +323,8 @@ class Executor(cf.Executor):
                                       wait_listening=in_job(), say=_say)
 
     def __repr__(self) -> str:
-        return f"Executor(socket={str(self.socket)!r}, max_workers={self.max_workers})"
+        return (f"Executor(socket={str(self.socket)!r}, max_workers={self.max_workers}, "
+                f"windows={self.windows})")
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until fiberd answers and a template (``grant``'s, if given) is ready.
@@ -347,7 +372,8 @@ class Executor(cf.Executor):
     def _add_worker(self) -> None:
         """Start one more worker thread, up to ``max_workers`` (lock held)."""
         if len(self._threads) < self.max_workers and not self._shutdown:
-            thread = threading.Thread(target=self._worker, daemon=True,
+            thread = threading.Thread(target=self._window_worker if self.windows
+                                      else self._worker, daemon=True,
                                       name=f"slurm-fiber-executor-{len(self._threads)}")
             thread.start()
             self._threads.append(thread)
@@ -368,6 +394,8 @@ class Executor(cf.Executor):
                         break
                     if item is not None:
                         item[0].cancel()
+                if self.windows:
+                    self.runner.cancel_pending()  # windows' calls not started: cancelled
             for _ in self._threads:
                 self._work.put(None)
             threads = list(self._threads)
@@ -443,6 +471,94 @@ class Executor(cf.Executor):
         self._slots.release()
         self._idle.release()
 
+    # ------------------------------------------------------------ windows=True
+
+    def _window_worker(self) -> None:
+        """Wait for a slot under ``max_workers`` and a pending call; take it with the other
+        calls pending for one window (``_take_window``) and run them as one windowed batch
+        (and start another worker, for calls still queued); settle each future as its
+        result comes, and give slots back as the window's calls end (``_WindowSlots``)."""
+        while True:
+            self._slots.acquire()
+            item = self._work.get()
+            if item is None:
+                self._slots.release()
+                return
+            taken, room = self._take_window(item)
+            with self._lock:
+                if not self._work.empty():
+                    self._add_worker()
+            calls = [(f, t) for f, t in taken if f.take()]
+            if self.runner.cancelling:  # shutdown(cancel_futures=True): start nothing
+                for future, _ in calls:
+                    future.cancel_taken()
+                calls = []
+            slots = _WindowSlots(room, len(calls), self._slot_back)
+            futures = [f for f, _ in calls]
+            pipes = [(os.memfd_create("fiber-stdout"), os.memfd_create("fiber-stderr"))
+                     for _ in calls]
+            try:
+                if calls:
+                    self.runner.run_many(
+                        [Task(call=t.call, timeout=t.timeout,
+                              stdio={"stdout": out, "stderr": err})
+                         for (_, t), (out, err) in zip(calls, pipes, strict=True)],
+                        partial(self._window_ended, futures, pipes, slots),
+                        partial(self._written, futures, pipes), window=slots.held)
+            finally:
+                slots.close()
+                for out, err in pipes:
+                    os.close(out)
+                    os.close(err)
+                self._idle.release()  # this worker is free for the next window
+
+    def _take_window(self, first: tuple[FiberFuture[Any], Task]
+                     ) -> tuple[list[tuple[FiberFuture[Any], Task]], int]:
+        """(A slot held and ``first`` taken.) The calls of one window and the slots it
+        holds: as many more slots as are free now, up to the calls pending; every pending
+        call up to MAX_BATCH when it holds all ``max_workers``, else its slots' share of
+        them (the module doc). Slots beyond the calls taken are given back."""
+        pending = 1 + self._work.qsize()
+        room = 1
+        while room < min(self.max_workers, pending) and self._slots.acquire(blocking=False):
+            room += 1
+        share = max(room, -(-pending * room // self.max_workers))
+        taken = [first]
+        while len(taken) < min(MAX_BATCH, share):
+            try:
+                more = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                self._work.put(None)  # another worker's stop: leave it for it
+                break
+            taken.append(more)
+        for _ in range(room - len(taken)):
+            self._slots.release()
+        return taken, min(room, len(taken))
+
+    def _slot_back(self) -> None:
+        """A window gave a slot back: another worker may take queued calls with it."""
+        self._slots.release()
+        with self._lock:
+            if not self._work.empty():
+                self._add_worker()
+
+    def _window_ended(self, futures: list[FiberFuture[Any]], pipes: list[tuple[int, int]],
+                      slots: _WindowSlots, n: int, outcome: Outcome) -> None:
+        """The ``n``th call of a window has ended (or was cancelled before it started):
+        its output whole (echoed), its future settled or cancelled, a slot given back
+        when fewer of the window's calls remain than slots it holds."""
+        future = futures[n]
+        if outcome.cancelled:
+            future.cancel_taken()
+        else:
+            future.captured(*pipes[n], outcome.fiber_id)
+            if self.echo:
+                _echo(future.stdout(), future.stderr())
+            _settle(future, outcome)
+        slots.ended()
+
     # ------------------------------------------------------------ nodes="all"
 
     def _on_node(self, node: Node, item: tuple[FiberFuture[Any], Task]) -> bool:
@@ -483,13 +599,65 @@ class Executor(cf.Executor):
             self._nodes.nodes.close()
 
 
+class _WindowSlots:
+    """The slots under ``max_workers`` one window holds for its calls not ended yet: each
+    time one ends, slots are given back (``give``, once per slot) until no more are held
+    than calls remain; ``close`` gives back the rest. Used by its window's thread only."""
+
+    def __init__(self, held: int, calls: int, give: Callable[[], None]) -> None:
+        self.held, self.left, self._give = held, calls, give
+        while self.held > max(self.left, 1):
+            self._back()
+
+    def ended(self) -> None:
+        """One of the window's calls ended."""
+        self.left -= 1
+        while self.held > self.left:
+            self._back()
+
+    def close(self) -> None:
+        """The window is over: every slot it still holds given back."""
+        while self.held:
+            self._back()
+
+    def _back(self) -> None:
+        self.held -= 1
+        self._give()
+
+
 class FiberFuture(cf.Future[T]):
-    """A ``concurrent.futures.Future`` of one call, with what its fiber printed."""
+    """A ``concurrent.futures.Future`` of one call, with what its fiber printed. Taken
+    into a task window (``Executor(windows=True)``), it cannot be cancelled by ``cancel``
+    any more; only its window's cancel (``cancel_taken``) ends it so."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fiber_id: str | None = None
         self._out, self._err = "", ""
+        self._taken = False
+        self._taking = threading.Lock()
+
+    def cancel(self) -> bool:
+        """As ``concurrent.futures.Future.cancel``; False once taken into a window."""
+        with self._taking:
+            if self._taken:
+                return self.cancelled()
+            return super().cancel()
+
+    def take(self) -> bool:
+        """Mark it taken into a window; False (its waiters told) when it was cancelled
+        first."""
+        with self._taking:
+            if not self.cancelled():
+                self._taken = True
+                return True
+        return self.set_running_or_notify_cancel()
+
+    def cancel_taken(self) -> None:
+        """Its window started nothing more before it (shutdown with ``cancel_futures``):
+        it ends cancelled, its waiters told."""
+        if cf.Future.cancel(self):
+            self.set_running_or_notify_cancel()
 
     def stdout(self) -> str:
         """What the call wrote to its stdout (complete once the future is done)."""

@@ -45,3 +45,20 @@ def echo_and_fail(word: str) -> str:
     if word == "bad":
         raise ValueError(f"no {word}")
     return word
+
+
+def span(seconds: float) -> tuple[float, float]:
+    """When this call ran, on the host's CLOCK_MONOTONIC (every fiber's clock alike)."""
+    start = time.monotonic()
+    time.sleep(seconds)
+    return start, time.monotonic()
+
+
+def gated(gate: str, started: str, value: object = None) -> object:
+    """Say it started (``started`` written), then wait, at most 120 s, for ``gate``."""
+    Path(started).write_text(str(os.getpid()))
+    for _ in range(12_000):
+        if Path(gate).exists():
+            break
+        time.sleep(0.01)
+    return value
