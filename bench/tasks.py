@@ -26,6 +26,13 @@ worse on this 2-core VM:
                  more a task measured), W2 ``slurm_fiber.Executor``
   fibermap       ``fiberctl map -j j`` (W2 with ``--call``), throughput only; it includes
                  fiberctl's own start-up, once per map
+  executor_w     (``--window-path`` with template) W2 through ``Executor(windows=True)``
+                 against the same fiberd as ``fiber``: what sending windowed batches
+                 changes on fiberd's own path, apart from the template's window
+  fiber_tw       W2 through ``Executor(windows=True)`` against a second fiberd with
+                 ``task_window = "template"`` (``--window-path`` with template)
+  fibermap_tw    ``fiberctl map -j j`` (W1 of ``true``, W2 with ``--call``) against that
+                 fiberd, throughput only, with its CPU per task per process
 
 and, to split a missed target into its parts, in the same run: the bound, the least a
 Python Clone could cost here (bench/fork_floor.py's pre-forked spare pipeline, no daemon
@@ -109,7 +116,8 @@ FNS = "bench.taskfns"
 FIBERCTL = str(Path(sys.executable).parent / "fiberctl")
 FRESH = {"subprocess": "yes", "pool": "no", "forkserver": "yes", "parallel": "yes",
          "dask": "no", "fiber": "yes + cgroup", "fibermap": "yes + cgroup",
-         "fibermap_tw": "yes + cgroup"}
+         "fibermap_tw": "yes + cgroup", "fiber_tw": "yes + cgroup",
+         "executor_w": "yes + cgroup"}
 SEQUENTIAL = ("subprocess", "pool", "forkserver", "dask", "fiber")
 
 DASK_GONE_WITHIN = 30.0  # seconds to wait for a closed Dask cluster's processes to exit
@@ -184,8 +192,13 @@ class Systems:
                      "fibermap"):
             if name not in self.skipped:
                 getattr(self, f"_{name}")()
-        if window_site is not None and "fibermap_tw" not in self.skipped:
-            self._fibermap_tw(window_site)
+        if window_site is not None:
+            if "executor_w" not in self.skipped:
+                self._executor_w2("executor_w", site)
+            if "fiber_tw" not in self.skipped:
+                self._executor_w2("fiber_tw", window_site)
+            if "fibermap_tw" not in self.skipped:
+                self._fibermap_tw(window_site)
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -338,16 +351,36 @@ class Systems:
             "fibermap/W2", lambda n: run(["--call", f"{FNS}:square_arg"], n), True)
 
 
+    def _executor_w2(self, name: str, site: Site) -> None:
+        """W2 through ``Executor(windows=True)`` against ``site``'s fiberd (``executor_w``:
+        fiberd's own path; ``fiber_tw``: the task-window fiberd): a lone ``submit`` for the
+        sequential samples, ``map`` for the throughput, as ``fiber``'s W2."""
+        from bench import taskfns
+
+        executor = Executor(self.jobs, socket=site.socket, grant=GRANT, windows=True)
+        self.closers.append(executor.shutdown)
+
+        def w2(i: int) -> None:
+            if executor.submit(taskfns.square, i).result() != i * i:
+                raise RuntimeError("the Executor returned a wrong square")
+
+        self.seq[name, "W2"] = w2
+        self.par[name, "W2"] = lambda n: list(executor.map(taskfns.square, range(n)))
+
     def _fibermap_tw(self, site: Site) -> None:
-        """``fiberctl map`` of ``true`` against a fiberd with ``task_window = "template"``
-        (the task-window prototype, docs/design.md): W1 only, its only workload (call
-        items take fiberd's own path there, the same as ``fibermap``'s W2)."""
-        def run(n: int) -> None:
+        """``fiberctl map`` against a fiberd with ``task_window = "template"`` (the
+        task-window prototype, docs/design.md): W1 of ``true`` and W2 with ``--call``, as
+        ``fibermap``'s, each with its CPU per task per process (call items take fiberd's
+        own path there where its template does not run windows of calls)."""
+        def run(extra: list[str], n: int) -> None:
             subprocess.run([FIBERCTL, "map", "-S", str(site.socket), "-g", GRANT,
-                            "-j", str(self.jobs), "--range", f"1-{n}", "--", "true"],
+                            "-j", str(self.jobs), "--range", f"1-{n}", *extra],
                            check=True, stdout=subprocess.DEVNULL, cwd="/")
 
-        self.par["fibermap_tw", "W1"] = self._cpu_counted("fibermap_tw/W1", run, True, site)
+        self.par["fibermap_tw", "W1"] = self._cpu_counted(
+            "fibermap_tw/W1", lambda n: run(["--", "true"], n), True, site)
+        self.par["fibermap_tw", "W2"] = self._cpu_counted(
+            "fibermap_tw/W2", lambda n: run(["--call", f"{FNS}:square_arg"], n), True, site)
 
 
 SRUN_TRUE = ["srun", "--overlap", "-n1", "true"]
@@ -549,6 +582,17 @@ def report(seq: dict[str, list[float]], par: dict[str, list[tuple[int, float]]],
         targets["w1_throughput_map_tw_over_map"] = {
             "value": over(fig("fibermap_tw", "W1", "tasks_per_s"),
                           fig("fibermap", "W1", "tasks_per_s")), "target": ">= 1"}
+    for name, key in (("fiber_tw", "fiber_tw"), ("fibermap_tw", "map_tw"),
+                      ("executor_w", "executor_w")):  # --window-path template: W2
+        if "W2" in systems.get(name, {}):
+            targets[f"w2_throughput_{key}_over_dask"] = {
+                "value": over(fig(name, "W2", "tasks_per_s"), fig("dask", "W2", "tasks_per_s")),
+                "target": ">= 1"}
+    for name in ("fiber_tw", "executor_w"):
+        if "W2" in systems.get(name, {}):
+            targets[f"w2_seq_p50_{name}_over_dask"] = {
+                "value": over(fig(name, "W2", "p50_ms"), fig("dask", "W2", "p50_ms")),
+                "target": "<= 0.3"}
     for t in targets.values():
         v, goal = t["value"], str(t["target"])
         limit = float(goal.split()[1])
@@ -729,9 +773,11 @@ def main() -> int:
                         help="fiberd's cgroup backend (v2 vs hybrid: what v1 placement costs)")
     parser.add_argument("--window-path", default="fiberd",
                         help="fiberd, template or both (fiberd,template): with template, "
-                        "also fibermap_tw, fiberctl map of true against a second fiberd "
-                        "running windows in its template (task_window = template), in "
-                        "the same interleaved rounds")
+                        "also fibermap_tw (fiberctl map, W1 and W2) and fiber_tw "
+                        "(Executor(windows=True), W2) against a second fiberd running "
+                        "windows in its template (task_window = template), and executor_w "
+                        "(Executor(windows=True) against the first), in the same "
+                        "interleaved rounds")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
     parser.add_argument("--slurm", action="store_true",
                         help="also fiberctl against srun steps in a job on the test cluster")
@@ -766,7 +812,7 @@ def main() -> int:
             if "template" in paths else None
         skip = {s for s in opts.skip.split(",") if s}
         if "fiberd" not in paths:
-            skip |= {"fiber", "fibermap"}
+            skip |= {"fiber", "fibermap", "executor_w"}
         systems = None
         try:
             site.backend = opts.cgroup_backend

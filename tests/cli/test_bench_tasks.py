@@ -80,19 +80,32 @@ def test_bench_tasks_prints_every_system_the_targets_and_a_plot(tmp_path: Path) 
 
 def test_bench_tasks_measures_both_window_paths_in_one_run() -> None:
     """``--window-path fiberd,template``: main's map and the task-window map (a second
-    fiberd with ``task_window = "template"``) in the same rounds, with the CPU per task
-    per process of each and the task-window map's ratios."""
+    fiberd with ``task_window = "template"``) in the same rounds, W1 and W2, with the CPU
+    per task per process of each and the task-window rows' ratios; the Executor with
+    windows against each fiberd (``executor_w``, ``fiber_tw``), W2."""
     out = subprocess.run([sys.executable, str(BENCH), "-n", "6", "--seq", "2", "--rounds", "2",
                           "--no-install", "--window-path", "fiberd,template",
                           "--skip", "subprocess,pool,forkserver,dask,fiber"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout.strip().splitlines()[-1])
-    assert figures["systems"]["fibermap_tw"]["W1"]["tasks_per_s"] > 0
-    assert figures["systems"]["fibermap"]["W1"]["tasks_per_s"] > 0
-    for key in ("fibermap/W1", "fibermap_tw/W1"):
+    systems = figures["systems"]
+    for name in ("fibermap", "fibermap_tw"):
+        for w in ("W1", "W2"):
+            assert systems[name][w]["tasks_per_s"] > 0
+    for name in ("executor_w", "fiber_tw"):
+        assert systems[name]["W2"]["tasks_per_s"] > 0
+        assert 0 < systems[name]["W2"]["p50_ms"] <= systems[name]["W2"]["p99_ms"]
+        assert systems[name]["fresh_process"] == "yes + cgroup"
+    for key in ("fibermap/W1", "fibermap_tw/W1", "fibermap/W2", "fibermap_tw/W2"):
         row = figures["cpu_per_task_ms"][key]
         assert {"fiberd", "template", "fibers", "client", "total"} <= set(row)
     assert {"w1_throughput_map_tw_over_parallel", "w1_throughput_map_tw_over_dask",
-            "w1_throughput_map_tw_over_map"} <= set(figures["targets"])
+            "w1_throughput_map_tw_over_map", "w2_throughput_fiber_tw_over_dask",
+            "w2_throughput_map_tw_over_dask", "w2_throughput_executor_w_over_dask",
+            "w2_seq_p50_fiber_tw_over_dask",
+            "w2_seq_p50_executor_w_over_dask"} <= set(figures["targets"])
     assert "CPU per task, fibermap_tw/W1" in out.stdout
+    assert "CPU per task, fibermap_tw/W2" in out.stdout
+    assert "w2_throughput_fiber_tw_over_dask: " in out.stdout
+    assert "w2_throughput_map_tw_over_dask: " in out.stdout
