@@ -311,6 +311,7 @@ class Executor(cf.Executor):
             queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = threading.Semaphore(0)  # a worker is (or will be) free for a call
+        self._free = 0  # (windows) workers not in a window: waiting for a slot or a call
         self._slots = threading.Semaphore(self.max_workers)  # fibers that may start now
         self._lock = threading.Lock()
         self._deferring = 0  # map() is queueing its calls: start workers once all are in
@@ -350,8 +351,8 @@ class Executor(cf.Executor):
                 self._nodes.put((future, task))
                 return future
             self._work.put((future, task))
-            if not self._deferring and not self._idle.acquire(blocking=False):
-                self._add_worker()
+            if not self._deferring:
+                self._worker_wanted()
         return future
 
     def map(self, fn: Callable[..., T], *iterables: Any, timeout: float | None = None,
@@ -366,8 +367,16 @@ class Executor(cf.Executor):
         finally:
             with self._lock:
                 self._deferring -= 1
-                if not self._idle.acquire(blocking=False):
-                    self._add_worker()
+                self._worker_wanted()
+
+    def _worker_wanted(self) -> None:
+        """A call was queued: start a worker for it unless one is (or will be) free
+        (lock held). With windows, one is free exactly when it is in no window."""
+        if self.windows:
+            if self._free == 0:
+                self._add_worker()
+        elif not self._idle.acquire(blocking=False):
+            self._add_worker()
 
     def _add_worker(self) -> None:
         """Start one more worker thread, up to ``max_workers`` (lock held)."""
@@ -375,6 +384,8 @@ class Executor(cf.Executor):
             thread = threading.Thread(target=self._window_worker if self.windows
                                       else self._worker, daemon=True,
                                       name=f"slurm-fiber-executor-{len(self._threads)}")
+            if self.windows:
+                self._free += 1
             thread.start()
             self._threads.append(thread)
 
@@ -481,13 +492,15 @@ class Executor(cf.Executor):
         while True:
             self._slots.acquire()
             item = self._work.get()
+            with self._lock:
+                self._free -= 1
             if item is None:
                 self._slots.release()
                 return
             taken, room = self._take_window(item)
             with self._lock:
                 if not self._work.empty():
-                    self._add_worker()
+                    self._worker_wanted()
             calls = [(f, t) for f, t in taken if f.take()]
             if self.runner.cancelling:  # shutdown(cancel_futures=True): start nothing
                 for future, _ in calls:
@@ -510,7 +523,8 @@ class Executor(cf.Executor):
                 for out, err in pipes:
                     os.close(out)
                     os.close(err)
-                self._idle.release()  # this worker is free for the next window
+                with self._lock:
+                    self._free += 1  # this worker is free for the next window
 
     def _take_window(self, first: tuple[FiberFuture[Any], Task]
                      ) -> tuple[list[tuple[FiberFuture[Any], Task]], int]:
@@ -542,7 +556,7 @@ class Executor(cf.Executor):
         self._slots.release()
         with self._lock:
             if not self._work.empty():
-                self._add_worker()
+                self._worker_wanted()
 
     def _window_ended(self, futures: list[FiberFuture[Any]], pipes: list[tuple[int, int]],
                       slots: _WindowSlots, n: int, outcome: Outcome) -> None:

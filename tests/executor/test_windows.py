@@ -55,6 +55,15 @@ def windowed(site: Site, after: int) -> list[int]:
     return sizes
 
 
+def wait_for(path: Path, future: cf.Future[object]) -> None:
+    """Until ``path`` exists (the call of ``future`` wrote it), at most 60 s."""
+    for _ in range(6000):
+        if path.exists() or future.done():
+            break
+        cf.wait([future], timeout=0.01)
+    assert path.exists(), future
+
+
 def test_results_come_back_in_order_each_call_its_own_fiber(site: Site) -> None:
     before = len(site.audit_path.read_text().splitlines())
     with Executor(socket=site.socket, max_workers=3, windows=True) as ex:
@@ -118,15 +127,12 @@ def test_shutdown_with_cancel_futures_starts_nothing_more_of_a_window(
     ex = Executor(socket=site.socket, max_workers=1, windows=True)
     try:
         first = ex.submit(fnkit.gated, str(gate0), str(started0), "first")
+        wait_for(started0, first)  # a window of its own, running
         window = [ex.submit(fnkit.gated, str(gate1), str(started1), "second")] + \
             [ex.submit(fnkit.square, i) for i in range(4)]  # queued behind the first
         gate0.touch()
         assert first.result(60) == "first"
-        for _ in range(6000):  # the window's first call runs, the others wait in it
-            if started1.exists() or window[0].done():
-                break
-            cf.wait([window[0]], timeout=0.01)
-        assert started1.exists()
+        wait_for(started1, window[0])  # the window's first call runs, the others wait in it
         assert not window[1].cancel()  # taken into the window: not cancelled one by one
         ex.shutdown(wait=False, cancel_futures=True)
         cf.wait(window[1:], timeout=60)
