@@ -95,9 +95,11 @@ into a window is not ``running()`` until it ends and cannot be cancelled with
 ``future.cancel()``, even before its fiber starts (fiberd cancels a window's calls only
 together); ``shutdown(cancel_futures=True)`` has every window start nothing more
 (``TaskRunner.cancel_pending``): its calls not started end cancelled, its running ones
-finish. Results, exceptions, captured output and echo, per-task timeouts (counted from
-each call's own start) are as without windows; ``nodes="all"`` hands calls out one at a
-time per node, as without windows.
+finish. Results, exceptions, captured output and echo are as without windows. With a
+per-task ``timeout``, calls go as without windows (``windows`` is then False): a task
+window's fibers cannot be stopped one by one (a task-window fiberd closes a window
+whole), so a call past its timeout could not be stopped. ``nodes="all"`` hands calls out
+one at a time per node, as without windows.
 """
 
 from __future__ import annotations
@@ -282,7 +284,8 @@ class Executor(cf.Executor):
     stderr what it waits for (None: ``retries`` tries with a short backoff, as before);
     ``echo``: write what each call printed to this process's stdout and stderr;
     ``nodes``: "all" for every node of this Slurm job (see the module doc); ``windows``:
-    send pending calls as windowed batches (a prototype, off by default: the module doc).
+    send pending calls as windowed batches (a prototype, off by default; not with a
+    ``timeout``: the module doc).
     """
 
     def __init__(self, max_workers: int | None = None, *,
@@ -302,7 +305,7 @@ class Executor(cf.Executor):
         self.grant = grant
         self.timeout = timeout
         self.echo = echo
-        self.windows = windows
+        self.windows = windows and timeout is None  # (the module doc: a timeout)
         self.runner = TaskRunner(self.socket, grant=grant, token=token, env=env,
                                  retries=retries, stop_grace=stop_grace,
                                  server_uids=trusted_servers(server_uids), wait=wait,
