@@ -32,7 +32,8 @@ worse on this 2-core VM:
   fiber_tw       W2 through ``Executor(windows=True)`` against a second fiberd with
                  ``task_window = "template"`` (``--window-path`` with template)
   fibermap_tw    ``fiberctl map -j j`` (W1 of ``true``, W2 with ``--call``) against that
-                 fiberd, throughput only, with its CPU per task per process
+                 fiberd, throughput only, with its CPU per task per process (as the
+                 Executor rows ``executor_w`` and ``fiber_tw``, whose client is this process)
 
 and, to split a missed target into its parts, in the same run: the bound, the least a
 Python Clone could cost here (bench/fork_floor.py's pre-forked spare pipeline, no daemon
@@ -209,23 +210,26 @@ class Systems:
         cluster); entering it is not timed."""
         return self.sessions.get(name, contextlib.nullcontext)()
 
-    def _cpu_counted(self, key: str, run: Callable[[int], None], daemon: bool,
-                     site: Site | None = None) -> Par:
-        """``run`` (a throughput run in child processes), also adding up the CPU it cost
-        to ``cpu[key]``: its child processes' (``client``, all reaped when it returns)
-        and, with ``daemon``, the fiberd's of ``site`` (default: the site's) and what runs
-        under it (bench/clone.py's roles)."""
+    def _cpu_counted(self, key: str, run: Callable[[int], object], daemon: bool,
+                     site: Site | None = None, in_process: bool = False) -> Par:
+        """``run`` (a throughput run in child processes, or with ``in_process`` in this
+        one: the Executor), also adding up the CPU it cost to ``cpu[key]``: its child
+        processes' (``client``, all reaped when it returns; with ``in_process``, this
+        process's own too) and, with ``daemon``, the fiberd's of ``site`` (default: the
+        site's) and what runs under it (bench/clone.py's roles)."""
         def counted(n: int) -> None:
             proc = (site or self.site).proc
             assert proc is not None
             roles = ("fiberd", "template", "fibers", "helpers") if daemon else ()
             before, kids = cpu_by_role(proc.pid), _children_cpu()
+            own = time.process_time()
             run(n)
+            mine = time.process_time() - own if in_process else 0.0
             after = cpu_by_role(proc.pid)
             acc = self.cpu.setdefault(key, {})
             for role in roles:
                 acc[role] = acc.get(role, 0.0) + after[role] - before[role]
-            acc["client"] = acc.get("client", 0.0) + _children_cpu() - kids
+            acc["client"] = acc.get("client", 0.0) + _children_cpu() - kids + mine
             acc["tasks"] = acc.get("tasks", 0.0) + n
         return counted
 
@@ -354,7 +358,8 @@ class Systems:
     def _executor_w2(self, name: str, site: Site) -> None:
         """W2 through ``Executor(windows=True)`` against ``site``'s fiberd (``executor_w``:
         fiberd's own path; ``fiber_tw``: the task-window fiberd): a lone ``submit`` for the
-        sequential samples, ``map`` for the throughput, as ``fiber``'s W2."""
+        sequential samples, ``map`` for the throughput, as ``fiber``'s W2, with its CPU per
+        task per process (``client``: this process's, the Executor's threads)."""
         from bench import taskfns
 
         executor = Executor(self.jobs, socket=site.socket, grant=GRANT, windows=True)
@@ -365,7 +370,9 @@ class Systems:
                 raise RuntimeError("the Executor returned a wrong square")
 
         self.seq[name, "W2"] = w2
-        self.par[name, "W2"] = lambda n: list(executor.map(taskfns.square, range(n)))
+        self.par[name, "W2"] = self._cpu_counted(
+            f"{name}/W2", lambda n: list(executor.map(taskfns.square, range(n))), True, site,
+            in_process=True)
 
     def _fibermap_tw(self, site: Site) -> None:
         """``fiberctl map`` against a fiberd with ``task_window = "template"`` (the

@@ -97,7 +97,8 @@ def test_bench_tasks_measures_both_window_paths_in_one_run() -> None:
         assert systems[name]["W2"]["tasks_per_s"] > 0
         assert 0 < systems[name]["W2"]["p50_ms"] <= systems[name]["W2"]["p99_ms"]
         assert systems[name]["fresh_process"] == "yes + cgroup"
-    for key in ("fibermap/W1", "fibermap_tw/W1", "fibermap/W2", "fibermap_tw/W2"):
+    for key in ("fibermap/W1", "fibermap_tw/W1", "fibermap/W2", "fibermap_tw/W2",
+                "executor_w/W2", "fiber_tw/W2"):
         row = figures["cpu_per_task_ms"][key]
         assert {"fiberd", "template", "fibers", "client", "total"} <= set(row)
     assert {"w1_throughput_map_tw_over_parallel", "w1_throughput_map_tw_over_dask",
