@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,12 +65,15 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def wait_for(path: Path, future: cf.Future[object]) -> None:
+def wait_for(path: Path, future: cf.Future[object] | None = None) -> None:
     """Until ``path`` exists (the call of ``future`` wrote it), at most 60 s."""
     for _ in range(6000):
-        if path.exists() or future.done():
+        if path.exists() or (future is not None and future.done()):
             break
-        cf.wait([future], timeout=0.01)
+        if future is None:
+            time.sleep(0.01)
+        else:
+            cf.wait([future], timeout=0.01)
     assert path.exists(), future
 
 
@@ -129,6 +133,25 @@ def test_max_workers_is_never_exceeded_and_every_slot_is_used(site: Site) -> Non
         peak = max(peak, running)
     assert peak == 2
     assert 10 in windowed(site, before)
+
+
+def test_a_slot_a_window_gives_back_runs_a_call_submitted_later(site: Site,
+                                                               tmp_path: Path) -> None:
+    """A window of three calls holding both slots: once two of them ended, it gives one
+    slot back while its third still runs, and a call submitted then starts with it."""
+    gate, opened = tmp_path / "gate", tmp_path / "opened"
+    opened.touch()
+    with Executor(socket=site.socket, max_workers=2, windows=True) as ex:
+        try:
+            held = ex.map(fnkit.gated, [str(gate), str(opened), str(opened)],
+                          [str(tmp_path / f"started{i}") for i in range(3)], range(3),
+                          timeout=120)
+            wait_for(tmp_path / "started2")  # the window is sent: the call below not in it
+            assert ex.submit(fnkit.square, 3).result(30) == 9  # the window's first waits
+            assert not gate.exists()
+        finally:
+            gate.touch()
+        assert list(held) == [0, 1, 2]
 
 
 def test_shutdown_with_cancel_futures_starts_nothing_more_of_a_window(
