@@ -47,13 +47,13 @@ def meet(i, work):  # travels by value (cloudpickle): defined in __main__
     return where
 
 
-with Executor(nodes="all", max_workers=1) as ex:
+with Executor(nodes="all", max_workers=1, windows=sys.argv[2] == "windows") as ex:
     futures = [ex.submit(meet, i, sys.argv[1]) for i in range(2)]
     where = [f.result(timeout=120) for f in futures]
     printed = [f.stdout() for f in futures]
 print(json.dumps({"where": where, "printed": printed}))
 '''
-BODY = """"$SF/python" "{script}" "$PWD" > "out-$id.tmp" 2> "err-$id"
+BODY = """"$SF/python" "{script}" "$PWD" {how} > "out-$id.tmp" 2> "err-$id"
 echo "rc $?" >> "out-$id.tmp"
 mv "out-$id.tmp" "out-$id"
 """
@@ -61,23 +61,25 @@ mv "out-$id.tmp" "out-$id"
 
 def test_executor_nodes_all_runs_calls_on_both_nodes(
         slurm_cluster: SlurmCluster, job_user: JobUser, job_dir: WorkDir) -> None:
-    work = job_dir(job_user)
-    script = work / "every_node.py"
-    script.write_text(SCRIPT)
-    script.chmod(0o644)
-    body = PRELUDE.format(bin=slurm_cluster.site_bin, work=work) + BODY.format(script=script)
-    job = slurm_cluster.submit(body, "-N2", "-t", "3", workdir=work, user=job_user)
-    out = wait_file(work / f"out-{job}", timeout=180).splitlines()
-    err = (work / f"err-{job}").read_text()
-    assert ended(slurm_cluster, job) == "COMPLETED", err
-    nothing_left(slurm_cluster, job_user, job)
-    assert out[-1] == "rc 0", (out, err)
-    result = json.loads(out[-2])
-    assert sorted(result["where"]) == ["n1", "n2"], result
-    assert result["printed"] == [f"call {i} printed on {node}\n"
-                                 for i, node in enumerate(result["where"])]
-    # echo: each call's output also on the caller's stdout
-    assert sorted(out[:-2]) == sorted(p.strip() for p in result["printed"]), out
+    for how in ("plain", "windows"):  # Executor(windows=True): nodes="all" as without them
+        work = job_dir(job_user)
+        script = work / "every_node.py"
+        script.write_text(SCRIPT)
+        script.chmod(0o644)
+        body = PRELUDE.format(bin=slurm_cluster.site_bin, work=work) + BODY.format(
+            script=script, how=how)
+        job = slurm_cluster.submit(body, "-N2", "-t", "3", workdir=work, user=job_user)
+        out = wait_file(work / f"out-{job}", timeout=180).splitlines()
+        err = (work / f"err-{job}").read_text()
+        assert ended(slurm_cluster, job) == "COMPLETED", (how, err)
+        nothing_left(slurm_cluster, job_user, job)
+        assert out[-1] == "rc 0", (how, out, err)
+        result = json.loads(out[-2])
+        assert sorted(result["where"]) == ["n1", "n2"], (how, result)
+        assert result["printed"] == [f"call {i} printed on {node}\n"
+                                     for i, node in enumerate(result["where"])]
+        # echo: each call's output also on the caller's stdout
+        assert sorted(out[:-2]) == sorted(p.strip() for p in result["printed"]), (how, out)
 
 
 LOSE = '''import json, sys
@@ -114,7 +116,8 @@ def test_executor_nodes_all_runs_a_lost_nodes_call_again_on_the_other(
     script = work / "lose.py"
     script.write_text(LOSE)
     script.chmod(0o644)
-    body = PRELUDE.format(bin=slurm_cluster.site_bin, work=work) + BODY.format(script=script)
+    body = PRELUDE.format(bin=slurm_cluster.site_bin, work=work) + BODY.format(script=script,
+                                                                               how="plain")
     job = slurm_cluster.submit(body, "-N2", "-t", "3", workdir=work, user=job_user)
     out = wait_file(work / f"out-{job}", timeout=180).splitlines()
     err = (work / f"err-{job}").read_text()
