@@ -2,8 +2,8 @@
 windowed batch (protocol v5) of at most ``max_workers`` running, results and errors come
 back as without windows, ``max_workers`` is never exceeded, and ``shutdown`` with
 ``cancel_futures`` has a window start nothing more. Each test runs against fiberd's own
-path and against a fiberd with ``task_window = "template"`` (whose template runs a window
-of calls itself where it can; elsewhere it answers by fiberd's path)."""
+path and against a fiberd with ``task_window = "template"``, whose template runs each
+window of calls itself (docs/design.md, "Task windows")."""
 
 from __future__ import annotations
 
@@ -42,14 +42,16 @@ def records(site: Site, after: int = 0) -> list[dict[str, object]]:
 
 def windowed(site: Site, after: int) -> list[int]:
     """The task counts of the windowed batches fiberd took since line ``after`` of its
-    audit log: a task window's ``window_open`` count, fiberd's path's ``clone`` records'
-    ``batch`` (one such size per batch: its first record)."""
+    audit log: on a task-window fiberd, its task windows' (``window_open``: the template
+    ran them); on fiberd's path, its batches' (the ``batch`` of a run of ``clone`` records,
+    one per batch)."""
+    if site.options.get("task-window") == "template":
+        return [int(str(r["tasks"])) for r in records(site, after)
+                if r["event"] == "window_open"]
     sizes: list[int] = []
     seen_batch = 0
     for r in records(site, after):
-        if r["event"] == "window_open":
-            sizes.append(int(str(r["tasks"])))
-        elif r["event"] == "clone" and "batch" in r and "window" not in r:
+        if r["event"] == "clone" and "batch" in r:
             if seen_batch == 0:
                 sizes.append(int(str(r["batch"])))
                 seen_batch = int(str(r["batch"]))
