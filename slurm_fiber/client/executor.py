@@ -95,11 +95,14 @@ into a window is not ``running()`` until it ends and cannot be cancelled with
 ``future.cancel()``, even before its fiber starts (fiberd cancels a window's calls only
 together); ``shutdown(cancel_futures=True)`` has every window start nothing more
 (``TaskRunner.cancel_pending``): its calls not started end cancelled, its running ones
-finish. Results, exceptions, captured output and echo are as without windows. With a
-per-task ``timeout``, calls go as without windows (``windows`` is then False): a task
-window's fibers cannot be stopped one by one (a task-window fiberd closes a window
-whole), so a call past its timeout could not be stopped. ``nodes="all"`` hands calls out
-one at a time per node, as without windows.
+finish. The future of a call sent in a window of several is settled when its fiber has
+ended, not as soon as the call has written its value (no ``early`` events asked: each
+costs fiberd one more event, and a slot frees only at the end anyway); a lone call's is
+settled early, as without windows. Results, exceptions, captured output and echo are as
+without windows. With a per-task ``timeout``, calls go as without windows (``windows``
+is then False): a task window's fibers cannot be stopped one by one (a task-window
+fiberd closes a window whole), so a call past its timeout could not be stopped.
+``nodes="all"`` hands calls out one at a time per node, as without windows.
 """
 
 from __future__ import annotations
@@ -520,7 +523,8 @@ class Executor(cf.Executor):
                               stdio={"stdout": out, "stderr": err})
                          for (_, t), (out, err) in zip(calls, pipes, strict=True)],
                         partial(self._window_ended, futures, pipes, slots),
-                        partial(self._written, futures, pipes), window=slots.held)
+                        partial(self._written, futures, pipes) if len(calls) == 1 else None,
+                        window=slots.held)
             finally:
                 slots.close()
                 for out, err in pipes:
