@@ -30,7 +30,8 @@ worse on this 2-core VM:
                  against the same fiberd as ``fiber``: what sending windowed batches
                  changes on fiberd's own path, apart from the template's window
   fiber_tw       W2 through ``Executor(windows=True)`` against a second fiberd with
-                 ``task_window = "template"`` (``--window-path`` with template)
+                 ``task_window = "template"`` (``--window-path`` with template); its
+                 sequential samples are lone calls, each one Clone as ``fiber``'s
   fibermap_tw    ``fiberctl map -j j`` (W1 of ``true``, W2 with ``--call``) against that
                  fiberd, throughput only, with its CPU per task per process (as the
                  Executor rows ``executor_w`` and ``fiber_tw``, whose client is this process)
@@ -358,8 +359,9 @@ class Systems:
     def _executor_w2(self, name: str, site: Site) -> None:
         """W2 through ``Executor(windows=True)`` against ``site``'s fiberd (``executor_w``:
         fiberd's own path; ``fiber_tw``: the task-window fiberd): a lone ``submit`` for the
-        sequential samples, ``map`` for the throughput, as ``fiber``'s W2, with its CPU per
-        task per process (``client``: this process's, the Executor's threads)."""
+        sequential samples (a lone call goes as one Clone, windows or not), ``map`` for the
+        throughput (windows), as ``fiber``'s W2, with its CPU per task per process
+        (``client``: this process's, the Executor's threads)."""
         from bench import taskfns
 
         executor = Executor(self.jobs, socket=site.socket, grant=GRANT, windows=True)
@@ -377,8 +379,8 @@ class Systems:
     def _fibermap_tw(self, site: Site) -> None:
         """``fiberctl map`` against a fiberd with ``task_window = "template"`` (the
         task-window prototype, docs/design.md): W1 of ``true`` and W2 with ``--call``, as
-        ``fibermap``'s, each with its CPU per task per process (call items take fiberd's
-        own path there where its template does not run windows of calls)."""
+        ``fibermap``'s, each with its CPU per task per process (W2's call items run in the
+        template's window too)."""
         def run(extra: list[str], n: int) -> None:
             subprocess.run([FIBERCTL, "map", "-S", str(site.socket), "-g", GRANT,
                             "-j", str(self.jobs), "--range", f"1-{n}", *extra],
