@@ -181,7 +181,8 @@ def private_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Path:
 @pytest.fixture
 def job_dir(_job_dirs: Path, request: pytest.FixtureRequest) -> Callable[[JobUser], Path]:
     """``job_dir(user)``: a new work dir owned by ``user``, mode 0700 (no other job user
-    reads it; root, the test, does)."""
+    reads it; root, the test, does), named for the test (its name's head and a hash of
+    its whole id, so that parametrized tests of one name do not share dirs)."""
     counter = itertools.count()
-    return lambda user: new_job_dir(
-        _job_dirs / f"{request.node.name[:40]}-{user.name}-{next(counter)}", user)
+    test = f"{request.node.name[:40]}-{uuid.uuid5(uuid.NAMESPACE_URL, request.node.nodeid).hex[:8]}"
+    return lambda user: new_job_dir(_job_dirs / f"{test}-{user.name}-{next(counter)}", user)
