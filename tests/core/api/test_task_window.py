@@ -102,19 +102,20 @@ def stamps(log: Path) -> dict[str, float]:
     return out
 
 
+@pytest.mark.parametrize("mode", ["exec", "call"])
 def test_fence_closes_the_window_and_nothing_starts_or_runs_after_it(
-        windowed: ThreadFiberd, tmp_path: Path) -> None:
+        windowed: ThreadFiberd, tmp_path: Path, mode: str) -> None:
     log = tmp_path / "log"
     fence_in(windowed, 1.0)
-    items = [stamped(log, f"k{i}", 0.6) for i in range(6)]
+    item = stamped if mode == "exec" else stamped_call
+    items = [item(log, f"k{i}", 0.6) for i in range(6)]
     with FiberdClient(windowed.path) as client:
         started = client.clone_batch(items, wait=True, window=1)
         entries, exits = stream(client, started.items)
-    opened = next(r for r in records(windowed) if r["event"] == "window_open")
-    fence = float(opened["deadline"])  # type: ignore[arg-type]
-    assert opened["deadline_cause"] == "fence"
-    times = stamps(log)
-    began = [at for mark, at in times.items() if mark.startswith("+")]
+    opened = windows_opened(windowed)
+    assert len(opened) == 1 and opened[0]["deadline_cause"] == "fence"
+    fence = float(opened[0]["deadline"])  # type: ignore[arg-type]
+    began = [at for mark, at in stamps(log).items() if mark.startswith("+")]
     assert began and max(began) < fence  # nothing started at or after the fence
     ran = [e for e in entries if e["ok"]]
     missed = [e for e in entries if not e["ok"]]
@@ -122,9 +123,15 @@ def test_fence_closes_the_window_and_nothing_starts_or_runs_after_it(
     assert len(ran) + len(missed) == 6 and len(exits) == len(ran)
     killed = [x for x in exits if x["signal"] == signal.SIGKILL]
     assert len(killed) == 1 and killed[0]["reason"]["code"] == "fence"  # type: ignore[index]
-    assert not [r for r in records(windowed) if r["event"] == "fiber_start"
+    if mode == "call":
+        assert killed[0]["error"]["type"] == "FiberDied"  # type: ignore[index]
+    rows = records(windowed)
+    assert not [r for r in rows if r["event"] == "fiber_start"
                 and float(r["time"]) > fence + 5]  # type: ignore[arg-type]
-    assert [r["cause"] for r in records(windowed) if r["event"] == "window_close"] == ["fence"]
+    started_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_start")
+    ended_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_exit")
+    assert started_ids == ended_ids == sorted(str(e["fiber"]["id"]) for e in ran)  # type: ignore[index]
+    assert [r["cause"] for r in rows if r["event"] == "window_close"] == ["fence"]
 
 
 @pytest.mark.parametrize("how", ["epoch_bump", "removal"])
@@ -166,15 +173,17 @@ def test_no_window_fiber_runs_past_its_seconds(site: Site, tmp_path: Path) -> No
     assert took < 20
 
 
+@pytest.mark.parametrize("mode", ["exec", "call"])
 def test_every_window_fiber_has_durable_records_admission_before_the_first(
-        site: Site, tmp_path: Path) -> None:
+        site: Site, tmp_path: Path, mode: str) -> None:
     log = tmp_path / "log"
+    item = stamped if mode == "exec" else stamped_call
     with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
             FiberdClient(served.path) as client:
         answer: list[object] = []
         with fsync_stalled(served):
             thread = threading.Thread(target=lambda: answer.append(client.clone_batch(
-                [stamped(log, f"k{i}", 0) for i in range(4)], wait=True, window=2)))
+                [item(log, f"k{i}", 0) for i in range(4)], wait=True, window=2)))
             thread.start()
             time.sleep(1.0)
             assert not log.exists() and not answer  # the admission waits for its fsync
@@ -182,12 +191,15 @@ def test_every_window_fiber_has_durable_records_admission_before_the_first(
         assert answer
         _, exits = stream(client, answer[0].items)  # type: ignore[attr-defined]
         assert len(exits) == 4
+        if mode == "call":
+            assert {x["result"] for x in exits} == {0}
         rows = records(served)
     events = [r["event"] for r in rows if r.get("window")]
     assert events[0] == "window_open"
     starts = [r for r in rows if r["event"] == "fiber_start"]
     ends = [r for r in rows if r["event"] == "fiber_exit" and r.get("window")]
     assert sorted(r["key"] for r in starts) == [f"k{i}" for i in range(4)]  # type: ignore[type-var]
+    assert {r["mode"] for r in starts} == {mode}
     assert sorted(r["fiber"] for r in ends) == sorted(r["fiber"] for r in starts)  # type: ignore[type-var]
 
 
@@ -400,33 +412,6 @@ def test_a_mixed_window_of_exec_and_call_items(windowed: ThreadFiberd, tmp_path:
     assert len(windows_opened(windowed)) == 1
 
 
-def test_fence_kills_a_running_call_fiber_and_no_call_starts_after_it(
-        windowed: ThreadFiberd, tmp_path: Path) -> None:
-    log = tmp_path / "log"
-    fence_in(windowed, 1.0)
-    items = [stamped_call(log, f"k{i}", 0.6) for i in range(6)]
-    with FiberdClient(windowed.path) as client:
-        started = client.clone_batch(items, wait=True, window=1)
-        entries, exits = stream(client, started.items)
-    opened = windows_opened(windowed)
-    assert len(opened) == 1 and opened[0]["deadline_cause"] == "fence"
-    fence = float(opened[0]["deadline"])  # type: ignore[arg-type]
-    began = [at for mark, at in stamps(log).items() if mark.startswith("+")]
-    assert began and max(began) < fence  # no call started at or after the fence
-    ran = [e for e in entries if e["ok"]]
-    missed = [e for e in entries if not e["ok"]]
-    assert {e["miss"]["code"] for e in missed} == {"fenced"}  # type: ignore[index]
-    assert len(ran) + len(missed) == 6 and len(exits) == len(ran)
-    killed = [x for x in exits if x["signal"] == signal.SIGKILL]
-    assert len(killed) == 1 and killed[0]["reason"]["code"] == "fence"  # type: ignore[index]
-    assert killed[0]["error"]["type"] == "FiberDied"  # type: ignore[index]
-    rows = records(windowed)
-    started_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_start")
-    ended_ids = sorted(str(r["fiber"]) for r in rows if r["event"] == "fiber_exit")
-    assert started_ids == ended_ids == sorted(str(e["fiber"]["id"]) for e in ran)  # type: ignore[index]
-    assert [r["cause"] for r in rows if r["event"] == "window_close"] == ["fence"]
-
-
 def test_a_client_that_leaves_has_its_call_fibers_killed_and_their_ends_audited(
         windowed: ThreadFiberd, tmp_path: Path) -> None:
     log = tmp_path / "log"
@@ -452,32 +437,6 @@ def test_a_client_that_leaves_has_its_call_fibers_killed_and_their_ends_audited(
     assert [r["cause"] for r in rows if r["event"] == "window_close"] == ["cancelled"]
     time.sleep(0.5)
     assert sorted(stamps(log)) == ["+k0", "+k1"]  # none ran its 30 s, none started after
-
-
-def test_every_call_fiber_has_durable_records_admission_before_the_first(
-        site: Site, tmp_path: Path) -> None:
-    log = tmp_path / "log"
-    with fiberd_in_thread(site, task_window="template", audit_fsync="always") as served, \
-            FiberdClient(served.path) as client:
-        answer: list[object] = []
-        with fsync_stalled(served):
-            thread = threading.Thread(target=lambda: answer.append(client.clone_batch(
-                [stamped_call(log, f"k{i}", 0) for i in range(4)], wait=True, window=2)))
-            thread.start()
-            time.sleep(1.0)
-            assert not log.exists() and not answer  # the admission waits for its fsync
-        thread.join(30)
-        assert answer
-        _, exits = stream(client, answer[0].items)  # type: ignore[attr-defined]
-        assert len(exits) == 4 and {x["result"] for x in exits} == {0}
-        rows = records(served)
-    events = [r["event"] for r in rows if r.get("window")]
-    assert events[0] == "window_open"
-    starts = [r for r in rows if r["event"] == "fiber_start"]
-    ends = [r for r in rows if r["event"] == "fiber_exit" and r.get("window")]
-    assert sorted(r["key"] for r in starts) == [f"k{i}" for i in range(4)]  # type: ignore[type-var]
-    assert {r["mode"] for r in starts} == {"call"}
-    assert sorted(r["fiber"] for r in ends) == sorted(r["fiber"] for r in starts)  # type: ignore[type-var]
 
 
 def test_an_early_result_comes_before_its_exit_even_while_the_exit_waits_for_fsync(

@@ -133,12 +133,17 @@ def await_order(order_fd: int, msg: wire.Message, joined: OSError | None,
             write_error(result, ValueError("the spare's order was unreadable or not a run order"))
             return EXIT_SETUP
         if joined is not None:
-            write_error(result, OSError(joined.errno, f"cannot join cgroup {msg.get('cgroup')}: "
-                                                      f"{joined.strerror}"))
-            return EXIT_CGROUP
+            return join_failed(result, msg, joined)
         return run(order, fds, result)
     finally:
         channel.close()
+
+
+def join_failed(result: ResultChannel, cgroup: wire.Message, joined: OSError) -> int:
+    """Write why a fiber could not join ``cgroup``'s cgroup on ``result``; EXIT_CGROUP."""
+    write_error(result, OSError(joined.errno, f"cannot join cgroup {cgroup.get('cgroup')}: "
+                                              f"{joined.strerror}"))
+    return EXIT_CGROUP
 
 
 def _receive(channel: _socket.socket) -> tuple[bytes, list[int]]:

@@ -69,17 +69,16 @@ from slurm_fiber.core.templates import wire
 from slurm_fiber.core.templates.child import exec_spawn
 from slurm_fiber.core.templates.child.child_exits import ChildExits, sweep_due, sweep_wait
 from slurm_fiber.core.templates.child.fiber_setup import (
-    EXIT_CGROUP,
     EXIT_SETUP,
     ResultChannel,
     await_order,
     error_record,
     exec_order,
     join,
+    join_failed,
     take_order,
     try_join,
     write_control,
-    write_error,
 )
 from slurm_fiber.core.templates.child.lean_fork import LeanFork
 from slurm_fiber.core.templates.child.prctl import die_with_parent, no_new_privs
@@ -354,38 +353,17 @@ class Server:
     def spare(self, msg: dict[str, object], order_fd: int) -> None:
         """Fork one spare (see the module doc); answer ``spared`` or ``fork_failed``."""
         spare_id = str(msg.get("id"))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Signals that arrive before the child has reset its handlers wait, blocked,
-        # and then meet the fiber's dispositions, never the template's.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _FIBER_SIGNALS)
         try:
-            pid = self.fork()
+            pid = self._fork_fiber(lambda: run_spare(msg, order_fd, self))
         except OSError as e:
-            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
             os.close(order_fd)
             _send(self.sock, {"t": "fork_failed", "id": spare_id,
                               "error": type(e).__name__, "message": wire.one_line(e)})
             return
-        if pid == 0:
-            code = EXIT_SETUP
-            try:
-                code = run_spare(msg, order_fd, self)
-            except BaseException:
-                traceback.print_exc()  # to the fiber's stderr, else the template's log
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
         os.close(order_fd)
-        # The child does this too; doing it on both sides means that once fiberd
-        # hears "spared", the spare leads its own process group (no signal race).
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)
         cgroup = msg.get("cgroup")
         self.children[pid] = (spare_id, cgroup if isinstance(cgroup, str) else None)
         _send(self.sock, {"t": "spared", "id": spare_id, "pid": pid})
-
 
     def fork_call(self, order: dict[str, object], stdio: list[int], result_fd: int,
                   cgroup: str | None, also: list[str]) -> int:
@@ -395,8 +373,17 @@ class Server:
         order (``run_fiber``), its record on ``result_fd``, then exits with its code. The
         caller closes ``stdio`` and ``result_fd`` and adopts the pid. Raises OSError when
         the fork fails."""
+        return self._fork_fiber(lambda: run_window_call(
+            order, stdio, result_fd, {"cgroup": cgroup, "also": also}, self))
+
+    def _fork_fiber(self, run: Callable[[], int]) -> int:
+        """Fork a fiber that runs ``run`` and exits with its code (a traceback, if it
+        raises, to the fiber's stderr); the child's pid, leading its own process group.
+        Raises OSError when the fork fails."""
         sys.stdout.flush()
         sys.stderr.flush()
+        # Signals that arrive before the child has reset its handlers wait, blocked,
+        # and then meet the fiber's dispositions, never the template's.
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _FIBER_SIGNALS)
         try:
             pid = self.fork()
@@ -406,16 +393,17 @@ class Server:
         if pid == 0:
             code = EXIT_SETUP
             try:
-                code = run_window_call(order, stdio, result_fd,
-                                       {"cgroup": cgroup, "also": also}, self)
+                code = run()
             except BaseException:
                 traceback.print_exc()  # to the fiber's stderr, else the template's log
                 sys.stderr.flush()
             finally:
                 os._exit(code)
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _FIBER_SIGNALS)
+        # The child does this too; doing it on both sides means that once fiberd
+        # hears of the fiber, it leads its own process group (no signal race).
         with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # on both sides, as for a spare: no signal race
+            os.setpgid(pid, pid)
         return pid
 
     def spawn(self, msg: dict[str, object], stdio: list[int]) -> None:
@@ -445,8 +433,16 @@ class Server:
 def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     """In the forked child: confine, wait for the order, run it. Returns the exit code
     (never user code's)."""
+    joined = _confine(msg, server)  # its v1 groups too: a spare pays these moves, not a Clone
+    return await_order(order_fd, msg, joined, run_fiber)
+
+
+def _confine(cgroup: wire.Message, server: Server) -> OSError | None:
+    """In a forked fiber (a spare, a window's call): die with the template, join
+    ``cgroup`` (its cgroup and v1 mirrors), lead a process group, take back the default
+    signal handling and drop the template's server. Why joining failed, or None."""
     die_with_parent(server.pid)
-    joined = try_join(msg)  # its v1 groups too: a spare pays these moves, not a Clone
+    joined = try_join(cgroup)
     os.setpgid(0, 0)
     _signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
@@ -455,7 +451,7 @@ def run_spare(msg: dict[str, object], order_fd: int, server: Server) -> int:
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SPARE_UNBLOCKS)
     server.close()
     _reseed()
-    return await_order(order_fd, msg, joined, run_fiber)
+    return joined
 
 
 def run_window_call(order: wire.Message, stdio: list[int], result_fd: int,
@@ -464,24 +460,13 @@ def run_window_call(order: wire.Message, stdio: list[int], result_fd: int,
     and v1 mirrors), then run ``order`` with its ``stdio``, the record on ``result_fd``.
     Returns the exit code (never user code's); EXIT_CGROUP, with an error record, when
     the leaf could not be joined."""
-    die_with_parent(server.pid)
-    joined = try_join(leaf)
-    os.setpgid(0, 0)
-    _signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
-        _signal.signal(sig, _signal.SIG_DFL)
-    _signal.signal(signal.SIGINT, _signal.default_int_handler)
-    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SPARE_UNBLOCKS)
-    server.close()
-    _reseed()
+    joined = _confine(leaf, server)
     channel = _socket.socket(fileno=result_fd)
     try:
         channel.setblocking(True)
         result = ResultChannel(channel)
         if joined is not None:
-            write_error(result, OSError(joined.errno, f"cannot join cgroup "
-                                        f"{leaf.get('cgroup')}: {joined.strerror}"))
-            return EXIT_CGROUP
+            return join_failed(result, leaf, joined)
         return run_fiber(order, stdio, result)
     finally:
         channel.close()
