@@ -159,6 +159,11 @@ def proc_state(pid: int) -> str:
         return ""
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    return proc_state(pid) not in ("Z", "")
+
+
 def wait_dead(pid: int, within: float = 10.0) -> bool:
     """Whether ``pid`` ended (a zombie or reaped) within ``within`` s; blocks, polling /proc
     (so the event loop hears of it only afterwards)."""

@@ -26,16 +26,9 @@ from slurm_fiber.client.executor import (
 )
 from slurm_fiber.client.tasks import NotReady
 from slurm_fiber.core.trust.grant import Limits
+from tests.core.processkit import alive
 from tests.executor import fnkit
 from tests.executor.sitekit import started_site, stop_site
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_results_come_back_as_python_values_each_from_its_own_fiber(site: Site) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from slurm_fiber import Executor
 from slurm_fiber.cli.throwaway import Site
 from slurm_fiber.client.executor import FiberKilled, RemoteTraceback, TaskTimeout
+from tests.core.processkit import alive
 from tests.executor import fnkit
 from tests.executor.sitekit import PRELOADS, stop_site
 
@@ -57,14 +57,6 @@ def windowed(site: Site, after: int) -> list[int]:
                 seen_batch = int(str(r["batch"]))
             seen_batch -= 1
     return sizes
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def wait_for(path: Path, future: cf.Future[object] | None = None) -> None:

@@ -21,6 +21,7 @@ from slurm_fiber.client.connection import FiberdClient
 from slurm_fiber.core.templates.window_parent import WindowLink
 from tests.core.api.test_window import marking, most_at_once
 from tests.core.runtime.fiberdkit import Site, ThreadFiberd, fiberd_in_thread, fsync_stalled
+from tests.security.publicdirkit import public_dir
 
 
 def records(served: ThreadFiberd) -> list[dict[str, object]]:
@@ -569,13 +570,10 @@ def test_another_users_call_windows_hold_a_bounded_number_of_result_channels(
     """fiberd holds a window's result channels while it runs: another user's windows count
     them against ``max_window_fds_per_uid`` (256), as fiberd's path counts the descriptors
     of items not started: four windows of 64 calls run, a fifth is refused busy."""
-    import tempfile
     if os.geteuid() != 0:
         pytest.skip("needs root: a client of another account")
-    where = Path(tempfile.mkdtemp(prefix="sf-calls-"))
-    where.chmod(0o755)
-    path = where / "fiberd.sock"
-    try:
+    with public_dir() as where:
+        path = where / "fiberd.sock"
         with fiberd_in_thread(site, task_window="template", socket=str(path),
                               allowed_uids=str(other_user.uid)) as served:
             proc = subprocess.Popen(["/usr/bin/python3", "-c", CALL_WINDOWS, str(path), "5"],
@@ -596,10 +594,6 @@ def test_another_users_call_windows_hold_a_bounded_number_of_result_channels(
             while served.on_loop(served.server.window_fds_by_uid):
                 assert time.monotonic() < end, served.on_loop(served.server.window_fds_by_uid)
                 time.sleep(0.05)
-    finally:
-        for leftover in where.iterdir():
-            leftover.unlink()
-        where.rmdir()
 
 
 def test_a_template_killed_mid_window_loses_no_record_of_a_started_call_fiber(
