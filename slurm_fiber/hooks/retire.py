@@ -100,7 +100,7 @@ def is_spared(name: str, spare_seconds: float, now: float) -> bool:
 
 
 def remove_some(area_fd: int, deadline: float, spare_seconds: float = 0.0) -> bool:
-    """Remove entries of the area, oldest name first, until ``deadline`` (time.monotonic()),
+    """Remove entries of the area, in name order, until ``deadline`` (time.monotonic()),
     leaving those ``is_spared``; whether nothing else is left. Never raises for what an
     entry holds: what cannot be removed now is left for a later call. Entries made
     meanwhile (a deep directory moved up) are taken in the next round."""

@@ -277,16 +277,8 @@ class Clones:
                      stdio: Stdio, caller: dict[str, int],
                      forked: Forked | None = None) -> FiberView | Miss:
         fiber_id = f"{self._prefix}-{next(self._ids)}"
-        call, exe = request.call, request.exec
-        fiber_request = FiberRequest(
-            id=fiber_id, mode="call" if call is not None else "exec",
-            target=call.target if call else None, args=call.args if call else (),
-            kwargs=call.kwargs if call else {}, pickled=call.pickled if call else None,
-            path=call.path if call else (),
-            argv=exe.argv if exe else (),
-            cwd=exe.cwd if exe else None, env=request.env,
-            stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=decision.jti,
-            epoch=decision.epoch, deadline=decision.deadline.at)
+        fiber_request = fiber_order(fiber_id, request, stdio, decision.jti, decision.epoch,
+                                    decision.deadline.at)
         template = grant.template
         # Counted with the grant's fibers while it starts (another connection's Clone, or a
         # windowed batch's, is decided meanwhile); once forked, it is one of them.
@@ -391,3 +383,18 @@ def _not_ready_miss(uid: str, template: Template, err: TemplateNotReady) -> Miss
     retry = template.retry_after() if err.state is not TemplateState.STOPPED else RETRY_HINT
     return Miss(MissCode.COLD, f"template of {uid!r} is {err.state.value}{why}; retry",
                 retry_after=retry)
+
+
+def fiber_order(fiber_id: str, request: Clone, stdio: Stdio, jti: str, epoch: int,
+                deadline: float) -> FiberRequest:
+    """The template's order for one fiber of ``request`` (its call or its exec), with its
+    passed ``stdio`` and the admission's jti, epoch and deadline. Pure."""
+    call, exe = request.call, request.exec
+    return FiberRequest(
+        id=fiber_id, mode="call" if call is not None else "exec",
+        target=call.target if call else None, args=call.args if call else (),
+        kwargs=call.kwargs if call else {}, pickled=call.pickled if call else None,
+        path=call.path if call else (), argv=exe.argv if exe else (),
+        cwd=exe.cwd if exe else None, env=request.env,
+        stdio=(stdio.stdin, stdio.stdout, stdio.stderr), jti=jti, epoch=epoch,
+        deadline=deadline)

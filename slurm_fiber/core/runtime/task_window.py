@@ -52,8 +52,9 @@ from slurm_fiber.core.book.misses import Miss, MissCode
 from slurm_fiber.core.cgroups.leaves import LeafCreateFailed
 from slurm_fiber.core.fibers.fiber import ResultReader
 from slurm_fiber.core.fibers.handles import call_outcome
+from slurm_fiber.core.runtime.clones import fiber_order
 from slurm_fiber.core.templates.child.window_run import MAX_FDS, MAX_TASKS
-from slurm_fiber.core.templates.parent import FiberRequest, Template, TemplateNotReady
+from slurm_fiber.core.templates.parent import Template, TemplateNotReady
 from slurm_fiber.core.templates.window_parent import Batch, WindowLink, close_fds
 from slurm_fiber.protocol.limits import MAX_RESULT
 
@@ -382,17 +383,11 @@ async def _open(core: Core, requests: Sequence[Clone], peer: Peer, stdios: Seque
     for n, (request, stdio) in enumerate(zip(requests, stdios, strict=True)):
         passed = (stdio.stdin, stdio.stdout, stdio.stderr)
         fiber_id = f"{window_id}.{n}"
-        call, exe = request.call, request.exec
-        order = template.run_order(FiberRequest(  # as core/runtime/clones.py builds one
-            id=fiber_id, mode="call" if call is not None else "exec",
-            target=call.target if call else None, args=call.args if call else (),
-            kwargs=call.kwargs if call else {}, pickled=call.pickled if call else None,
-            path=call.path if call else (), argv=exe.argv if exe else (),
-            cwd=exe.cwd if exe else None, env=request.env, stdio=passed, jti=decision.jti,
-            epoch=decision.epoch, deadline=window_deadline.at))
+        order = template.run_order(fiber_order(fiber_id, request, stdio, decision.jti,
+                                               decision.epoch, window_deadline.at))
         run.modes.append(str(order["mode"]))
         fds += [fd for fd in passed if fd is not None]
-        if call is None:
+        if request.call is None:
             tasks.append({"key": keys[n], "order": order})
             continue
         pair = next(free)
