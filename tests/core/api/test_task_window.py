@@ -221,17 +221,26 @@ def test_window_events_wait_for_their_records_fsync(site: Site, tmp_path: Path) 
         assert len(exits) == 2
 
 
+@pytest.mark.parametrize("mode", ["exec", "call"])
 def test_a_template_killed_mid_window_loses_no_record_of_a_started_fiber(
-        site: Site, tmp_path: Path, cgroup_root: Path) -> None:
+        site: Site, tmp_path: Path, cgroup_root: Path, mode: str) -> None:
     log = tmp_path / "log"
-    kill_template = f'echo "+k1 0" >> {log}; kill -KILL $PPID; sleep 30'
-    items = [stamped(log, "k0", 30), {"key": "k1", "exec": {"argv": ["sh", "-c", kill_template]}},
-             stamped(log, "k2", 30)]
+    if mode == "exec":  # the shell's parent is the template
+        kill_template = f'echo "+k1 0" >> {log}; kill -KILL $PPID; sleep 30'
+        items = [stamped(log, "k0", 30),
+                 {"key": "k1", "exec": {"argv": ["sh", "-c", kill_template]}},
+                 stamped(log, "k2", 30)]
+    else:  # os.system's shell's parent is the call fiber, whose parent is the template
+        kill_template = f'echo "+k1 0" >> {log}; kill -KILL $(ps -o ppid= -p $PPID); sleep 30'
+        items = [stamped_call(log, "k0", 30),
+                 {"key": "k1", "call": {"target": "os:system", "args": [kill_template]}},
+                 stamped_call(log, "k2", 30)]
     with fiberd_in_thread(site, task_window="template", cgroup_root=str(cgroup_root)) as served, \
             FiberdClient(served.path) as client:
         started = client.clone_batch(items, wait=True, window=2)
-        entries, _ = stream(client, started.items, len(items))
+        entries, exits = stream(client, started.items, len(items))
         rows = [r for r in records(served) if r.get("window")]
+    assert len([r for r in rows if r["event"] == "window_open"]) == 1
     ran = {m[1:] for m in stamps(log) if m.startswith("+")}
     assert "k1" in ran and ran <= {"k0", "k1"}  # k0 may die before its first line
     starts = [r for r in rows if r["event"] == "fiber_start"]
@@ -240,6 +249,8 @@ def test_a_template_killed_mid_window_loses_no_record_of_a_started_fiber(
     assert sorted(str(r["key"]) for r in starts) == ["k0", "k1"]
     assert sorted(str(r["fiber"]) for r in ends) == sorted(str(r["fiber"]) for r in starts)
     assert [e["key"] for e in entries if not e["ok"]] == ["k2"]
+    if mode == "call":
+        assert {x["error"]["type"] for x in exits} == {"FiberLost"}  # type: ignore[index]
     assert not (stamps(log).keys() & {"-k0", "-k1"})  # killed with their leaves
 
 
@@ -594,27 +605,3 @@ def test_another_users_call_windows_hold_a_bounded_number_of_result_channels(
             while served.on_loop(served.server.window_fds_by_uid):
                 assert time.monotonic() < end, served.on_loop(served.server.window_fds_by_uid)
                 time.sleep(0.05)
-
-
-def test_a_template_killed_mid_window_loses_no_record_of_a_started_call_fiber(
-        site: Site, tmp_path: Path, cgroup_root: Path) -> None:
-    log = tmp_path / "log"
-    kill_template = f'echo "+k1 0" >> {log}; kill -KILL $(ps -o ppid= -p $PPID); sleep 30'
-    items = [stamped_call(log, "k0", 30),
-             {"key": "k1", "call": {"target": "os:system", "args": [kill_template]}},
-             stamped_call(log, "k2", 30)]
-    with fiberd_in_thread(site, task_window="template", cgroup_root=str(cgroup_root)) as served, \
-            FiberdClient(served.path) as client:
-        started = client.clone_batch(items, wait=True, window=2)
-        entries, exits = stream(client, started.items, len(items))
-        rows = [r for r in records(served) if r.get("window")]
-    assert len([r for r in rows if r["event"] == "window_open"]) == 1
-    ran = {m[1:] for m in stamps(log) if m.startswith("+")}
-    assert "k1" in ran and ran <= {"k0", "k1"}
-    starts = [r for r in rows if r["event"] == "fiber_start"]
-    ends = [r for r in rows if r["event"] == "fiber_exit"]
-    assert sorted(str(r["key"]) for r in starts) == ["k0", "k1"]
-    assert sorted(str(r["fiber"]) for r in ends) == sorted(str(r["fiber"]) for r in starts)
-    assert [e["key"] for e in entries if not e["ok"]] == ["k2"]
-    assert {x["error"]["type"] for x in exits} == {"FiberLost"}  # type: ignore[index]
-    assert not (stamps(log).keys() & {"-k0", "-k1"})  # killed with their leaves
